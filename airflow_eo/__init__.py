@@ -1,0 +1,29 @@
+"""airflow_eo: exactly-once Kafka → Spark → MySQL/Kafka micro-batches for Apache Airflow."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def get_provider_info() -> dict:
+    """Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``)."""
+    return {
+        "package-name": "airflow-eo",
+        "name": "airflow_eo",
+        "description": "Exactly-once batch-streaming from Kafka through Spark into MySQL or Kafka.",
+        "versions": [__version__],
+        "integrations": [
+            {"integration-name": "airflow_eo", "external-doc-url": "https://pypi.org/project/airflow-eo/",
+             "tags": ["software"]},
+        ],
+        "operators": [
+            {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.operators.micro_batch"]},
+        ],
+        "hooks": [
+            {"integration-name": "airflow_eo",
+             "python-modules": ["airflow_eo.hooks.offset_store", "airflow_eo.hooks.kafka",
+                                "airflow_eo.hooks.spark", "airflow_eo.hooks.mysql_sink"]},
+        ],
+        "sensors": [],
+        "triggers": [],
+    }

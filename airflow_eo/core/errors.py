@@ -1,0 +1,31 @@
+"""Errors a user can act on. Every message says what happened and what to fix."""
+
+from __future__ import annotations
+
+
+class AirflowEoError(Exception):
+    """Base class of every error raised by airflow_eo."""
+
+
+class ConfigurationError(AirflowEoError):
+    """The pipeline is misconfigured; raised before any side effect."""
+
+
+class FencedError(AirflowEoError):
+    """A newer attempt took the pipeline (its epoch moved on): this attempt must stop."""
+
+
+class CommitConflictError(AirflowEoError):
+    """A compare-and-set at the commit point found other offsets or batch state than planned."""
+
+
+class DataLossError(AirflowEoError):
+    """Records to process were deleted by retention before they were read."""
+
+
+class BadRecordError(AirflowEoError):
+    """A record could not be parsed and ``on_bad_record='fail'``."""
+
+
+class UnsupportedServerError(ConfigurationError):
+    """The database server cannot keep XA branches safely (or lacks a needed privilege)."""

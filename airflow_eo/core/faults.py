@@ -1,0 +1,31 @@
+"""Crash points for the exactly-once tests.
+
+When ``AIRFLOW_EO_FAULT`` names a point, the process is killed with SIGKILL there (not
+an exception: nothing gets to clean up), exactly as a machine or OOM kill would.
+Production runs never set the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+FAULT_ENV = "AIRFLOW_EO_FAULT"
+
+POINTS = (
+    "after_plan",  # batch row written, no data read
+    "during_write",  # executors are writing (killed from inside a Spark task)
+    "after_prepare",  # XA branches prepared and recorded, before the commit point
+    "after_commit_point",  # store committed, before XA COMMIT
+    "between_xa_commits",  # one XA branch committed, others not
+)
+
+
+def fault_requested(point: str) -> bool:
+    return os.environ.get(FAULT_ENV) == point
+
+
+def crash_if(point: str, pid: int | None = None) -> None:
+    """SIGKILL ``pid`` (default: this process) if the fault ``point`` is requested."""
+    if fault_requested(point):
+        os.kill(pid or os.getpid(), signal.SIGKILL)

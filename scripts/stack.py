@@ -1,0 +1,340 @@
+"""Local stack for airflow_eo: a single-node Kafka (KRaft) and a MariaDB, on loopback.
+
+Usage: ``python scripts/stack.py up|down|status``.
+
+Everything the stack writes lives under ``.stack/`` in the repo (ignored by git);
+downloaded artifacts (Kafka's jars) are cached under ``~/.cache/airflow-eo`` so a
+second start is fast. A user who has their own Kafka or MySQL sets
+``EO_KAFKA_BOOTSTRAP`` or ``EO_MYSQL_HOST`` (plus ``EO_MYSQL_PORT``, ``EO_MYSQL_USER``,
+``EO_MYSQL_PASSWORD``, ``EO_MYSQL_DATABASE``) and the stack starts nothing for that part.
+``up`` always (re)writes ``.stack/env``, a file to ``source`` that exports the
+Airflow connections and settings the example DAGs use.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+REPO = Path(__file__).resolve().parent.parent
+STACK = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack"))
+CACHE = Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo"))
+KAFKA_POM = REPO / "scripts" / "kafka" / "pom.xml"
+KAFKA_LOG4J = REPO / "scripts" / "kafka" / "log4j2.properties"
+
+KAFKA_PORT = int(os.environ.get("EO_STACK_KAFKA_PORT", "39092"))
+KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
+MARIADB_PORT = int(os.environ.get("EO_STACK_MYSQL_PORT", "33306"))
+DB_NAME, DB_USER, DB_PASSWORD = "airflow_eo", "eo", "eo"
+
+
+def die(message: str) -> None:
+    print(f"stack: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def require(tool: str, hint: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        die(f"'{tool}' not found: {hint}")
+    return path
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+
+
+def wait_for(what: str, check, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+    die(f"{what} did not become ready in {timeout:.0f}s; last log lines:\n{tail}")
+
+
+def spawn(cmd: list[str], log: Path, pid_file: Path, env: dict | None = None) -> None:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env,
+        )
+    pid_file.write_text(str(proc.pid))
+
+
+# --------------------------------------------------------------------------- Kafka
+
+def kafka_version() -> str:
+    text = KAFKA_POM.read_text()
+    return text.split("<kafka.version>")[1].split("</kafka.version>")[0]
+
+
+def kafka_jars() -> Path:
+    """Resolve Kafka's runtime classpath from Maven Central once, into the cache."""
+    jars = CACHE / f"kafka-{kafka_version()}" / "libs"
+    if (jars / ".complete").exists():
+        return jars
+    require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)")
+    mvn = require("mvn", "install Maven (Debian: apt-get install maven)")
+    jars.mkdir(parents=True, exist_ok=True)
+    print(f"stack: resolving Kafka {kafka_version()} from Maven Central into {jars}")
+    subprocess.run(
+        [mvn, "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={jars}"],
+        check=True,
+    )
+    (jars / ".complete").touch()
+    return jars
+
+
+def kafka_up() -> str:
+    bootstrap = os.environ.get("EO_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        print(f"stack: using your Kafka at {bootstrap} (EO_KAFKA_BOOTSTRAP)")
+        return bootstrap
+    home = STACK / "kafka"
+    pid_file, log = home / "kafka.pid", home / "stdout.log"
+    bootstrap = f"127.0.0.1:{KAFKA_PORT}"
+    if pid_alive(pid_file):
+        wait_for("Kafka", lambda: kafka_ready(bootstrap), 60, home / "server.log")
+        print(f"stack: Kafka already running at {bootstrap}")
+        return bootstrap
+    if port_open(KAFKA_PORT):
+        die(f"port {KAFKA_PORT} is taken by another process; set EO_STACK_KAFKA_PORT or "
+            "EO_KAFKA_BOOTSTRAP to use that broker")
+    java = require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)")
+    jars = kafka_jars()
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "server.properties"
+    config.write_text("\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+        f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={home / 'data'}",
+        "num.partitions=1",
+        # One node: internal topics and transactions must work with a single replica.
+        "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "transaction.max.timeout.ms=900000",
+        # Retention checks every 5s so data-loss tests need not wait long.
+        "log.retention.check.interval.ms=5000",
+        "auto.create.topics.enable=false",
+        "",
+    ]))
+    java_cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC",
+                f"-Dkafka.logs.dir={home}",
+                f"-Dlog4j2.configurationFile={KAFKA_LOG4J}",
+                "-cp", f"{jars}/*"]
+    if not (home / "data" / "meta.properties").exists():
+        subprocess.run(
+            java_cmd + ["kafka.tools.StorageTool", "format", "-t", cluster_id(),
+                        "-c", str(config), "--ignore-formatted"],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+    spawn(java_cmd + ["kafka.Kafka", str(config)], log, pid_file)
+    wait_for("Kafka", lambda: kafka_ready(bootstrap), 90, home / "server.log")
+    print(f"stack: Kafka {kafka_version()} (KRaft) ready at {bootstrap}")
+    return bootstrap
+
+
+def cluster_id() -> str:
+    # KRaft wants a base64url-encoded UUID (22 characters, no padding).
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def kafka_ready(bootstrap: str) -> bool:
+    """True when the broker answers a metadata request (not just an open port)."""
+    host, port = bootstrap.rsplit(":", 1)
+    if not port_open(int(port), host):
+        return False
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=3)
+        return bool(metadata.brokers)
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------- MariaDB
+
+def mysql_settings() -> dict:
+    if os.environ.get("EO_MYSQL_HOST"):
+        return {
+            "host": os.environ["EO_MYSQL_HOST"],
+            "port": int(os.environ.get("EO_MYSQL_PORT", "3306")),
+            "user": os.environ.get("EO_MYSQL_USER", "root"),
+            "password": os.environ.get("EO_MYSQL_PASSWORD", ""),
+            "database": os.environ.get("EO_MYSQL_DATABASE", DB_NAME),
+            "external": True,
+        }
+    return {"host": "127.0.0.1", "port": MARIADB_PORT, "user": DB_USER,
+            "password": DB_PASSWORD, "database": DB_NAME, "external": False}
+
+
+def mysql_ready(settings: dict) -> bool:
+    import pymysql
+
+    try:
+        pymysql.connect(host=settings["host"], port=settings["port"], user=settings["user"],
+                        password=settings["password"], database=settings["database"],
+                        connect_timeout=2).close()
+        return True
+    except pymysql.MySQLError:
+        return False
+
+
+def mariadb_up() -> dict:
+    settings = mysql_settings()
+    if settings["external"]:
+        print(f"stack: using your MySQL at {settings['host']}:{settings['port']} (EO_MYSQL_HOST)")
+        if not mysql_ready(settings):
+            die(f"cannot connect to MySQL at {settings['host']}:{settings['port']} as "
+                f"{settings['user']} (database {settings['database']}); check EO_MYSQL_* settings")
+        return settings
+    home = STACK / "mariadb"
+    pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
+    if pid_alive(pid_file):
+        wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+        print(f"stack: MariaDB already running at 127.0.0.1:{MARIADB_PORT}")
+        return settings
+    if port_open(MARIADB_PORT):
+        die(f"port {MARIADB_PORT} is taken by another process; set EO_STACK_MYSQL_PORT, "
+            "or EO_MYSQL_HOST to use that server")
+    apt_hint = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
+    mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
+    if not mariadbd:
+        die(f"'mariadbd' not found: {apt_hint}")
+    install_db = require("mariadb-install-db", apt_hint)
+    data = home / "data"
+    home.mkdir(parents=True, exist_ok=True)
+    fresh = not (data / "mysql").exists()
+    if fresh:
+        subprocess.run(
+            [install_db, f"--datadir={data}", "--user=root", "--auth-root-authentication-method=socket",
+             "--skip-test-db"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={MARIADB_PORT}",
+           "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
+           "--user=root", "--innodb-buffer-pool-size=256M", "--max-connections=500",
+           "--innodb-lock-wait-timeout=20", "--skip-name-resolve"],
+          home / "stdout.log", pid_file)
+    wait_for("MariaDB socket", sock.exists, 60, log)
+    if fresh:
+        mariadb = require("mariadb", apt_hint)
+        sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
+               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}';"
+               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'127.0.0.1';"
+               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'localhost';")
+        deadline = time.monotonic() + 60
+        while subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql],
+                             capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                die(f"could not create database {DB_NAME}; see {log}")
+            time.sleep(0.5)
+    wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+    print(f"stack: MariaDB ready at 127.0.0.1:{MARIADB_PORT} (database {DB_NAME})")
+    return settings
+
+
+# --------------------------------------------------------------------------- env file
+
+def write_env(bootstrap: str, mysql: dict) -> Path:
+    mysql_uri = (f"mysql://{quote(mysql['user'], safe='')}:{quote(mysql['password'], safe='')}"
+                 f"@{mysql['host']}:{mysql['port']}/{quote(mysql['database'], safe='')}")
+    kafka_conn = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
+    airflow_home = STACK / "airflow"
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    lines = {
+        "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_conn,
+        "AIRFLOW_CONN_MYSQL_DEFAULT": mysql_uri,
+        "AIRFLOW_CONN_EO_OFFSET_STORE": mysql_uri,
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "EO_KAFKA_BOOTSTRAP": bootstrap,
+    }
+    env_file = STACK / "env"
+    env_file.write_text("".join(f"export {k}={shell_quote(v)}\n" for k, v in lines.items()))
+    return env_file
+
+
+def shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+# --------------------------------------------------------------------------- commands
+
+def up() -> None:
+    STACK.mkdir(parents=True, exist_ok=True)
+    bootstrap = kafka_up()
+    mysql = mariadb_up()
+    env_file = write_env(bootstrap, mysql)
+    print(f"stack: up; connections in {env_file} (source it)")
+
+
+def stop(name: str, pid_file: Path) -> None:
+    pid = pid_alive(pid_file)
+    if not pid:
+        return
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and pid_alive(pid_file):
+        time.sleep(0.3)
+    if pid_alive(pid_file):
+        os.killpg(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    print(f"stack: {name} stopped")
+
+
+def down() -> None:
+    stop("Kafka", STACK / "kafka" / "kafka.pid")
+    stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
+
+
+def status() -> None:
+    for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
+                           ("MariaDB", STACK / "mariadb" / "mariadb.pid")):
+        pid = pid_alive(pid_file)
+        print(f"{name}: {'running (pid %d)' % pid if pid else 'stopped'}")
+
+
+if __name__ == "__main__":
+    commands = {"up": up, "down": down, "status": status}
+    if len(sys.argv) != 2 or sys.argv[1] not in commands:
+        die("usage: stack.py up|down|status")
+    commands[sys.argv[1]]()

@@ -1,0 +1,76 @@
+"""Static checks of docker-compose.yaml.
+
+`docker compose config` parses, interpolates and validates the file without a
+Docker engine, so this runs wherever the compose client is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yaml"
+
+EXPECTED_SERVICES = {
+    "kafka",
+    "mysql",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+}
+CONN_VARS = (
+    "AIRFLOW_CONN_KAFKA_DEFAULT",
+    "AIRFLOW_CONN_MYSQL_DEFAULT",
+    "AIRFLOW_CONN_EO_OFFSET_STORE",
+)
+
+
+def _compose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE_FILE), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def compose_client() -> None:
+    if shutil.which("docker") is None:
+        pytest.skip("docker compose client not installed: no `docker` on PATH")
+    version = subprocess.run(
+        ["docker", "compose", "version"], capture_output=True, text=True, timeout=60
+    )
+    if version.returncode != 0:
+        reason = (version.stderr or version.stdout).strip()
+        pytest.skip(f"docker compose client not installed: {reason}")
+
+
+def test_compose_file_is_valid(compose_client: None) -> None:
+    result = _compose("config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_services_and_connections(compose_client: None) -> None:
+    result = _compose("config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+
+    missing = EXPECTED_SERVICES - services.keys()
+    assert not missing, f"services missing from docker-compose.yaml: {sorted(missing)}"
+
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["mysql"]["image"] == "mysql:8.4"
+
+    scheduler_env = services["airflow-scheduler"].get("environment") or {}
+    for name in CONN_VARS:
+        assert scheduler_env.get(name), f"{name} is not set on airflow-scheduler"
+        # The connection URIs are JSON documents; a typo would only show at task run time.
+        assert json.loads(scheduler_env[name])["conn_type"] in ("kafka", "mysql")
