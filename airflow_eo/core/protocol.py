@@ -114,7 +114,7 @@ class Sink(Protocol):
     transactional: bool
 
     def check(self) -> None: ...
-    def recover(self, pipeline_id: str, batch_state: Callable[[int], BatchState | None]) -> None: ...
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None: ...
     def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None: ...
     def discard(self, xids: Sequence[str]) -> None: ...
 
@@ -136,7 +136,7 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     epoch = store.take_pipeline(p)
     log.info("pipeline %s taken with epoch %d (run %s)", p, epoch, request.run_id)
 
-    sink.recover(p, lambda batch_id: _state_of(store, p, batch_id))
+    sink.recover(p, lambda batch_id: store.get_batch(p, batch_id))
     done = store.batch_for_run(p, request.run_id)
     if done is not None and done.state == BatchState.COMMITTED:
         log.info("run %s already committed batch %d; nothing to do", request.run_id, done.batch_id)
@@ -196,11 +196,6 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     summary["seconds"].update(commit=round(committed_at - executed, 3),
                               finalize=round(time.monotonic() - committed_at, 3))
     return summary
-
-
-def _state_of(store: OffsetStore, pipeline_id: str, batch_id: int) -> BatchState | None:
-    record = store.get_batch(pipeline_id, batch_id)
-    return record.state if record else None
 
 
 def _summary(request: RunRequest, batch: BatchRecord, epoch: int, result: ExecutionResult,

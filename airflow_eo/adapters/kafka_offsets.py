@@ -1,0 +1,92 @@
+"""Kafka control plane for planning: partitions and offsets via confluent-kafka's AdminClient."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.planning import PartitionOffsets
+
+TIMEOUT_S = 30.0
+
+
+def parse_starting_offsets(value: str | int) -> str | int:
+    """``earliest`` | ``latest`` | a timestamp in epoch milliseconds."""
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    if value in ("earliest", "latest"):
+        return value
+    raise ConfigurationError(
+        f"starting_offsets={value!r}: use 'earliest', 'latest' or a timestamp in epoch milliseconds"
+    )
+
+
+class KafkaOffsetSource:
+    """Reads partition metadata and offsets; implements ``core.protocol.OffsetSource``.
+
+    :param config: librdkafka configuration (the ``extra`` of an Airflow ``kafka`` connection).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        if "bootstrap.servers" not in config:
+            raise ConfigurationError("the Kafka connection has no 'bootstrap.servers' in its extra")
+        self.config = dict(config)
+        self._admin = AdminClient(self.config)
+
+    def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
+        metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+        found: list[TopicPartition] = []
+        for topic in topics:
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None:
+                raise ConfigurationError(
+                    f"Kafka topic {topic!r} does not exist on {self.config['bootstrap.servers']}: "
+                    "create it or fix the pipeline's topics"
+                )
+            found.extend(TopicPartition(topic, p) for p in sorted(info.partitions))
+        return found
+
+    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec]) -> dict[tuple[str, int], int]:
+        if not specs:
+            return {}
+        futures = self._admin.list_offsets(
+            specs, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S
+        )
+        try:
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            raise ConfigurationError(f"Kafka offsets look-up failed: {exc}") from exc
+
+    def earliest(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
+        return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+
+    def last_stable(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
+        """End offsets for read_committed readers: records of open transactions are excluded."""
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps})
+
+    def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int]:
+        """First offset whose timestamp is >= ``timestamp_ms``; the end offset when there is none."""
+        found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
+        ends = self.last_stable(tps)
+        return {k: (v if v >= 0 else ends[k]) for k, v in found.items()}
+
+    def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
+        tps = self.partitions(topics)
+        start_policy = parse_starting_offsets(starting_offsets)
+        log_start = self.earliest(tps)
+        stable = self.last_stable(tps)
+        if start_policy == "earliest":
+            initial = log_start
+        elif start_policy == "latest":
+            initial = stable
+        else:
+            initial = self.offsets_for_time(tps, int(start_policy))
+        return [
+            PartitionOffsets(tp.topic, tp.partition, log_start[(tp.topic, tp.partition)],
+                             stable[(tp.topic, tp.partition)], initial[(tp.topic, tp.partition)])
+            for tp in tps
+        ]

@@ -1,0 +1,390 @@
+"""MySQL / MariaDB sinks (DESIGN §4): idempotent upsert, and XA two-phase commit.
+
+Driver side: :class:`MySqlUpsertAdapter` / :class:`MySqlXaAdapter` check the target,
+recover and finalize XA branches. Executor side: :class:`PartitionWriter` is a
+picklable callable that writes one Spark partition's Arrow batches with multi-row
+statements; in XA mode the whole partition is one branch, prepared and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+
+from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
+from airflow_eo.core.faults import crash_if
+from airflow_eo.core.identifiers import quote_table, validate_identifier
+from airflow_eo.core.protocol import BatchContext, BatchRecord
+from airflow_eo.core.sql import (
+    DEAD_LETTER_COLUMNS,
+    check_updates,
+    dead_letter_ddl,
+    keeps_prepared_xa,
+    parse_server_version,
+    supports_row_alias,
+    upsert_statement,
+)
+from airflow_eo.core.states import BatchState
+from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
+
+log = logging.getLogger(__name__)
+
+ER_XAER_NOTA = 1397  # unknown xid: already committed / rolled back
+ER_SPECIFIC_ACCESS_DENIED = 1227
+
+
+def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True) -> pymysql.connections.Connection:
+    return pymysql.connect(**connect_kwargs, autocommit=autocommit, charset="utf8mb4")
+
+
+# --------------------------------------------------------------------------- XA helpers
+
+
+def xa_recover(conn: pymysql.connections.Connection) -> list[Xid]:
+    """Prepared branches that are ours (our formatID), of any pipeline."""
+    with conn.cursor() as cur:
+        cur.execute("XA RECOVER")
+        rows = cur.fetchall()
+    return [x for x in (parse_recover_row(*row[:4]) for row in rows) if x is not None]
+
+
+def xa_end_of(conn: pymysql.connections.Connection, xid: Xid, verb: str) -> bool:
+    """``XA COMMIT|ROLLBACK xid``; False when the server no longer knows it (done before)."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"XA {verb} {xid.sql()}")
+        return True
+    except pymysql.err.MySQLError as exc:
+        if exc.args and exc.args[0] == ER_XAER_NOTA:
+            return False
+        raise
+
+
+# --------------------------------------------------------------------------- executor side
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
+
+    connect_kwargs: Mapping[str, Any]
+    table: str
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    updates: Mapping[str, str]
+    row_alias: bool
+    rows_per_statement: int
+    xa: bool
+    pipeline_key: str
+    batch_id: int
+    epoch: int
+    driver_pid: int
+
+    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_attempt: int,
+                 task_attempt: int) -> tuple[str | None, int]:
+        rows = _rows(batches, self.columns)
+        first = next(rows, None)
+        if first is None:
+            return None, 0  # nothing to write: no branch at all
+        conn = connect(self.connect_kwargs, autocommit=not self.xa)
+        try:
+            xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_attempt, task_attempt)
+            if self.xa:
+                if stage_attempt or task_attempt:
+                    self._rollback_earlier_attempts(conn, xid)
+                with conn.cursor() as cur:
+                    cur.execute(f"XA START {xid.sql()}")
+            written = self._write(conn, _chain(first, rows))
+            if self.xa:
+                with conn.cursor() as cur:
+                    cur.execute(f"XA END {xid.sql()}")
+                    cur.execute(f"XA PREPARE {xid.sql()}")
+                return xid.encode(), written
+            return None, written
+        finally:
+            conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
+
+    def _rollback_earlier_attempts(self, conn: pymysql.connections.Connection, xid: Xid) -> None:
+        # An earlier attempt of this task may have prepared its branch and then died: that
+        # branch holds row locks this attempt would wait on until the lock wait timeout.
+        for other in xa_recover(conn):
+            if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
+                    xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
+                xa_end_of(conn, other, "ROLLBACK")
+
+    def _write(self, conn: pymysql.connections.Connection, rows: Iterator[tuple]) -> int:
+        full_sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates,
+                                    self.rows_per_statement, self.row_alias)
+        written = 0
+        chunk: list[tuple] = []
+        with conn.cursor() as cur:
+            for row in rows:
+                chunk.append(row)
+                if len(chunk) == self.rows_per_statement:
+                    cur.execute(full_sql, [v for r in chunk for v in r])
+                    written += len(chunk)
+                    chunk.clear()
+                    if not self.xa:
+                        conn.commit()
+                    crash_if("during_write", self.driver_pid)
+            if chunk:
+                sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates, len(chunk),
+                                       self.row_alias)
+                cur.execute(sql, [v for r in chunk for v in r])
+                written += len(chunk)
+                if not self.xa:
+                    conn.commit()
+                crash_if("during_write", self.driver_pid)
+        return written
+
+
+def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator[tuple]:
+    for batch in batches:
+        arrays = []
+        for name in columns:
+            array = batch.column(batch.schema.get_field_index(name))
+            if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+                # Spark hands out UTC instants; DATETIME columns take naive UTC values.
+                array = array.cast(pa.timestamp(array.type.unit))
+            arrays.append(array.to_pylist())
+        yield from zip(*arrays)
+
+
+def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
+    yield first
+    yield from rest
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+@dataclass
+class MySqlTarget:
+    """Where and how rows land; built from a user's sink spec and an Airflow connection."""
+
+    connect_kwargs: dict[str, Any]
+    table: str
+    key_columns: tuple[str, ...]
+    updates: Mapping[str, str] = field(default_factory=dict)
+    rows_per_statement: int = 500
+    dead_letter_table: str = "eo_dead_letter"
+
+
+class MySqlUpsertAdapter:
+    """Idempotent upsert: each Spark task commits its own statements; replays rewrite the same rows."""
+
+    transactional = False
+    name = "MySqlUpsertSink"
+
+    def __init__(self, target: MySqlTarget) -> None:
+        self.target = target
+        check_updates(target.updates, replay_safe_only=not self.transactional, sink_name=self.name)
+        self.row_alias = False
+        self.table_columns: list[str] = []
+        self.flavor_version: tuple[str, tuple[int, int, int]] | None = None
+
+    # -- checks before any side effect
+
+    def check(self) -> None:
+        t = self.target
+        for key in t.key_columns:
+            validate_identifier(key, "key column")
+        quote_table(t.table)
+        try:
+            conn = connect(t.connect_kwargs)
+        except pymysql.err.MySQLError as exc:
+            raise ConfigurationError(
+                f"{self.name}: cannot connect to MySQL at {t.connect_kwargs.get('host')}:"
+                f"{t.connect_kwargs.get('port')} as {t.connect_kwargs.get('user')!r}: {exc.args[-1]}"
+            ) from exc
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT VERSION()")
+                flavor, version = parse_server_version(cur.fetchone()[0])
+                self.flavor_version = (flavor, version)
+                self.row_alias = supports_row_alias(flavor, version)
+                self._check_server(conn, flavor, version)
+                self.table_columns = self._table_columns(cur)
+                self._check_unique_key(cur)
+                cur.execute(dead_letter_ddl(t.dead_letter_table))
+        finally:
+            conn.close()
+
+    def _check_server(self, conn: pymysql.connections.Connection, flavor: str, version: tuple[int, int, int]) -> None:
+        """Hook for the XA sink's stricter requirements."""
+
+    def _split_table(self) -> tuple[str | None, str]:
+        parts = self.target.table.split(".")
+        return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+    def _table_columns(self, cur: Any) -> list[str]:
+        schema, table = self._split_table()
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) "
+            "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table),
+        )
+        columns = [row[0] for row in cur.fetchall()]
+        if not columns:
+            raise ConfigurationError(
+                f"{self.name}: table {self.target.table!r} does not exist in database "
+                f"{schema or self.target.connect_kwargs.get('database')!r}: create it first"
+            )
+        missing = [k for k in self.target.key_columns if k not in columns]
+        if missing:
+            raise ConfigurationError(f"{self.name}: table {self.target.table!r} has no key column(s) "
+                                     f"{', '.join(missing)}; its columns are {', '.join(columns)}")
+        return columns
+
+    def _check_unique_key(self, cur: Any) -> None:
+        schema, table = self._split_table()
+        cur.execute(
+            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE "
+            "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s AND NON_UNIQUE = 0", (schema, table),
+        )
+        indexes: dict[str, set[str]] = {}
+        for index, column in cur.fetchall():
+            indexes.setdefault(index, set()).add(column)
+        if set(self.target.key_columns) not in indexes.values():
+            raise ConfigurationError(
+                f"{self.name}: table {self.target.table!r} needs a PRIMARY KEY or UNIQUE index on exactly "
+                f"({', '.join(self.target.key_columns)}) so that a replayed row overwrites instead of "
+                "duplicating; add one"
+            )
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        unknown = [c for c in columns if c not in self.table_columns]
+        if unknown:
+            raise ConfigurationError(
+                f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "
+                f"{self.target.table!r} lacks; its columns are {', '.join(self.table_columns)}"
+            )
+        missing_keys = [k for k in self.target.key_columns if k not in columns]
+        if missing_keys:
+            raise ConfigurationError(f"{self.name}: the transform's output lacks key column(s) "
+                                     f"{', '.join(missing_keys)}")
+
+    # -- executor writer
+
+    def partition_writer(self, batch: BatchContext, columns: Sequence[str], driver_pid: int) -> PartitionWriter:
+        self.check_columns(columns)
+        t = self.target
+        return PartitionWriter(
+            connect_kwargs=dict(t.connect_kwargs), table=t.table, columns=tuple(columns),
+            key_columns=t.key_columns, updates=dict(t.updates), row_alias=self.row_alias,
+            rows_per_statement=t.rows_per_statement, xa=self.transactional,
+            pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
+            driver_pid=driver_pid,
+        )
+
+    def write_dead_letters(self, batch: BatchContext, records: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows."""
+        if not records:
+            return []
+        writer = self._dead_letter_writer(batch)
+        table = pa.RecordBatch.from_pylist([{**r, "pipeline_id": batch.pipeline_id, "batch_id": batch.batch_id}
+                                            for r in records])
+        xid, _ = writer([table], partition=-1, stage_attempt=0, task_attempt=0)
+        return [xid] if xid else []
+
+    def _dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
+        return PartitionWriter(
+            connect_kwargs=dict(self.target.connect_kwargs), table=self.target.dead_letter_table,
+            columns=DEAD_LETTER_COLUMNS, key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"),
+            updates={}, row_alias=self.row_alias, rows_per_statement=self.target.rows_per_statement,
+            xa=self.transactional, pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id,
+            epoch=batch.epoch, driver_pid=0,
+        )
+
+    # -- protocol steps (nothing to do: every write is already visible and replay-safe)
+
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None:
+        return None
+
+    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
+        return None
+
+    def discard(self, xids: Sequence[str]) -> None:
+        return None
+
+
+class MySqlXaAdapter(MySqlUpsertAdapter):
+    """XA: one branch per Spark task, prepared, committed only after the store's commit point."""
+
+    transactional = True
+    name = "MySqlXaSink"
+
+    def _check_server(self, conn: pymysql.connections.Connection, flavor: str, version: tuple[int, int, int]) -> None:
+        if not keeps_prepared_xa(flavor, version):
+            raise UnsupportedServerError(
+                f"{self.name}: {flavor} {'.'.join(map(str, version))} rolls back prepared XA branches when a "
+                "connection closes, which breaks exactly-once; use MariaDB >= 10.5 or MySQL >= 5.7.7 "
+                "(8.x recommended), or MySqlUpsertSink"
+            )
+        try:
+            xa_recover(conn)
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] == ER_SPECIFIC_ACCESS_DENIED:
+                raise UnsupportedServerError(
+                    f"{self.name}: user {self.target.connect_kwargs.get('user')!r} may not run XA RECOVER; "
+                    "on MySQL 8 run: GRANT XA_RECOVER_ADMIN ON *.* TO '<user>'@'<host>'"
+                ) from exc
+            raise
+
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None:
+        """Resolve every prepared branch of this pipeline: commit if its batch committed, else roll back."""
+        key = pipeline_key(pipeline_id)
+        conn = connect(self.target.connect_kwargs)
+        try:
+            ours = [x for x in xa_recover(conn) if x.pipeline_key == key]
+            if not ours:
+                return
+            log.warning("%s: %d prepared XA branch(es) of pipeline %s left by earlier attempts; resolving",
+                        self.name, len(ours), pipeline_id)
+            records: dict[int, BatchRecord | None] = {}
+            for xid in sorted(ours):
+                if xid.batch_id not in records:
+                    records[xid.batch_id] = batch_lookup(xid.batch_id)
+                record = records[xid.batch_id]
+                commit = (record is not None and record.state == BatchState.COMMITTED
+                          and xid.encode() in record.xids)
+                xa_end_of(conn, xid, "COMMIT" if commit else "ROLLBACK")
+                log.info("recovered branch %s of batch %d: %s", xid.encode(), xid.batch_id,
+                         "committed" if commit else "rolled back")
+        finally:
+            conn.close()
+
+    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
+        conn = connect(self.target.connect_kwargs)
+        try:
+            for i, text in enumerate(xids):
+                xa_end_of(conn, Xid.decode(text), "COMMIT")
+                if i == 0 and len(xids) > 1:
+                    crash_if("between_xa_commits")
+            # Strays: branches of this batch that failed attempts prepared but nobody reported.
+            key, reported = pipeline_key(pipeline_id), set(xids)
+            for xid in xa_recover(conn):
+                if xid.pipeline_key == key and xid.batch_id == batch.batch_id and xid.encode() not in reported:
+                    xa_end_of(conn, xid, "ROLLBACK")
+        finally:
+            conn.close()
+
+    def discard(self, xids: Sequence[str]) -> None:
+        if not xids:
+            return
+        try:
+            conn = connect(self.target.connect_kwargs)
+        except pymysql.err.MySQLError:
+            return  # the next attempt's recovery rolls them back
+        try:
+            for text in xids:
+                try:
+                    xa_end_of(conn, Xid.decode(text), "ROLLBACK")
+                except pymysql.err.MySQLError:
+                    pass
+        finally:
+            conn.close()

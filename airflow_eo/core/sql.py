@@ -1,0 +1,99 @@
+"""SQL text for the MySQL sinks: identifiers validated and quoted, values as ``%s`` placeholders."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import quote_identifier, quote_table
+
+UpdateMode = Literal["replace", "add"]
+UPDATE_MODES: tuple[str, ...] = ("replace", "add")
+
+
+def check_updates(updates: Mapping[str, str], replay_safe_only: bool, sink_name: str) -> None:
+    """Validate per-column update modes; a replay-safe sink refuses accumulating ones."""
+    for column, mode in updates.items():
+        quote_identifier(column, "column name")
+        if mode not in UPDATE_MODES:
+            raise ConfigurationError(f"{sink_name}: update mode {mode!r} of column {column!r}: use one of "
+                                     f"{', '.join(UPDATE_MODES)}")
+        if replay_safe_only and mode == "add":
+            raise ConfigurationError(
+                f"{sink_name}: column {column!r} uses an accumulating update ('add'), which counts a "
+                "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
+                "use MySqlXaSink for accumulating updates (its writes commit atomically with the offsets)."
+            )
+
+
+def upsert_statement(
+    table: str,
+    columns: Sequence[str],
+    key_columns: Sequence[str],
+    updates: Mapping[str, str],
+    rows: int,
+    row_alias: bool,
+) -> str:
+    """Multi-row ``INSERT .. ON DUPLICATE KEY UPDATE`` for ``rows`` rows.
+
+    ``row_alias``: MySQL 8.0.19+ form (``VALUES (..) AS new .. c = new.c``); otherwise the
+    ``VALUES(c)`` form MariaDB wants (deprecated on MySQL 8).
+    """
+    if rows < 1:
+        raise ValueError("rows must be >= 1")
+    quoted = [quote_identifier(c, "column name") for c in columns]
+    placeholders = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    sql = f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) VALUES " + ", ".join([placeholders] * rows)
+    if row_alias:
+        sql += " AS `eo_new`"
+    assignments = []
+    for column in columns:
+        if column in key_columns:
+            continue
+        q = quote_identifier(column)
+        new = f"`eo_new`.{q}" if row_alias else f"VALUES({q})"
+        if updates.get(column, "replace") == "add":
+            assignments.append(f"{q} = {q} + {new}")
+        else:
+            assignments.append(f"{q} = {new}")
+    if not assignments:  # key-only table: keep the row as it is
+        k = quote_identifier(key_columns[0])
+        assignments.append(f"{k} = {k}")
+    return sql + " ON DUPLICATE KEY UPDATE " + ", ".join(assignments)
+
+
+def dead_letter_ddl(table: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
+        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
+        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, "
+        "raw_value LONGBLOB NULL, error TEXT NOT NULL, "
+        "created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
+        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB"
+    )
+
+
+DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
+                       "raw_value", "error")
+
+
+def parse_server_version(version: str) -> tuple[str, tuple[int, int, int]]:
+    """``SELECT VERSION()`` → (``'mariadb'`` | ``'mysql'``, (major, minor, patch))."""
+    import re
+
+    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    match = re.match(r"(?:5\.5\.5-)?(\d+)\.(\d+)\.(\d+)", version)
+    if not match:
+        raise ConfigurationError(f"cannot parse the database server version {version!r}")
+    major, minor, patch = (int(x) for x in match.groups())
+    return flavor, (major, minor, patch)
+
+
+def supports_row_alias(flavor: str, version: tuple[int, int, int]) -> bool:
+    return flavor == "mysql" and version >= (8, 0, 19)
+
+
+def keeps_prepared_xa(flavor: str, version: tuple[int, int, int]) -> bool:
+    """Older servers roll back a prepared XA branch when its connection closes."""
+    return version >= (10, 5, 0) if flavor == "mariadb" else version >= (5, 7, 7)
