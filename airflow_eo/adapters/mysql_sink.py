@@ -85,18 +85,17 @@ class PartitionWriter:
     epoch: int
     driver_pid: int
 
-    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_attempt: int,
-                 task_attempt: int) -> tuple[str | None, int]:
+    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int,
+                 attempt_id: int) -> tuple[str | None, int]:
         rows = _rows(batches, self.columns)
         first = next(rows, None)
         if first is None:
             return None, 0  # nothing to write: no branch at all
         conn = connect(self.connect_kwargs, autocommit=not self.xa)
         try:
-            xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_attempt, task_attempt)
+            xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
             if self.xa:
-                if stage_attempt or task_attempt:
-                    self._rollback_earlier_attempts(conn, xid)
+                self._rollback_earlier_attempts(conn, xid)
                 with conn.cursor() as cur:
                     cur.execute(f"XA START {xid.sql()}")
             written = self._write(conn, _chain(first, rows))
@@ -288,7 +287,7 @@ class MySqlUpsertAdapter:
         writer = self._dead_letter_writer(batch)
         table = pa.RecordBatch.from_pylist([{**r, "pipeline_id": batch.pipeline_id, "batch_id": batch.batch_id}
                                             for r in records])
-        xid, _ = writer([table], partition=-1, stage_attempt=0, task_attempt=0)
+        xid, _ = writer([table], partition=-1, stage_id=0, attempt_id=0)
         return [xid] if xid else []
 
     def _dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:

@@ -218,7 +218,7 @@ class SparkBatchEngine:
             import pyarrow as pa
 
             ctx = TaskContext.get()
-            xid, rows = writer(batches, ctx.partitionId(), ctx.stageAttemptNumber(), ctx.attemptNumber())
+            xid, rows = writer(batches, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
             yield pa.RecordBatch.from_pydict({"xid": [xid], "rows": [rows]},
                                              schema=pa.schema([("xid", pa.string()), ("rows", pa.int64())]))
 

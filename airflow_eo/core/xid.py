@@ -26,8 +26,8 @@ class Xid:
     batch_id: int
     epoch: int
     partition: int
-    stage_attempt: int = 0
-    task_attempt: int = 0
+    stage_id: int = 0
+    attempt_id: int = 0
 
     @property
     def gtrid(self) -> bytes:
@@ -35,7 +35,7 @@ class Xid:
 
     @property
     def bqual(self) -> bytes:
-        return f"{self.epoch}:{self.partition}:{self.stage_attempt}:{self.task_attempt}".encode()
+        return f"{self.epoch}:{self.partition}:{self.stage_id}:{self.attempt_id}".encode()
 
     def sql(self) -> str:
         """The xid as it appears after ``XA START|END|PREPARE|COMMIT|ROLLBACK`` (hex literals)."""
@@ -55,8 +55,8 @@ class Xid:
         prefix, key, batch = gtrid.decode().split(":")
         if prefix != "eo":
             raise ValueError(f"not an airflow_eo gtrid: {gtrid!r}")
-        epoch, partition, stage_attempt, task_attempt = (int(x) for x in bqual.decode().split(":"))
-        return cls(key, int(batch), epoch, partition, stage_attempt, task_attempt)
+        epoch, partition, stage_id, attempt_id = (int(x) for x in bqual.decode().split(":"))
+        return cls(key, int(batch), epoch, partition, stage_id, attempt_id)
 
     def __post_init__(self) -> None:
         if len(self.gtrid) > _MAX_PART or len(self.bqual) > _MAX_PART:

@@ -1,0 +1,1 @@
+"""Hooks: Airflow connections → the adapters that do the I/O."""

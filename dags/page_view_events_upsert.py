@@ -1,0 +1,43 @@
+"""Every page-view event once in ``page_view_events``: topic ``page_views`` through the upsert sink.
+
+A replayed batch rewrites the same rows (``INSERT .. ON DUPLICATE KEY UPDATE`` with
+overwrite semantics), so output and offsets agree after any crash.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, task
+
+from airflow_eo.examples import page_views
+from airflow_eo.hooks.mysql import EoMySqlHook
+from airflow_eo.operators import KafkaMicroBatchOperator
+from airflow_eo.sinks import MySqlUpsertSink
+
+with DAG(
+    dag_id="page_view_events_upsert",
+    schedule=timedelta(minutes=5),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["airflow_eo", "example"],
+    doc_md=__doc__,
+):
+
+    @task
+    def create_table() -> None:
+        page_views.ensure_tables(EoMySqlHook("mysql_default").get_connect_kwargs())
+
+    store_page_view_events = KafkaMicroBatchOperator(
+        task_id="store_page_view_events",
+        pipeline_id="page_view_events_upsert",
+        topics=[page_views.TOPIC],
+        value_format="json",
+        schema=page_views.SCHEMA,
+        sink=MySqlUpsertSink(table="page_view_events", key_columns=["event_id"]),
+        retries=2,
+        retry_delay=timedelta(seconds=10),
+    )
+
+    create_table() >> store_page_view_events
