@@ -21,9 +21,9 @@ def get_provider_info() -> dict:
         ],
         "hooks": [
             {"integration-name": "airflow_eo",
-             "python-modules": ["airflow_eo.hooks.offset_store", "airflow_eo.hooks.kafka",
-                                "airflow_eo.hooks.spark", "airflow_eo.hooks.mysql_sink"]},
+             "python-modules": ["airflow_eo.hooks.mysql", "airflow_eo.hooks.kafka", "airflow_eo.hooks.spark"]},
         ],
         "sensors": [],
         "triggers": [],
+        "connection-types": [],  # reuses kafka / mysql / spark connection types of their providers
     }

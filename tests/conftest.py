@@ -1,0 +1,74 @@
+"""Fixtures for tests against the real local stack (``make up``; ``make test`` does it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+
+from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: run the tests with `make test` (it starts the stack and sources .stack/env)")
+    return value
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> str:
+    return _env("EO_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture(scope="session")
+def mysql_kwargs() -> dict[str, Any]:
+    return connect_kwargs_from_uri(_env("AIRFLOW_CONN_MYSQL_DEFAULT"))
+
+
+@pytest.fixture
+def mysql(mysql_kwargs) -> Iterator[pymysql.connections.Connection]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def topic_name() -> str:
+    return f"t_{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+        future.result()
+    return name
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Airflow's metadata database (SQLite under AIRFLOW_HOME), migrated once."""
+    _env("AIRFLOW_HOME")
+    done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def query(mysql_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
