@@ -20,7 +20,8 @@ def main() -> int:
     if dag_id not in bag.dags:
         print(f"no DAG {dag_id!r}; import errors: {bag.import_errors}", file=sys.stderr)
         return 2
-    run = bag.dags[dag_id].test(logical_date=logical_date)
+    # run_after = logical_date makes the run id a function of LOGICAL_DATE (manual__<date>).
+    run = bag.dags[dag_id].test(logical_date=logical_date, run_after=logical_date)
     print(f"dag run {run.run_id}: {run.state}")
     return 0 if str(run.state) in ("success", "DagRunState.SUCCESS") else 1
 

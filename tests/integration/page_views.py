@@ -1,0 +1,157 @@
+"""Helpers for tests of the page-views example DAGs: reset, run a DAG in a child process, ground truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pymysql
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
+from airflow_eo.core.xid import pipeline_key
+from airflow_eo.examples import page_views
+
+REPO = Path(__file__).resolve().parents[2]
+XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
+
+
+@dataclass
+class Truth:
+    pv_per_app: dict[str, int]
+    event_ids: set[str]
+    end_offsets: dict[int, int]
+
+
+def topic_truth(bootstrap: str, topic: str = page_views.TOPIC) -> Truth:
+    """Everything committed in the topic, read with a plain read_committed consumer (not Spark, not us)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+                        .topics[topic].partitions)
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    counts: Counter[str] = Counter()
+    ids: set[str] = set()
+    done = {p for p, end in ends.items() if end == 0}
+    while len(done) < len(partitions):
+        msg = consumer.poll(10)
+        assert msg is not None, "truth consumer timed out"
+        if msg.error():
+            done.add(msg.partition())
+            continue
+        event = json.loads(msg.value())
+        counts[event["app_id"]] += 1
+        ids.add(event["event_id"])
+    consumer.close()
+    return Truth(dict(counts), ids, ends)
+
+
+def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
+    """Forget the pipelines' progress and empty their sinks: the next run starts from the earliest offset."""
+    page_views.ensure_tables(mysql_kwargs)
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        keys = {pipeline_key(p) for p in pipelines}
+        for xid in xa_recover(conn):
+            if xid.pipeline_key in keys:
+                xa_end_of(conn, xid, "ROLLBACK")
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE TABLE app_pv")
+            cur.execute("TRUNCATE TABLE page_view_events")
+            for table in ("eo_offset", "eo_batch", "eo_pipeline"):
+                cur.execute("SHOW TABLES LIKE %s", (table,))
+                if cur.fetchone():
+                    cur.execute(f"DELETE FROM {table} WHERE pipeline_id IN %s", (list(pipelines),))
+    finally:
+        conn.close()
+
+
+def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,
+            env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the DAG with ``dag.test()`` in a child process (so that it can be SIGKILLed for real)."""
+    child_env = {**os.environ, **(env or {})}
+    child_env.pop("AIRFLOW_EO_FAULT", None)
+    if fault:
+        child_env["AIRFLOW_EO_FAULT"] = fault
+    logical_date = logical_date or datetime.now(timezone.utc)
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()],
+                          env=child_env, capture_output=True, text=True, timeout=timeout)
+
+
+def sink_state(mysql_kwargs: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT app_id, pv FROM app_pv")
+            pv = {app: int(n) for app, n in cur.fetchall()}
+            cur.execute("SELECT event_id FROM page_view_events")
+            ids = [r[0] for r in cur.fetchall()]
+        return pv, ids
+    finally:
+        conn.close()
+
+
+def committed_offsets(mysql_kwargs: dict[str, Any], pipeline: str) -> dict[int, int]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s", (pipeline,))
+            return {int(p): int(o) for p, o in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def batch_rows(mysql_kwargs: dict[str, Any], pipeline: str) -> list[dict[str, Any]]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT batch_id, run_id, state, ranges FROM eo_batch WHERE pipeline_id = %s "
+                        "ORDER BY batch_id", (pipeline,))
+            return [{**r, "ranges": json.loads(r["ranges"])} for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[str]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        return [x.encode() for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline)]
+    finally:
+        conn.close()
+
+
+def assert_contiguous(batches: list[dict[str, Any]]) -> None:
+    """Committed batches tile each partition's offsets with no gap and no overlap."""
+    position: dict[tuple[str, int], int] = {}
+    for batch in batches:
+        if batch["state"] != "committed":
+            continue
+        for r in batch["ranges"]:
+            key = (r["topic"], r["partition"])
+            if key in position:
+                assert r["from_offset"] == position[key], f"gap/overlap at {key} in batch {batch['batch_id']}"
+            position[key] = r["until_offset"]
+
+
+def assert_exactly_once(mysql_kwargs: dict[str, Any], bootstrap: str, pipeline: str) -> Truth:
+    truth = topic_truth(bootstrap)
+    pv, ids = sink_state(mysql_kwargs)
+    if pipeline == XA_PIPELINE:
+        assert pv == truth.pv_per_app, "app_pv differs from the page views in the topic"
+    else:
+        assert len(ids) == len(set(ids)) and set(ids) == truth.event_ids, "page_view_events differs from the topic"
+    assert our_prepared_branches(mysql_kwargs, pipeline) == [], "prepared XA branches were left behind"
+    assert committed_offsets(mysql_kwargs, pipeline) == truth.end_offsets, "offsets are not at the end of the topic"
+    assert_contiguous(batch_rows(mysql_kwargs, pipeline))
+    return truth
