@@ -10,7 +10,7 @@ compare-and-sets (:meth:`commit_batch`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,7 +20,7 @@ from pymysql.constants import CLIENT
 
 from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError
 from airflow_eo.core.protocol import BatchRecord
-from airflow_eo.core.ranges import OffsetRange, TopicPartition, ranges_from_json, ranges_to_json
+from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 
 # Versioned migrations: (version, statements). Append only; each statement is idempotent.
@@ -252,11 +252,12 @@ class OffsetStore:
         """THE commit point: CAS every partition's offset and the batch state, in one transaction."""
         with self.transaction() as cur:
             self._lock_epoch(cur, batch.pipeline_id, epoch)
+            starts = batch_starts(batch.ranges, batch.skipped)
             for r in batch.ranges:
                 cur.execute(
                     "UPDATE eo_offset SET next_offset = %s, batch_id = %s WHERE pipeline_id = %s "
                     "AND topic = %s AND kafka_partition = %s AND next_offset = %s",
-                    (r.until_offset, batch.batch_id, batch.pipeline_id, r.topic, r.partition, r.from_offset),
+                    (r.until_offset, batch.batch_id, batch.pipeline_id, r.topic, r.partition, starts[r.key]),
                 )
                 if cur.rowcount == 1:
                     continue
@@ -268,7 +269,7 @@ class OffsetStore:
                 if row is not None:
                     raise CommitConflictError(
                         f"{r.topic}[{r.partition}] is committed at offset {row['next_offset']}, "
-                        f"but batch {batch.batch_id} starts at {r.from_offset}; another run moved "
+                        f"but batch {batch.batch_id} starts at {starts[r.key]}; another run moved "
                         "the offsets, nothing of this batch was committed"
                     )
                 # First batch that reads this partition; a concurrent insert fails on the key.
@@ -316,4 +317,3 @@ def connect_kwargs_from_uri(uri: str) -> dict[str, Any]:
     }
 
 
-ConnectFactory = Callable[[], pymysql.connections.Connection]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
+from airflow_eo.core.faults import fault_requested
 from airflow_eo.core.protocol import BatchContext, ExecutionResult
 from airflow_eo.core.ranges import spark_offsets
 
@@ -132,13 +133,24 @@ class SparkBatchEngine:
         required = [f.name for f in declared.fields if not f.nullable]
         parse_schema = StructType([StructField(f.name, f.dataType, True) for f in declared.fields]
                                   + [StructField("_eo_corrupt", StringType(), True)])
-        parsed = F.from_json(F.col("kafka_value").cast("string"), parse_schema,
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"})
-        df = raw.withColumn("_eo_parsed", parsed)
+        # The same value parsed with every field as STRING tells malformed JSON apart from a
+        # field of the wrong type (Spark nulls the whole typed row in both cases).
+        as_text = StructType([StructField(f.name, StringType(), True) for f in declared.fields]
+                             + [StructField("_eo_corrupt", StringType(), True)])
+        text = F.col("kafka_value").cast("string")
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
+        df = raw.withColumn("_eo_parsed", F.from_json(text, parse_schema, options)) \
+                .withColumn("_eo_text", F.from_json(text, as_text, options))
         error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).when(
-            F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull(),
-            F.lit("malformed JSON or a value of the wrong type for the schema"),
-        )
+            F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull(), F.lit("malformed JSON"))
+        typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
+        for f in declared.fields:
+            typed = F.col(f"_eo_parsed.{f.name}")
+            if not isinstance(f.dataType, StringType):
+                typed = F.when(typed_row_failed, F.col(f"_eo_text.{f.name}").try_cast(f.dataType)).otherwise(typed)
+            error = error.when(typed.isNull() & F.col(f"_eo_text.{f.name}").isNotNull(),
+                               F.lit(f"field {f.name!r} is not a valid {f.dataType.simpleString()}"))
+        error = error.when(typed_row_failed, F.lit("value does not match the schema"))
         for name in required:
             error = error.when(F.col(f"_eo_parsed.{name}").isNull(), F.lit(f"required field {name!r} is missing or null"))
         payload = [f.name for f in declared.fields]
@@ -219,6 +231,8 @@ class SparkBatchEngine:
 
             ctx = TaskContext.get()
             xid, rows = writer(batches, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            if xid and ctx.attemptNumber() == 0 and fault_requested("fail_task_after_prepare"):
+                raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
             yield pa.RecordBatch.from_pydict({"xid": [xid], "rows": [rows]},
                                              schema=pa.schema([("xid", pa.string()), ("rows", pa.int64())]))
 

@@ -1,7 +1,7 @@
 """Crash points for the exactly-once tests.
 
-When ``AIRFLOW_EO_FAULT`` names a point, the process is killed with SIGKILL there (not
-an exception: nothing gets to clean up), exactly as a machine or OOM kill would.
+When ``AIRFLOW_EO_FAULT`` names one of ``POINTS``, the process is killed with SIGKILL
+there (not an exception: nothing gets to clean up), exactly as a machine or OOM kill would.
 Production runs never set the variable.
 """
 
@@ -19,6 +19,9 @@ POINTS = (
     "after_commit_point",  # store committed, before XA COMMIT
     "between_xa_commits",  # one XA branch committed, others not
 )
+# Not a kill: the first attempt of each Spark write task raises after XA PREPARE, so Spark
+# retries the task while the failed attempt's prepared branch still holds its row locks.
+TASK_FAILURE = "fail_task_after_prepare"
 
 
 def fault_requested(point: str) -> bool:

@@ -161,7 +161,7 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
             max_records_per_run=request.max_records_per_run,
             skip_lost_records=request.skip_lost_records,
         )
-        check_contiguous(committed, plan.ranges)
+        check_contiguous(committed, plan.ranges, plan.skipped)
         batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, plan.skipped)
         log.info("planned batch %d: %s", batch.batch_id, _fmt(batch.ranges))
         if plan.skipped:

@@ -58,12 +58,23 @@ def spark_offsets(ranges: Iterable[OffsetRange]) -> tuple[str, str]:
     return json.dumps(starting), json.dumps(ending)
 
 
-def check_contiguous(committed: Mapping[TopicPartition, int], ranges: Iterable[OffsetRange]) -> None:
-    """Invariant: a batch starts exactly where the committed position of each partition is."""
-    for r in ranges:
-        expected = committed.get(r.key)
-        if expected is not None and r.from_offset != expected:
+def check_contiguous(committed: Mapping[TopicPartition, int], ranges: Iterable[OffsetRange],
+                     skipped: Iterable[OffsetRange] = ()) -> None:
+    """Invariant: a batch starts exactly where the committed position of each partition is.
+
+    A range lost to retention and skipped on purpose counts as part of the batch.
+    """
+    starts = batch_starts(ranges, skipped)
+    for key, start in starts.items():
+        expected = committed.get(key)
+        if expected is not None and start != expected:
             raise AssertionError(
-                f"batch range {r} does not start at the committed offset {expected} of "
-                f"{r.topic}[{r.partition}]"
+                f"batch starts {key[0]}[{key[1]}] at offset {start}, not at its committed offset {expected}"
             )
+
+
+def batch_starts(ranges: Iterable[OffsetRange], skipped: Iterable[OffsetRange] = ()) -> dict[TopicPartition, int]:
+    """Where the batch takes over each partition: the start of its skipped gap, else of its range."""
+    starts = {r.key: r.from_offset for r in ranges}
+    starts.update({s.key: s.from_offset for s in skipped})
+    return starts

@@ -1,0 +1,70 @@
+"""Run the micro-batch operator (or the protocol with its real adapters) on a test's own topic and table."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pymysql
+
+from airflow_eo.adapters.spark_engine import SparkBatchEngine
+from airflow_eo.core.protocol import RunRequest
+from airflow_eo.examples import page_views
+from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.spark import SparkSessionHook
+from airflow_eo.operators import KafkaMicroBatchOperator
+from airflow_eo.sinks import MySqlUpsertSink
+
+
+def events_table(mysql_kwargs: dict[str, Any]) -> str:
+    table = f"ev_{uuid.uuid4().hex[:8]}"
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(page_views.TABLES_DDL["page_view_events"].replace("page_view_events", table))
+    conn.close()
+    return table
+
+
+def counts_table(mysql_kwargs: dict[str, Any]) -> str:
+    table = f"pv_{uuid.uuid4().hex[:8]}"
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(page_views.TABLES_DDL["app_pv"].replace("app_pv", table))
+    conn.close()
+    return table
+
+
+def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None, **kwargs: Any) -> KafkaMicroBatchOperator:
+    return KafkaMicroBatchOperator(task_id=f"mb_{uuid.uuid4().hex[:6]}", pipeline_id=pipeline_id or f"p_{topic}",
+                                   topics=[topic], schema=page_views.SCHEMA, sink=sink, **kwargs)
+
+
+def run(op: KafkaMicroBatchOperator, run_id: str | None = None) -> dict[str, Any]:
+    return op.execute({"run_id": run_id or f"manual__{uuid.uuid4().hex}"})
+
+
+def adapters(sink: MySqlUpsertSink, transform: Any = None) -> dict[str, Any]:
+    """The operator's real adapters, for tests that drive ``run_batch`` step by step."""
+    kafka = KafkaClusterHook("kafka_default")
+    return {
+        "store": OffsetStoreHook().get_store(),
+        "source": kafka.get_offset_source(),
+        "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA,
+                                   transform=transform),
+        "sink": EoMySqlHook().get_sink_adapter(sink),
+    }
+
+
+def request(pipeline_id: str, topic: str, run_id: str) -> RunRequest:
+    return RunRequest(pipeline_id=pipeline_id, run_id=run_id, topics=[topic])
+
+
+def rows(mysql_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()

@@ -1,0 +1,87 @@
+"""Bad records and records lost to retention: clear failures that commit nothing, or recorded skips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
+from airflow_eo.examples.page_views import produce_page_views
+from airflow_eo.sinks import MySqlUpsertSink
+from tests.conftest import create_topic
+from tests.integration.operator_harness import events_table, operator, rows, run
+
+BAD_VALUES = [
+    b"{not json",
+    json.dumps({"event_id": None, "app_id": "app_x", "user_id": "u", "ts": "2026-01-01T00:00:00Z"}).encode(),
+    json.dumps({"event_id": "e-bad-type", "app_id": "app_x", "ts": "yesterday"}).encode(),
+]
+
+
+def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 1)
+    produce_page_views(bootstrap, 20, topic=topic_name, raw_values=BAD_VALUES[:1])
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]))
+    with pytest.raises(BadRecordError, match=rf"{topic_name}\[0\] offset 20: malformed JSON.*dead_letter"):
+        run(op)
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+    assert rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_offset WHERE pipeline_id = %s", (op.pipeline_id,))[0][0] == 0
+    assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (op.pipeline_id,)) == [("planned",)]
+
+
+def test_dead_letters_land_with_the_good_records_in_the_same_batch(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 1)
+    good = produce_page_views(bootstrap, 30, topic=topic_name, raw_values=BAD_VALUES)
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
+    summary = run(op)
+    assert summary["records_in"] == 33 and summary["rows_out"] == 30 and summary["dead_letters"] == 3
+    assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
+    dead = rows(mysql_kwargs, "SELECT kafka_offset, batch_id, raw_value, error FROM eo_dead_letter "
+                "WHERE pipeline_id = %s ORDER BY kafka_offset", (op.pipeline_id,))
+    assert [d[0] for d in dead] == [30, 31, 32]
+    assert {d[1] for d in dead} == {summary["batch_id"]}
+    assert [bytes(d[2]) for d in dead] == BAD_VALUES
+    assert "malformed" in dead[0][3] and "event_id" in dead[1][3] and "'ts' is not a valid timestamp" in dead[2][3]
+
+
+def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 1)
+    produce_page_views(bootstrap, 50, topic=topic_name)
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]))
+    assert run(op)["records_in"] == 50
+    later = produce_page_views(bootstrap, 50, topic=topic_name)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic_name, 0, 80)]).values():
+        future.result()
+
+    with pytest.raises(DataLossError, match=rf"{topic_name}\[0\] offsets 50\.\.79"):
+        run(op)
+    assert rows(mysql_kwargs, "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s", (op.pipeline_id,)) == [(50,)]
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == 50
+
+    op_skip = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]),
+                       pipeline_id=op.pipeline_id, skip_lost_records=True)
+    summary = run(op_skip)
+    assert summary["skipped"] == [{"topic": topic_name, "partition": 0, "from_offset": 50, "until_offset": 80}]
+    assert summary["ranges"][0]["from_offset"] == 80 and summary["ranges"][0]["until_offset"] == 100
+    stored = {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")}
+    assert {e["event_id"] for e in later[30:]} <= stored and not {e["event_id"] for e in later[:30]} & stored
+
+
+def test_misconfiguration_fails_before_any_side_effect(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 1)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        run(operator(topic_name, MySqlUpsertSink(table="no_such_table", key_columns=["event_id"])))
+    table = events_table(mysql_kwargs)
+    with pytest.raises(ConfigurationError, match="no key column"):
+        run(operator(topic_name, MySqlUpsertSink(table=table, key_columns=["nope"])))
+    with pytest.raises(ConfigurationError, match="PRIMARY KEY or UNIQUE index"):
+        run(operator(topic_name, MySqlUpsertSink(table=table, key_columns=["app_id"])))
+    with pytest.raises(ConfigurationError, match="does not exist on"):
+        run(operator("no_such_topic_x", MySqlUpsertSink(table=table, key_columns=["event_id"])))

@@ -1,0 +1,60 @@
+"""Exactly-once under SIGKILL: the DAG's process is killed at each protocol step, then runs go on.
+
+After the crash: the same run again (a retry/clear), more events, a new run. The sink must
+equal the ground truth read straight from the topic, no prepared XA branch of ours may be
+left, and the committed offsets must tile the topic up to its end.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime, timezone
+
+import pytest
+
+from airflow_eo.examples.page_views import produce_page_views
+from tests.integration.page_views import (
+    UPSERT_PIPELINE,
+    XA_PIPELINE,
+    assert_exactly_once,
+    batch_rows,
+    our_prepared_branches,
+    reset,
+    run_dag,
+    sink_state,
+)
+
+XA_POINTS = ["after_plan", "during_write", "after_prepare", "after_commit_point", "between_xa_commits"]
+UPSERT_POINTS = ["after_plan", "during_write", "after_commit_point"]
+
+
+def crash_then_recover(dag_id: str, pipeline: str, point: str, bootstrap: str, mysql_kwargs: dict) -> None:
+    reset(mysql_kwargs, pipeline)
+    produce_page_views(bootstrap, 3000)
+    logical_date = datetime.now(timezone.utc)
+    crashed = run_dag(dag_id, logical_date, fault=point)
+    assert crashed.returncode == -signal.SIGKILL, (
+        f"the run was not killed at {point}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}")
+    batches = batch_rows(mysql_kwargs, pipeline)
+    assert batches, "the batch row must be written before the crash point"
+    if point == "after_prepare":
+        assert our_prepared_branches(mysql_kwargs, pipeline), "the crash should leave prepared branches"
+        assert sink_state(mysql_kwargs)[0] == {}, "nothing may be visible before the commit point"
+
+    produce_page_views(bootstrap, 500)
+    retried = run_dag(dag_id, logical_date)  # the same run again: resume or return the committed summary
+    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    produce_page_views(bootstrap, 700)
+    later = run_dag(dag_id)  # a later run
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert_exactly_once(mysql_kwargs, bootstrap, pipeline)
+
+
+@pytest.mark.parametrize("point", XA_POINTS)
+def test_xa_sink_survives_sigkill(point, bootstrap, mysql_kwargs, airflow_db):
+    crash_then_recover("page_views_xa", XA_PIPELINE, point, bootstrap, mysql_kwargs)
+
+
+@pytest.mark.parametrize("point", UPSERT_POINTS)
+def test_upsert_sink_survives_sigkill(point, bootstrap, mysql_kwargs, airflow_db):
+    crash_then_recover("page_view_events_upsert", UPSERT_PIPELINE, point, bootstrap, mysql_kwargs)
