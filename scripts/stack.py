@@ -330,7 +330,7 @@ def status() -> None:
     for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
                            ("MariaDB", STACK / "mariadb" / "mariadb.pid")):
         pid = pid_alive(pid_file)
-        print(f"{name}: {'running (pid %d)' % pid if pid else 'stopped'}")
+        print(f"{name}: {f'running (pid {pid})' if pid else 'stopped'}")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator
                 # Spark hands out UTC instants; DATETIME columns take naive UTC values.
                 array = array.cast(pa.timestamp(array.type.unit))
             arrays.append(array.to_pylist())
-        yield from zip(*arrays)
+        yield from zip(*arrays, strict=True)
 
 
 def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:

@@ -127,7 +127,8 @@ class SparkBatchEngine:
         if self.value_format in ("string", "bytes"):
             value = F.col("kafka_value").cast("string") if self.value_format == "string" else F.col("kafka_value")
             error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
-            return raw.select(value.alias("value"), *METADATA_COLUMNS, "kafka_value", error.alias("_eo_error")), ["value"]
+            columns = [value.alias("value"), *METADATA_COLUMNS, "kafka_value", error.alias("_eo_error")]
+            return raw.select(*columns), ["value"]
 
         declared = _parse_ddl(spark, self.schema or "")
         required = [f.name for f in declared.fields if not f.nullable]
@@ -152,7 +153,8 @@ class SparkBatchEngine:
                                F.lit(f"field {f.name!r} is not a valid {f.dataType.simpleString()}"))
         error = error.when(typed_row_failed, F.lit("value does not match the schema"))
         for name in required:
-            error = error.when(F.col(f"_eo_parsed.{name}").isNull(), F.lit(f"required field {name!r} is missing or null"))
+            error = error.when(F.col(f"_eo_parsed.{name}").isNull(),
+                               F.lit(f"required field {name!r} is missing or null"))
         payload = [f.name for f in declared.fields]
         return df.select(*[F.col(f"_eo_parsed.{n}").alias(n) for n in payload], *METADATA_COLUMNS, "kafka_value",
                          error.alias("_eo_error")), payload

@@ -105,6 +105,67 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC,
     return events
 
 
+def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], set[str], dict[int, int]]:
+    """(page views per app, event ids, end offset per partition) of every committed record in the topic.
+
+    Read with a plain read_committed consumer, independent of Spark and of airflow_eo's pipeline.
+    """
+    from collections import Counter
+
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+                        .topics[topic].partitions)
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    counts: Counter[str] = Counter()
+    ids: set[str] = set()
+    done = {p for p, end in ends.items() if end == 0}
+    try:
+        while len(done) < len(partitions):
+            msg = consumer.poll(10)
+            if msg is None:
+                raise TimeoutError(f"reading {topic} for the ground truth timed out")
+            if msg.error():
+                done.add(msg.partition())
+                continue
+            event = json.loads(msg.value())
+            counts[event["app_id"]] += 1
+            ids.add(event["event_id"])
+    finally:
+        consumer.close()
+    return dict(counts), ids, ends
+
+
+def reset(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
+    """Forget the pipelines' progress and empty the example tables: the next run starts from the earliest offset."""
+    import pymysql
+
+    from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
+    from airflow_eo.core.xid import pipeline_key
+
+    ensure_tables(connect_kwargs)
+    conn = pymysql.connect(**connect_kwargs, autocommit=True)
+    try:
+        keys = {pipeline_key(p) for p in pipelines}
+        for xid in xa_recover(conn):
+            if xid.pipeline_key in keys:
+                xa_end_of(conn, xid, "ROLLBACK")
+        with conn.cursor() as cur:
+            for table in TABLES_DDL:
+                cur.execute(f"TRUNCATE TABLE {table}")
+            for table in ("eo_offset", "eo_batch", "eo_pipeline"):
+                cur.execute("SHOW TABLES LIKE %s", (table,))
+                if cur.fetchone():
+                    cur.execute(f"DELETE FROM {table} WHERE pipeline_id IN %s", (list(pipelines),))
+    finally:
+        conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Produce page-view events with unique ids to Kafka")
     parser.add_argument("--bootstrap", required=True)

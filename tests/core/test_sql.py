@@ -20,7 +20,8 @@ def test_mariadb_upsert_uses_values_function():
 
 def test_mysql8_upsert_uses_row_alias():
     sql = upsert_statement("db.t", ["k", "v"], ["k"], {}, 1, row_alias=True)
-    assert sql == "INSERT INTO `db`.`t` (`k`, `v`) VALUES (%s, %s) AS `eo_new` ON DUPLICATE KEY UPDATE `v` = `eo_new`.`v`"
+    assert sql == ("INSERT INTO `db`.`t` (`k`, `v`) VALUES (%s, %s) AS `eo_new` "
+                   "ON DUPLICATE KEY UPDATE `v` = `eo_new`.`v`")
 
 
 @pytest.mark.parametrize("bad", ["a;drop table x", "a`b", "1abc", "", "a b", "x" * 65])

@@ -35,7 +35,8 @@ def counts_table(mysql_kwargs: dict[str, Any]) -> str:
     return table
 
 
-def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None, **kwargs: Any) -> KafkaMicroBatchOperator:
+def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None,
+             **kwargs: Any) -> KafkaMicroBatchOperator:
     return KafkaMicroBatchOperator(task_id=f"mb_{uuid.uuid4().hex[:6]}", pipeline_id=pipeline_id or f"p_{topic}",
                                    topics=[topic], schema=page_views.SCHEMA, sink=sink, **kwargs)
 

@@ -6,18 +6,14 @@ import json
 import os
 import subprocess
 import sys
-import uuid
-from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pymysql
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
+from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
 
@@ -34,47 +30,11 @@ class Truth:
 
 def topic_truth(bootstrap: str, topic: str = page_views.TOPIC) -> Truth:
     """Everything committed in the topic, read with a plain read_committed consumer (not Spark, not us)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-                        .topics[topic].partitions)
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    counts: Counter[str] = Counter()
-    ids: set[str] = set()
-    done = {p for p, end in ends.items() if end == 0}
-    while len(done) < len(partitions):
-        msg = consumer.poll(10)
-        assert msg is not None, "truth consumer timed out"
-        if msg.error():
-            done.add(msg.partition())
-            continue
-        event = json.loads(msg.value())
-        counts[event["app_id"]] += 1
-        ids.add(event["event_id"])
-    consumer.close()
-    return Truth(dict(counts), ids, ends)
+    return Truth(*page_views.ground_truth(bootstrap, topic))
 
 
 def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
-    """Forget the pipelines' progress and empty their sinks: the next run starts from the earliest offset."""
-    page_views.ensure_tables(mysql_kwargs)
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    try:
-        keys = {pipeline_key(p) for p in pipelines}
-        for xid in xa_recover(conn):
-            if xid.pipeline_key in keys:
-                xa_end_of(conn, xid, "ROLLBACK")
-        with conn.cursor() as cur:
-            cur.execute("TRUNCATE TABLE app_pv")
-            cur.execute("TRUNCATE TABLE page_view_events")
-            for table in ("eo_offset", "eo_batch", "eo_pipeline"):
-                cur.execute("SHOW TABLES LIKE %s", (table,))
-                if cur.fetchone():
-                    cur.execute(f"DELETE FROM {table} WHERE pipeline_id IN %s", (list(pipelines),))
-    finally:
-        conn.close()
+    page_views.reset(mysql_kwargs, *pipelines)
 
 
 def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,

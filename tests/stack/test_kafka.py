@@ -54,7 +54,8 @@ def test_transactions_and_read_committed(bootstrap, topic_name):
     txn.abort_transaction(30)
 
     committed = sorted(consume_all(bootstrap, topic_name, "read_committed"))
-    assert committed == sorted([f"plain-{i}".encode() for i in range(3)] + [f"committed-{i}".encode() for i in range(3)])
+    expected = [f"plain-{i}".encode() for i in range(3)] + [f"committed-{i}".encode() for i in range(3)]
+    assert committed == sorted(expected)
     uncommitted = consume_all(bootstrap, topic_name, "read_uncommitted")
     assert sorted(v for v in uncommitted if v.startswith(b"aborted")) == [f"aborted-{i}".encode() for i in range(3)]
 
