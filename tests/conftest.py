@@ -62,13 +62,3 @@ def airflow_db() -> None:
     _env("AIRFLOW_HOME")
     done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-
-
-def query(mysql_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()

@@ -17,22 +17,22 @@ from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 
 
-def events_table(mysql_kwargs: dict[str, Any]) -> str:
-    table = f"ev_{uuid.uuid4().hex[:8]}"
+def example_table(mysql_kwargs: dict[str, Any], example: str) -> str:
+    """A fresh table shaped like the example table ``example`` (``page_view_events`` or ``app_pv``)."""
+    table = f"{example[:8]}_{uuid.uuid4().hex[:8]}"
     conn = pymysql.connect(**mysql_kwargs, autocommit=True)
     with conn.cursor() as cur:
-        cur.execute(page_views.TABLES_DDL["page_view_events"].replace("page_view_events", table))
+        cur.execute(page_views.TABLES_DDL[example].replace(example, table))
     conn.close()
     return table
+
+
+def events_table(mysql_kwargs: dict[str, Any]) -> str:
+    return example_table(mysql_kwargs, "page_view_events")
 
 
 def counts_table(mysql_kwargs: dict[str, Any]) -> str:
-    table = f"pv_{uuid.uuid4().hex[:8]}"
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    with conn.cursor() as cur:
-        cur.execute(page_views.TABLES_DDL["app_pv"].replace("app_pv", table))
-    conn.close()
-    return table
+    return example_table(mysql_kwargs, "app_pv")
 
 
 def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None,

@@ -1,0 +1,104 @@
+"""Throughput of one micro-batch per sink, next to an at-least-once Spark baseline, in one run.
+
+    . .stack/env && .venv/bin/python scripts/benchmark.py --events 1000000
+
+Produces N page views to a fresh topic, then times on the same data: the upsert sink
+(page_view_events shape), the XA sink (app_pv shape, per-app counts) and a baseline that
+reads the same ranges with Spark and upserts the events from mapInArrow with the same
+writer but no offset store and no protocol. Prints records/s and seconds per phase.
+Numbers, not assertions: the machine is shared, so compare the ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import uuid
+
+import pymysql
+
+from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
+from airflow_eo.adapters.spark_engine import SparkBatchEngine
+from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
+from airflow_eo.examples import page_views
+from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.spark import SparkSessionHook
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+
+
+def make_table(mysql: dict, kind: str) -> str:
+    example = "app_pv" if kind == "xa" else "page_view_events"
+    name = f"bench_{kind}_{uuid.uuid4().hex[:6]}"
+    conn = pymysql.connect(**mysql, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(page_views.TABLES_DDL[example].replace(example, name))
+    conn.close()
+    return name
+
+
+def run_sink(label: str, sink, transform, topic: str, events: int) -> dict:
+    kafka = KafkaClusterHook("kafka_default")
+    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA,
+                              transform=transform)
+    started = time.monotonic()
+    summary = run_batch(RunRequest(pipeline_id=f"bench_{label}_{topic}", run_id="bench", topics=[topic]),
+                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
+                        sink=EoMySqlHook().get_sink_adapter(sink))
+    total = time.monotonic() - started
+    assert summary["records_in"] == events, summary
+    return {"label": label, "seconds": total, "phases": summary["seconds"], "rows_out": summary["rows_out"]}
+
+
+def run_baseline(topic: str, table: str, events: int, bootstrap: str) -> dict:
+    """At-least-once: read everything, upsert from executors, no offsets kept anywhere."""
+    from airflow_eo.core.ranges import OffsetRange
+
+    kafka = KafkaClusterHook("kafka_default")
+    source = kafka.get_offset_source()
+    parts = source.partition_offsets([topic], "earliest")
+    ranges = tuple(OffsetRange(p.topic, p.partition, p.log_start, p.last_stable) for p in parts)
+    batch = BatchContext("baseline", 0, "bench", 0, ranges)
+    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA)
+    adapter = EoMySqlHook().get_sink_adapter(MySqlUpsertSink(table=table, key_columns=["event_id"]))
+    adapter.check()
+    spark = SparkSessionHook().get_conn()
+    started = time.monotonic()
+    parsed, payload = engine.parse(spark, engine.read(spark, batch))
+    out = parsed.select(*payload)
+    rows = engine._write(out, batch, adapter)["rows"]
+    assert rows == events, rows
+    return {"label": "baseline (at-least-once)", "seconds": time.monotonic() - started, "phases": {}, "rows_out": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
+    mysql = connect_kwargs_from_uri(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
+    topic = f"bench_{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    page_views.produce_page_views(bootstrap, args.events, topic=topic)
+    print(f"produced {args.events} events to {topic} in {time.monotonic() - started:.1f}s")
+    SparkSessionHook().get_conn()  # JVM start-up is not part of any measurement below
+
+    results = [
+        run_baseline(topic, make_table(mysql, "base"), args.events, bootstrap),
+        run_sink("upsert", MySqlUpsertSink(table=make_table(mysql, "upsert"), key_columns=["event_id"]),
+                 None, topic, args.events),
+        run_sink("xa_counts", MySqlXaSink(table=make_table(mysql, "xa"), key_columns=["app_id"],
+                                          updates={"pv": "add"}), page_views.count_per_app, topic, args.events),
+        run_sink("xa_events", MySqlXaSink(table=make_table(mysql, "xaev"), key_columns=["event_id"]),
+                 None, topic, args.events),
+    ]
+    base = results[0]["seconds"]
+    print(f"\n{'job':<26}{'seconds':>9}{'records/s':>12}{'vs baseline':>13}  phases (s)")
+    for r in results:
+        print(f"{r['label']:<26}{r['seconds']:>9.1f}{args.events / r['seconds']:>12,.0f}"
+              f"{r['seconds'] / base:>12.2f}x  {r['phases']}")
+
+
+if __name__ == "__main__":
+    main()
