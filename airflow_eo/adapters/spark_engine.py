@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
-from airflow_eo.core.faults import fault_requested
+from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
 from airflow_eo.core.protocol import BatchContext, ExecutionResult
 from airflow_eo.core.ranges import spark_offsets
 
@@ -233,7 +233,7 @@ class SparkBatchEngine:
 
             ctx = TaskContext.get()
             xid, rows = writer(batches, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
-            if xid and ctx.attemptNumber() == 0 and fault_requested("fail_task_after_prepare"):
+            if xid and fault_requested(TASK_FAILURE) and first_failure(f"{xid.split('/')[0]}-{ctx.partitionId()}"):
                 raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
             yield pa.RecordBatch.from_pydict({"xid": [xid], "rows": [rows]},
                                              schema=pa.schema([("xid", pa.string()), ("rows", pa.int64())]))

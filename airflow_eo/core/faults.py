@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 FAULT_ENV = "AIRFLOW_EO_FAULT"
 
@@ -32,3 +33,14 @@ def crash_if(point: str, pid: int | None = None) -> None:
     """SIGKILL ``pid`` (default: this process) if the fault ``point`` is requested."""
     if fault_requested(point):
         os.kill(pid or os.getpid(), signal.SIGKILL)
+
+
+def first_failure(key: str) -> bool:
+    """True the first time ``key`` is seen on this machine (a marker file), so a fault fires once."""
+    folder = os.environ.get("AIRFLOW_EO_FAULT_DIR", tempfile.gettempdir())
+    marker = os.path.join(folder, f"airflow_eo-fault-{key.replace('/', '_').replace(':', '_')}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False

@@ -40,8 +40,8 @@ def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
 def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,
             env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the DAG with ``dag.test()`` in a child process (so that it can be SIGKILLed for real)."""
-    child_env = {**os.environ, **(env or {})}
-    child_env.pop("AIRFLOW_EO_FAULT", None)
+    child_env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    child_env.update(env or {})
     if fault:
         child_env["AIRFLOW_EO_FAULT"] = fault
     logical_date = logical_date or datetime.now(timezone.utc)

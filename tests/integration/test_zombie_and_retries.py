@@ -65,11 +65,12 @@ def test_only_the_newer_of_two_overlapping_attempts_commits(newer_run, bootstrap
     assert states == (["committed"] if newer_run_id == "run-1" else ["aborted", "committed"])
 
 
-def test_spark_task_retried_after_xa_prepare_does_not_wait_on_its_own_locks(bootstrap, mysql_kwargs, airflow_db):
+def test_spark_task_retried_after_xa_prepare_does_not_wait_on_its_own_locks(bootstrap, mysql_kwargs, airflow_db,
+                                                                           tmp_path):
     reset(mysql_kwargs, XA_PIPELINE)
     produce_page_views(bootstrap, 2000)
     # local[2,4]: Spark retries a failed task up to 4 times (plain local[*] never retries).
-    done = run_dag("page_views_xa", env={"AIRFLOW_EO_SPARK_MASTER": "local[2,4]",
+    done = run_dag("page_views_xa", env={"AIRFLOW_EO_SPARK_MASTER": "local[2,4]", "AIRFLOW_EO_FAULT_DIR": str(tmp_path),
                                          "AIRFLOW_EO_FAULT": "fail_task_after_prepare"})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]

@@ -1,0 +1,202 @@
+"""Transactional Kafka sink (DESIGN §4): the Kafka transaction is the commit point.
+
+One transactional producer per pipeline (``transactional.id`` stable per pipeline, so
+``init_transactions`` fences any older producer of the same pipeline) produces the
+batch's output and sends the batch's end offsets into the same transaction for the
+pipeline's consumer group. ``commit_transaction`` makes output and offsets visible
+together to ``read_committed`` consumers; the offset store mirrors it afterwards.
+Recovery compares the store with the group's committed offsets: a batch whose end the
+group already reached was committed by Kafka and is rolled forward in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ConsumerGroupTopicPartitions
+
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.faults import crash_if
+from airflow_eo.core.protocol import BatchContext, BatchRecord
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 60.0
+#: librdkafka settings of the connection that a producer/consumer must not inherit.
+_NOT_FOR_CLIENTS = ("group.id", "transactional.id", "enable.auto.commit", "auto.offset.reset", "isolation.level")
+
+
+def transactional_id(pipeline_id: str) -> str:
+    return f"airflow_eo.{pipeline_id}"
+
+
+def group_id(pipeline_id: str) -> str:
+    return f"airflow_eo.{pipeline_id}"
+
+
+class KafkaTransactionalAdapter:
+    """Implements the protocol's sink for a Kafka topic; the output rows need ``key`` and ``value`` columns.
+
+    :param config: librdkafka config of the target cluster's Airflow ``kafka`` connection.
+    :param topic: output topic (must exist).
+    :param transaction_timeout_ms: longest a batch's transaction may stay open; must fit the
+        broker's ``transaction.max.timeout.ms``.
+    """
+
+    transactional = True
+    owns_commit_point = True
+    name = "KafkaTransactionalSink"
+
+    def __init__(self, config: dict[str, Any], topic: str, pipeline_id: str, key_column: str = "key",
+                 value_column: str = "value", transaction_timeout_ms: int = 600_000) -> None:
+        self.config = {k: v for k, v in config.items() if k not in _NOT_FOR_CLIENTS}
+        self.topic, self.pipeline_id = topic, pipeline_id
+        self.key_column, self.value_column = key_column, value_column
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._producer: Producer | None = None
+        self._in_txn = False
+        self._admin = AdminClient(self.config)
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self) -> None:
+        metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+        if self.topic not in metadata.topics or metadata.topics[self.topic].error is not None:
+            raise ConfigurationError(f"{self.name}: output topic {self.topic!r} does not exist: create it first")
+        broker_max = self.broker_max_transaction_timeout_ms(metadata)
+        if broker_max is not None and self.transaction_timeout_ms > broker_max:
+            raise ConfigurationError(
+                f"{self.name}: transaction_timeout_ms={self.transaction_timeout_ms} exceeds the broker's "
+                f"transaction.max.timeout.ms={broker_max}; lower it (a batch must produce and commit within it, "
+                "so also lower max_records_per_run) or raise the broker setting"
+            )
+
+    def broker_max_transaction_timeout_ms(self, metadata: Any) -> int | None:
+        broker_id = next(iter(metadata.brokers))
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+        try:
+            configs = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+        except KafkaException:
+            return None  # not allowed to describe broker configs: the producer will report a mismatch
+        entry = configs.get("transaction.max.timeout.ms")
+        return int(entry.value) if entry is not None and entry.value is not None else None
+
+    # ------------------------------------------------------------------ producer
+
+    def producer(self) -> Producer:
+        """This attempt's producer; ``init_transactions`` fences older producers of the pipeline."""
+        if self._producer is None:
+            producer = Producer({
+                **self.config,
+                "transactional.id": transactional_id(self.pipeline_id),
+                "transaction.timeout.ms": self.transaction_timeout_ms,
+                "enable.idempotence": True,
+                "linger.ms": 20,
+                "queue.buffering.max.messages": 500_000,
+            })
+            producer.init_transactions(TIMEOUT_S)
+            self._producer = producer
+        return self._producer
+
+    def group_offsets(self) -> dict[tuple[str, int], int]:
+        request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id))]
+        futures = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=TIMEOUT_S)
+        result = next(iter(futures.values())).result()
+        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or [] if tp.offset >= 0}
+
+    # ------------------------------------------------------------------ protocol steps
+
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
+        """Fence older producers, then name the unfinished batches Kafka already committed."""
+        self.producer()  # init_transactions: an older producer's open transaction is aborted now
+        if not unfinished:
+            return set()
+        offsets = self.group_offsets()
+        committed = set()
+        for batch in unfinished:
+            moved = [r for r in batch.ranges if r.size > 0]
+            if moved and all(offsets.get(r.key) == r.until_offset for r in moved):
+                log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
+                            self.name, batch.batch_id)
+                committed.add(batch.batch_id)
+        return committed
+
+    def write(self, out: DataFrame, batch: BatchContext, driver_pid: int) -> tuple[list[str], int]:
+        """Stream the output from Spark into one open transaction (one partition in driver memory at a time)."""
+        missing = [c for c in (self.key_column, self.value_column) if c not in out.columns]
+        if missing:
+            raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
+                                     f"it has {', '.join(out.columns)}")
+        producer = self.producer()
+        producer.begin_transaction()
+        self._in_txn = True
+        crash_if("before_produce")
+        rows = 0
+        for key, value in _rows(out.select(self.key_column, self.value_column)):
+            while True:
+                try:
+                    producer.produce(self.topic, value=_bytes(value), key=_bytes(key))
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            rows += 1
+            if rows % 1000 == 0:
+                producer.poll(0)
+                crash_if("mid_produce")
+        if producer.flush(TIMEOUT_S) != 0:
+            raise KafkaException(f"{self.name}: not every output record was delivered within {TIMEOUT_S}s")
+        crash_if("after_last_send")
+        return [], rows
+
+    def commit(self, batch: BatchRecord) -> None:
+        """THE commit point of this sink: offsets into the transaction, then commit it."""
+        producer = self.producer()
+        if not self._in_txn:
+            producer.begin_transaction()  # an empty batch still commits its offsets
+        positions = [TopicPartition(r.topic, r.partition, r.until_offset) for r in batch.ranges if r.size > 0]
+        consumer = Consumer({**self.config, "group.id": group_id(self.pipeline_id), "enable.auto.commit": False})
+        try:
+            producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), TIMEOUT_S)
+        finally:
+            consumer.close()
+        started = _now()
+        producer.commit_transaction(TIMEOUT_S)
+        self._in_txn = False
+        log.info("%s: Kafka transaction of batch %d committed in %.3fs", self.name, batch.batch_id, _now() - started)
+        crash_if("after_kafka_commit")
+
+    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
+        return None
+
+    def discard(self, xids: Sequence[str]) -> None:
+        if self._producer is not None and self._in_txn:
+            self._in_txn = False
+            try:
+                self._producer.abort_transaction(TIMEOUT_S)
+            except KafkaException:
+                pass  # fenced or timed out: the broker aborts it, nothing of ours becomes visible
+
+
+def _rows(df: DataFrame) -> Iterator[tuple[Any, Any]]:
+    # prefetchPartitions=False: the driver holds one partition at a time, never the whole batch.
+    for row in df.toLocalIterator(prefetchPartitions=False):
+        yield row[0], row[1]
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes | bytearray):
+        return value
+    return str(value).encode()
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
