@@ -1,7 +1,7 @@
 """Sink specifications a DAG declares (validated at DAG parse time, no I/O here).
 
 At run time the operator resolves a spec into its adapter with the spec's Airflow
-connection (see :mod:`airflow_eo.hooks.mysql`).
+connection (see :mod:`airflow_eo.hooks`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,22 @@ from airflow_eo.core.identifiers import quote_table, validate_identifier
 from airflow_eo.core.sql import check_updates
 
 
+class SinkSpec:
+    """Base of every sink spec: where output goes and how it becomes visible."""
+
+    kind: str = ""
+    #: output stays invisible until the batch commits (XA, Kafka transactions)
+    transactional: bool = False
+    conn_id: str
+
+    @property
+    def replay_safe(self) -> bool:
+        """True when running a batch twice leaves the same result (interval-mode replays need it)."""
+        return False
+
+
 @dataclass(frozen=True)
-class MySqlUpsertSink:
+class MySqlUpsertSink(SinkSpec):
     """``INSERT .. ON DUPLICATE KEY UPDATE`` with overwrite semantics, replay-safe.
 
     Each Spark task commits its own statements; the store's commit point follows. A
@@ -55,7 +69,6 @@ class MySqlUpsertSink:
 
     @property
     def replay_safe(self) -> bool:
-        """True when running a batch twice leaves the same table (interval-mode replays need it)."""
         return all(mode == "replace" for mode in self.updates.values())
 
 
@@ -72,4 +85,35 @@ class MySqlXaSink(MySqlUpsertSink):
     transactional = True
 
 
-Sink = MySqlUpsertSink  # every sink spec derives from it for now; the Kafka sink joins later
+@dataclass(frozen=True)
+class KafkaTransactionalSink(SinkSpec):
+    """Append the output to a Kafka topic inside one Kafka transaction that also commits the offsets.
+
+    The producer's ``transactional.id`` is stable per pipeline (``airflow_eo.<pipeline_id>``),
+    so a newer attempt fences any older one; the consumed offsets go into the same
+    transaction for the consumer group ``airflow_eo.<pipeline_id>``. Consumers of the output
+    read with ``isolation.level=read_committed``. The transform's output needs the columns
+    ``key_column`` and ``value_column`` (string or binary).
+
+    :param topic: output topic (must exist).
+    :param conn_id: Airflow ``kafka`` connection of the output cluster.
+    :param transaction_timeout_ms: longest a batch's transaction may stay open; must not exceed
+        the broker's ``transaction.max.timeout.ms`` (checked before any side effect).
+    """
+
+    topic: str
+    conn_id: str = "kafka_default"
+    key_column: str = "key"
+    value_column: str = "value"
+    transaction_timeout_ms: int = 600_000
+
+    kind = "kafka_transactional"
+    transactional = True
+
+    def __post_init__(self) -> None:
+        if not self.topic or not isinstance(self.topic, str):
+            raise ConfigurationError("KafkaTransactionalSink: topic must name the output topic")
+        for column in (self.key_column, self.value_column):
+            validate_identifier(column, "column name")
+        if not 1_000 <= self.transaction_timeout_ms <= 3_600_000:
+            raise ConfigurationError("KafkaTransactionalSink: transaction_timeout_ms must be 1000..3600000")

@@ -12,11 +12,12 @@ group already reached was committed by Kafka and is rolled forward in the store.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, ConsumerGroupTopicPartitions
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if
@@ -51,6 +52,7 @@ class KafkaTransactionalAdapter:
 
     transactional = True
     owns_commit_point = True
+    writes_from_driver = True
     name = "KafkaTransactionalSink"
 
     def __init__(self, config: dict[str, Any], topic: str, pipeline_id: str, key_column: str = "key",
@@ -156,24 +158,35 @@ class KafkaTransactionalAdapter:
         return [], rows
 
     def commit(self, batch: BatchRecord) -> None:
-        """THE commit point of this sink: offsets into the transaction, then commit it."""
+        """THE commit point of this sink: the batch's end offsets into the transaction, then commit it."""
+        positions = [TopicPartition(r.topic, r.partition, r.until_offset) for r in batch.ranges if r.size > 0]
+        if not positions and not self._in_txn:
+            return  # nothing consumed, nothing produced
         producer = self.producer()
         if not self._in_txn:
-            producer.begin_transaction()  # an empty batch still commits its offsets
-        positions = [TopicPartition(r.topic, r.partition, r.until_offset) for r in batch.ranges if r.size > 0]
+            producer.begin_transaction()  # the engine did not run (nothing to read): offsets only
+            self._in_txn = True
         consumer = Consumer({**self.config, "group.id": group_id(self.pipeline_id), "enable.auto.commit": False})
         try:
             producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), TIMEOUT_S)
         finally:
             consumer.close()
-        started = _now()
+        started = time.monotonic()
         producer.commit_transaction(TIMEOUT_S)
         self._in_txn = False
-        log.info("%s: Kafka transaction of batch %d committed in %.3fs", self.name, batch.batch_id, _now() - started)
+        self.last_commit_seconds = time.monotonic() - started
+        log.info("%s: Kafka transaction of batch %d committed in %.3fs", self.name, batch.batch_id,
+                 self.last_commit_seconds)
         crash_if("after_kafka_commit")
 
     def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None
+
+    def write_dead_letters(self, batch: BatchContext, records: Sequence[Any]) -> list[str]:
+        if records:
+            raise ConfigurationError(f"{self.name}: on_bad_record='dead_letter' is not supported with the Kafka sink "
+                                     "yet; use on_bad_record='fail'")
+        return []
 
     def discard(self, xids: Sequence[str]) -> None:
         if self._producer is not None and self._in_txn:
@@ -195,8 +208,3 @@ def _bytes(value: Any) -> bytes | None:
         return value
     return str(value).encode()
 
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()

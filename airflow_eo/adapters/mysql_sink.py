@@ -178,6 +178,8 @@ class MySqlUpsertAdapter:
     """Idempotent upsert: each Spark task commits its own statements; replays rewrite the same rows."""
 
     transactional = False
+    owns_commit_point = False
+    writes_from_driver = False
     name = "MySqlUpsertSink"
 
     def __init__(self, target: MySqlTarget) -> None:
@@ -301,7 +303,11 @@ class MySqlUpsertAdapter:
 
     # -- protocol steps (nothing to do: every write is already visible and replay-safe)
 
-    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None:
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
+        return set()
+
+    def commit(self, batch: BatchRecord) -> None:
         return None
 
     def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
@@ -334,14 +340,15 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
                 ) from exc
             raise
 
-    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None:
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
         """Resolve every prepared branch of this pipeline: commit if its batch committed, else roll back."""
         key = pipeline_key(pipeline_id)
         conn = connect(self.target.connect_kwargs)
         try:
             ours = [x for x in xa_recover(conn) if x.pipeline_key == key]
             if not ours:
-                return
+                return set()
             log.warning("%s: %d prepared XA branch(es) of pipeline %s left by earlier attempts; resolving",
                         self.name, len(ours), pipeline_id)
             records: dict[int, BatchRecord | None] = {}
@@ -354,6 +361,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
                 xa_end_of(conn, xid, "COMMIT" if commit else "ROLLBACK")
                 log.info("recovered branch %s of batch %d: %s", xid.encode(), xid.batch_id,
                          "committed" if commit else "rolled back")
+            return set()  # the store's commit is the commit point: nothing to roll forward
         finally:
             conn.close()
 

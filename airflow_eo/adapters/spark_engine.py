@@ -181,7 +181,11 @@ class SparkBatchEngine:
             seconds["read_transform"] = round(time.monotonic() - t0, 3)
 
             t1 = time.monotonic()
-            result = self._write(out, batch, sink)
+            if sink.writes_from_driver:
+                xids, rows = sink.write(out, batch, os.getpid())
+                result = {"xids": xids, "rows": rows}
+            else:
+                result = self._write(out, batch, sink)
             xids = [x for x in result["xids"] if x]
             xids += sink.write_dead_letters(batch, dead_letters)
             seconds["write"] = round(time.monotonic() - t1, 3)

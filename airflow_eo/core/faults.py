@@ -19,6 +19,11 @@ POINTS = (
     "after_prepare",  # XA branches prepared and recorded, before the commit point
     "after_commit_point",  # store committed, before XA COMMIT
     "between_xa_commits",  # one XA branch committed, others not
+    # Kafka transactional sink
+    "before_produce",  # transaction begun, nothing produced
+    "mid_produce",  # part of the output produced into the open transaction
+    "after_last_send",  # all output flushed, offsets not sent, not committed
+    "after_kafka_commit",  # Kafka committed output + offsets, the store did not mirror it yet
 )
 # Not a kill: the first attempt of each Spark write task raises after XA PREPARE, so Spark
 # retries the task while the failed attempt's prepared branch still holds its row locks.

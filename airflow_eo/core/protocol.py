@@ -15,7 +15,9 @@ One call of :func:`run_batch` is one task attempt:
    them (``prepared``).
 5. **Commit point**: ONE store transaction moves every partition's offset with a
    compare-and-set and marks the batch committed. Before it, nothing of this batch
-   counts; after it, the batch is done, whatever crashes next.
+   counts; after it, the batch is done, whatever crashes next. (A Kafka transactional
+   sink commits its transaction, offsets included, first: that is the commit point and
+   the store mirrors it; recovery rolls the store forward when only Kafka got there.)
 6. **Finalize** the sink (``XA COMMIT`` of the recorded xids, roll back strays). A
    crash here is finished by the next attempt's recovery (step 2).
 
@@ -109,12 +111,18 @@ class OffsetSource(Protocol):
 
 
 class Sink(Protocol):
-    #: True when output stays invisible until :meth:`finalize` (XA); False when the
-    #: writes themselves are visible and replay-safe (upsert).
+    #: True when output stays invisible until the batch commits (XA, Kafka transactions);
+    #: False when the writes themselves are visible and replay-safe (upsert).
     transactional: bool
+    #: True when the sink's own commit is the commit point (Kafka transactions carry the
+    #: offsets); the store then mirrors it. False: the store's commit is the commit point.
+    owns_commit_point: bool
 
     def check(self) -> None: ...
-    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None]) -> None: ...
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord]) -> set[int]:
+        """Resolve leftovers; return the ids of unfinished batches the sink already committed."""
+    def commit(self, batch: BatchRecord) -> None: ...
     def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None: ...
     def discard(self, xids: Sequence[str]) -> None: ...
 
@@ -136,7 +144,12 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     epoch = store.take_pipeline(p)
     log.info("pipeline %s taken with epoch %d (run %s)", p, epoch, request.run_id)
 
-    sink.recover(p, lambda batch_id: store.get_batch(p, batch_id))
+    unfinished = store.unfinished_batches(p)
+    committed_by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
+    for batch in unfinished:
+        if batch.batch_id in committed_by_sink:  # the sink's commit point passed, the mirror did not
+            store.commit_batch(batch, epoch, _summary(request, batch, epoch, ExecutionResult(), False)
+                               | {"run_id": batch.run_id, "rolled_forward": True})
     done = store.batch_for_run(p, request.run_id)
     if done is not None and done.state == BatchState.COMMITTED:
         log.info("run %s already committed batch %d; nothing to do", request.run_id, done.batch_id)
@@ -183,7 +196,9 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
             crash_if("after_prepare")
         summary = _summary(request, batch, epoch, result, resumed is not None)
         summary["seconds"].update(plan=round(planned - started, 3), execute=round(executed - planned, 3))
-        store.commit_batch(batch, epoch, summary)  # THE commit point
+        if sink.owns_commit_point:
+            sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
+        store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
     except BaseException:
         sink.discard(result.xids)  # best effort; recovery rolls back whatever is left
         raise

@@ -7,6 +7,8 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 
 from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
+from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
+from airflow_eo.sinks import KafkaTransactionalSink
 
 
 class KafkaClusterHook(KafkaBaseHook):
@@ -21,3 +23,7 @@ class KafkaClusterHook(KafkaBaseHook):
 
     def get_offset_source(self) -> KafkaOffsetSource:
         return KafkaOffsetSource(self.get_config())
+
+    def get_sink_adapter(self, sink: KafkaTransactionalSink, pipeline_id: str) -> KafkaTransactionalAdapter:
+        return KafkaTransactionalAdapter(self.get_config(), sink.topic, pipeline_id, sink.key_column,
+                                         sink.value_column, sink.transaction_timeout_ms)

@@ -14,7 +14,7 @@ from airflow_eo.core.protocol import RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.sinks import MySqlUpsertSink
+from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, SinkSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -33,7 +33,8 @@ class KafkaMicroBatchOperator(BaseOperator):
     records in, rows out, dead letters and seconds per phase.
 
     :param topics: Kafka topics to read. (templated)
-    :param sink: a sink spec, e.g. :class:`~airflow_eo.sinks.MySqlXaSink`.
+    :param sink: a sink spec: :class:`~airflow_eo.sinks.MySqlUpsertSink`,
+        :class:`~airflow_eo.sinks.MySqlXaSink` or :class:`~airflow_eo.sinks.KafkaTransactionalSink`.
     :param pipeline_id: stable id of the pipeline in the offset store; default
         ``<dag_id>.<task_id>``. (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
@@ -62,7 +63,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         self,
         *,
         topics: Sequence[str] | str,
-        sink: MySqlUpsertSink,
+        sink: SinkSpec,
         pipeline_id: str | None = None,
         transform: Callable[..., Any] | str | None = None,
         value_format: str = "json",
@@ -84,8 +85,10 @@ class KafkaMicroBatchOperator(BaseOperator):
         # Everything below is checked at DAG parse time: a bad DAG never starts a batch.
         if mode not in MODES:
             raise ConfigurationError(f"mode={mode!r}: supported modes are {', '.join(MODES)}")
-        if not isinstance(sink, MySqlUpsertSink):
+        if not isinstance(sink, SinkSpec):
             raise ConfigurationError(f"sink must be a sink spec such as MySqlXaSink(...), not {type(sink).__name__}")
+        if isinstance(sink, KafkaTransactionalSink) and on_bad_record != "fail":
+            raise ConfigurationError("KafkaTransactionalSink supports on_bad_record='fail' only (no dead-letter table)")
         if value_format not in VALUE_FORMATS:
             raise ConfigurationError(f"value_format={value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
         if value_format == "json" and not schema:
@@ -144,7 +147,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             store=OffsetStoreHook(self.offset_store_conn_id).get_store(),
             source=kafka_hook.get_offset_source(),
             engine=self._engine,
-            sink=EoMySqlHook(self.sink.conn_id).get_sink_adapter(self.sink),
+            sink=self._sink_adapter(pipeline_id),
         )
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",
@@ -153,6 +156,12 @@ class KafkaMicroBatchOperator(BaseOperator):
             summary.get("seconds"),
         )
         return summary
+
+    def _sink_adapter(self, pipeline_id: str):
+        if isinstance(self.sink, KafkaTransactionalSink):
+            return KafkaClusterHook(self.sink.conn_id).get_sink_adapter(self.sink, pipeline_id)
+        assert isinstance(self.sink, MySqlUpsertSink)
+        return EoMySqlHook(self.sink.conn_id).get_sink_adapter(self.sink)
 
     def on_kill(self) -> None:
         if self._engine is not None:

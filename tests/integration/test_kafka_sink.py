@@ -1,0 +1,120 @@
+"""Kafka → Spark → Kafka exactly once with Kafka transactions (the ip_counts_kafka job)."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+
+from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter, group_id
+from airflow_eo.examples import ip_counts
+from airflow_eo.operators import KafkaMicroBatchOperator
+from airflow_eo.sinks import KafkaTransactionalSink
+from tests.conftest import create_topic
+from tests.integration.operator_harness import rows, run
+from tests.integration.page_views import run_dag
+
+PIPELINE = "ip_counts_kafka"
+
+
+def group_offsets(bootstrap: str, pipeline: str) -> dict[tuple[str, int], int]:
+    return KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, "unused", pipeline).group_offsets()
+
+
+def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
+    assert ip_counts.output_counts(bootstrap) == ip_counts.true_counts(bootstrap)
+    store = dict(((t, p), o) for t, p, o in rows(
+        mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s", (PIPELINE,)))
+    group = group_offsets(bootstrap, PIPELINE)
+    assert store == {k: v for k, v in group.items() if k[0] == ip_counts.SOURCE}, "store and Kafka group disagree"
+    states = {r[0] for r in rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (PIPELINE,))}
+    assert states <= {"committed", "aborted"}
+
+
+def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db):
+    ip_counts.reset(bootstrap, mysql_kwargs)
+    ip_counts.produce_lines(bootstrap, 2000)
+    for more in (1500, 0, 500):
+        done = run_dag("ip_counts_kafka")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert_exact(bootstrap, mysql_kwargs)
+        if more:
+            ip_counts.produce_lines(bootstrap, more)
+    done = run_dag("ip_counts_kafka")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_exact(bootstrap, mysql_kwargs)
+
+
+@pytest.mark.parametrize("point", ["before_produce", "mid_produce", "after_last_send", "after_kafka_commit"])
+def test_sigkill_at_each_step_keeps_the_output_exact(point, bootstrap, mysql_kwargs, airflow_db):
+    ip_counts.reset(bootstrap, mysql_kwargs)
+    ip_counts.produce_lines(bootstrap, 4000)
+    logical_date = datetime.now(timezone.utc)
+    crashed = run_dag("ip_counts_kafka", logical_date, fault=point)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    ip_counts.produce_lines(bootstrap, 500)
+    retried = run_dag("ip_counts_kafka", logical_date)
+    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    ip_counts.produce_lines(bootstrap, 700)
+    later = run_dag("ip_counts_kafka")
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert_exact(bootstrap, mysql_kwargs)
+    uncommitted = ip_counts.output_counts(bootstrap, "read_uncommitted")
+    if point in ("mid_produce", "after_last_send"):
+        # The killed attempt's records reached the log and were aborted: only read_uncommitted sees them.
+        assert sum(uncommitted.values()) > sum(ip_counts.output_counts(bootstrap).values())
+    if point == "after_kafka_commit":
+        assert "rolling forward" in retried.stdout + retried.stderr
+
+
+def test_an_old_producer_that_wakes_up_is_fenced_and_never_visible(bootstrap, topic_name):
+    out = create_topic(bootstrap, f"{topic_name}_out", 1)
+    pipeline = f"fence_{topic_name}"
+    old = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, pipeline)
+    old_producer = old.producer()
+    old_producer.begin_transaction()
+    old_producer.produce(out, b"zombie-1")
+    old_producer.flush(30)
+    newer = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, pipeline)
+    newer.producer()  # init_transactions with the same transactional.id fences the old producer
+    with pytest.raises(KafkaException):
+        old_producer.produce(out, b"zombie-2")
+        old_producer.flush(30)
+        old_producer.commit_transaction(30)
+    newer_producer = newer.producer()
+    newer_producer.begin_transaction()
+    newer_producer.produce(out, b"newer")
+    newer_producer.commit_transaction(30)
+    committed = [v for _, v in ip_counts.read_topic(bootstrap, out)]
+    assert committed == [b"newer"]
+    assert b"zombie-1" in [v for _, v in ip_counts.read_topic(bootstrap, out, "read_uncommitted")]
+
+
+def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs, topic_name):
+    source = create_topic(bootstrap, f"{topic_name}_in", 2)
+    out = create_topic(bootstrap, f"{topic_name}_out", 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        producer.produce(source, f"line {i}".encode(), partition=i % 2)
+    producer.flush(30)
+    op = KafkaMicroBatchOperator(task_id="empty_out", pipeline_id=f"p_{topic_name}", topics=[source],
+                                 value_format="string",
+                                 transform="SELECT value AS key, value FROM kafka_batch WHERE false",
+                                 sink=KafkaTransactionalSink(topic=out))
+    summary = run(op)
+    assert summary["records_in"] == 10 and summary["rows_out"] == 0
+    assert ip_counts.read_topic(bootstrap, out, "read_uncommitted") == []
+    assert group_offsets(bootstrap, op.pipeline_id) == {(source, 0): 5, (source, 1): 5}
+    stored = rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
+                  (op.pipeline_id,))
+    assert sorted(stored) == [(0, 5), (1, 5)]
+
+
+def test_transaction_timeout_beyond_the_brokers_maximum_is_refused(bootstrap, topic_name):
+    out = create_topic(bootstrap, topic_name, 1)
+    adapter = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, "p", transaction_timeout_ms=3_600_000)
+    with pytest.raises(Exception, match="transaction.max.timeout.ms=900000"):
+        adapter.check()
+    assert group_id("p") == "airflow_eo.p"
