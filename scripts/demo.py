@@ -1,9 +1,11 @@
 """`make demo`: the page-view pipelines through Airflow, with a SIGKILLed run, checked against the topic.
 
-Runs ``airflow dags test`` for both example DAGs several times with new events between
+Runs ``airflow dags test`` for both page-view DAGs several times with new events between
 runs; one run of ``page_views_xa`` is killed with SIGKILL while its Spark tasks write,
-then the DAG runs again. Finally it prints page views per app from MySQL next to the
-ground truth read straight from Kafka, and ``exactly-once: OK`` or the differences.
+then the DAG runs again. Then ``ip_counts_kafka`` (Kafka -> Kafka) runs, one run killed
+while producing. Finally it prints page views per app from MySQL next to the ground truth
+read straight from Kafka, the IP counts against theirs, and ``exactly-once: OK`` or the
+differences.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
-from airflow_eo.examples import page_views
+from airflow_eo.examples import ip_counts, page_views
 
 PIPELINES = ("page_views_xa", "page_view_events_upsert")
 
@@ -40,6 +42,29 @@ def airflow(*args: str, fault: str | None = None) -> int:
 
 def run(dag_id: str, when: datetime, fault: str | None = None) -> int:
     return airflow("dags", "test", dag_id, when.isoformat(), fault=fault)
+
+
+def ip_counts_demo(bootstrap: str, mysql: dict, clock: datetime, differences: list[str]) -> int:
+    """Kafka -> Spark -> Kafka: 5-second counts per IP through Kafka transactions, with a killed run."""
+    print("\nip_counts_kafka: request lines -> counts per (5-second window, ip) -> Kafka, in Kafka transactions")
+    ip_counts.reset(bootstrap, mysql)
+    failures = 0
+    ip_counts.produce_lines(bootstrap, 3000)
+    failures += run("ip_counts_kafka", clock) != 0
+    ip_counts.produce_lines(bootstrap, 3000)
+    print("  killing the next run while it produces its output")
+    clock += timedelta(minutes=1)
+    if run("ip_counts_kafka", clock, fault="mid_produce") != -signal.SIGKILL:
+        failures += 1
+    failures += run("ip_counts_kafka", clock) != 0
+    truth, committed = ip_counts.true_counts(bootstrap), ip_counts.output_counts(bootstrap)
+    seen_uncommitted = ip_counts.output_counts(bootstrap, "read_uncommitted")
+    print(f"  (window, ip) keys: {len(committed)} in ip_count_sink, {len(truth)} in the input; "
+          f"sum of counts: {sum(committed.values())} (read_committed), {sum(truth.values())} (truth), "
+          f"{sum(seen_uncommitted.values())} (read_uncommitted, includes the killed run's aborted output)")
+    if committed != truth:
+        differences.append("ip_count_sink")
+    return failures
 
 
 def main() -> int:
@@ -92,6 +117,7 @@ def main() -> int:
     print(f"page_view_events: {len(ids_sink)} rows, {len(set(ids_sink))} distinct; {len(ids_truth)} events in Kafka")
     if set(ids_sink) != ids_truth or len(ids_sink) != len(set(ids_sink)):
         differences.append("page_view_events")
+    failures += ip_counts_demo(bootstrap, mysql, clock + step, differences)
     if failures:
         differences.append(f"{failures} DAG run(s) failed")
     print("exactly-once: OK" if not differences else f"exactly-once: DIFFERENCES in {', '.join(differences)}")
