@@ -23,7 +23,11 @@ def get_provider_info() -> dict:
             {"integration-name": "airflow_eo",
              "python-modules": ["airflow_eo.hooks.mysql", "airflow_eo.hooks.kafka", "airflow_eo.hooks.spark"]},
         ],
-        "sensors": [],
-        "triggers": [],
+        "sensors": [
+            {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.sensors.pipeline"]},
+        ],
+        "triggers": [
+            {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.triggers.pipeline"]},
+        ],
         "connection-types": [],  # reuses kafka / mysql / spark connection types of their providers
     }

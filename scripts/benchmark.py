@@ -1,6 +1,7 @@
 """Throughput of one micro-batch per sink, next to an at-least-once Spark baseline, in one run.
 
     . .stack/env && .venv/bin/python scripts/benchmark.py --events 1000000
+    . .stack/env && .venv/bin/python scripts/benchmark.py --job kafka --events 1000000
 
 Produces N page views to a fresh topic, then times on the same data: the upsert sink
 (page_view_events shape), the XA sink (app_pv shape, per-app counts) and a baseline that
@@ -72,10 +73,52 @@ def run_baseline(topic: str, table: str, events: int, bootstrap: str) -> dict:
     return {"label": "baseline (at-least-once)", "seconds": time.monotonic() - started, "phases": {}, "rows_out": rows}
 
 
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def kafka_job(events: int) -> None:
+    """ip_counts: N lines -> 5-second counts per IP -> a Kafka transaction; driver memory peaks."""
+    from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
+    from airflow_eo.examples import ip_counts
+
+    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
+    source, sink = f"bench_ip_in_{uuid.uuid4().hex[:6]}", f"bench_ip_out_{uuid.uuid4().hex[:6]}"
+    page_views.ensure_topic(bootstrap, source, 3)
+    page_views.ensure_topic(bootstrap, sink, 3)
+    started = time.monotonic()
+    ip_counts.produce_lines(bootstrap, events, topic=source)
+    print(f"produced {events} lines to {source} in {time.monotonic() - started:.1f}s")
+    kafka = KafkaClusterHook("kafka_default")
+    spark = SparkSessionHook().get_conn()
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    engine = SparkBatchEngine(lambda: spark, kafka.get_config(), value_format="string",
+                              transform=ip_counts.count_per_window_and_ip)
+    adapter = KafkaTransactionalAdapter(kafka.get_config(), sink, f"bench_{source}")
+    started = time.monotonic()
+    summary = run_batch(RunRequest(pipeline_id=f"bench_{source}", run_id="bench", topics=[source]),
+                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
+                        sink=adapter)
+    seconds = time.monotonic() - started
+    print(f"kafka sink: {summary['records_in']} lines -> {summary['rows_out']} records in {seconds:.1f}s "
+          f"= {summary['records_in'] / seconds:,.0f} lines/s; Kafka transaction commit "
+          f"{adapter.last_commit_seconds:.3f}s; phases {summary['seconds']}")
+    print(f"driver peak memory: python {peak_rss_mb(os.getpid()):.0f} MiB, JVM {peak_rss_mb(jvm_pid):.0f} MiB "
+          f"(spark.driver.memory {spark.conf.get('spark.driver.memory')})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--job", choices=["mysql", "kafka"], default="mysql")
     args = parser.parse_args()
+    if args.job == "kafka":
+        kafka_job(args.events)
+        return
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     mysql = connect_kwargs_from_uri(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
     topic = f"bench_{uuid.uuid4().hex[:8]}"

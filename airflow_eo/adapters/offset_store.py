@@ -181,6 +181,14 @@ class OffsetStore:
         rows = self._select_batches("pipeline_id = %s AND batch_id = %s", (pipeline_id, batch_id))
         return rows[0] if rows else None
 
+    def latest_committed_batch_id(self, pipeline_id: str) -> int | None:
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SELECT MAX(batch_id) AS b FROM eo_batch WHERE pipeline_id = %s AND state = %s",
+                        (pipeline_id, BatchState.COMMITTED.value))
+            row = cur.fetchone()
+            return int(row["b"]) if row and row["b"] is not None else None
+
     def batches(self, pipeline_id: str) -> list[BatchRecord]:
         return self._select_batches("pipeline_id = %s", (pipeline_id,))
 

@@ -1,0 +1,5 @@
+"""Sensors of airflow_eo."""
+
+from airflow_eo.sensors.pipeline import BatchCommittedSensor, KafkaBacklogSensor
+
+__all__ = ["BatchCommittedSensor", "KafkaBacklogSensor"]

@@ -1,0 +1,112 @@
+"""Sensors that wait on a pipeline: records to process (Kafka backlog), or a committed batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from airflow_eo.core.backlog import backlog_reached
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.triggers.pipeline import (
+    BatchCommittedTrigger,
+    KafkaBacklogTrigger,
+    latest_committed_batch,
+    measure_backlog,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class KafkaBacklogSensor(BaseSensorOperator):
+    """Wait until a pipeline has at least ``min_records`` unprocessed records.
+
+    Unprocessed = last stable offset (read_committed end) minus the pipeline's committed
+    offset, summed over partitions (or in any one partition with ``per_partition``). The
+    XCom value is the lag seen: ``{"lag": {"topic[p]": n, ...}, "total": n}``.
+
+    :param pipeline_id: the micro-batch operator's pipeline id. (templated)
+    :param topics: its topics. (templated)
+    :param min_records: records to wait for; 1 = any new record.
+    :param per_partition: compare per partition instead of the total.
+    :param deferrable: hand the wait to the triggerer (frees the worker slot).
+    :param poll_interval: seconds between looks when deferred (``poke_interval`` otherwise).
+    """
+
+    template_fields: Sequence[str] = ("pipeline_id", "topics")
+
+    def __init__(self, *, pipeline_id: str, topics: Sequence[str] | str, min_records: int = 1,
+                 per_partition: bool = False, starting_offsets: str | int = "earliest",
+                 kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = "eo_offset_store",
+                 deferrable: bool = False, poll_interval: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if min_records < 1:
+            raise ConfigurationError("min_records must be >= 1")
+        self.pipeline_id, self.topics = pipeline_id, [topics] if isinstance(topics, str) else list(topics)
+        self.min_records, self.per_partition, self.starting_offsets = min_records, per_partition, starting_offsets
+        self.kafka_conn_id, self.offset_store_conn_id = kafka_conn_id, offset_store_conn_id
+        self.deferrable, self.poll_interval = deferrable, poll_interval
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        lag = measure_backlog(self.pipeline_id, self.topics, self.starting_offsets, self.kafka_conn_id,
+                              self.offset_store_conn_id)
+        done = backlog_reached(lag, self.min_records, self.per_partition)
+        self.log.info("pipeline %s: %d unprocessed records (waiting for %d)", self.pipeline_id, sum(lag.values()),
+                      self.min_records)
+        return PokeReturnValue(is_done=done, xcom_value={"lag": lag, "total": sum(lag.values())})
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.defer(
+            trigger=KafkaBacklogTrigger(self.pipeline_id, self.topics, self.min_records, self.per_partition,
+                                        self.starting_offsets, self.kafka_conn_id, self.offset_store_conn_id,
+                                        self.poll_interval),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        return {"lag": event["lag"], "total": event["total"]}
+
+
+class BatchCommittedSensor(BaseSensorOperator):
+    """Wait until pipeline ``pipeline_id`` has committed a batch newer than ``after_batch_id``.
+
+    :param pipeline_id: the pipeline to watch. (templated)
+    :param after_batch_id: wait for a committed batch id greater than this; -1 = any. (templated)
+    :param deferrable: hand the wait to the triggerer.
+    """
+
+    template_fields: Sequence[str] = ("pipeline_id", "after_batch_id")
+
+    def __init__(self, *, pipeline_id: str, after_batch_id: int | str = -1,
+                 offset_store_conn_id: str = "eo_offset_store", deferrable: bool = False,
+                 poll_interval: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_id, self.after_batch_id = pipeline_id, after_batch_id
+        self.offset_store_conn_id, self.deferrable, self.poll_interval = offset_store_conn_id, deferrable, poll_interval
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        latest = latest_committed_batch(self.pipeline_id, self.offset_store_conn_id)
+        return PokeReturnValue(is_done=latest is not None and latest > int(self.after_batch_id), xcom_value=latest)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.defer(trigger=BatchCommittedTrigger(self.pipeline_id, int(self.after_batch_id),
+                                                 self.offset_store_conn_id, self.poll_interval),
+                   method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
+        return int(event["batch_id"])

@@ -1,0 +1,1 @@
+"""Triggers of airflow_eo (async, side-effect free, run by the triggerer)."""

@@ -1,0 +1,86 @@
+"""Backlog and batch-committed sensors and their triggers, against the real Kafka and store."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+from airflow.exceptions import TaskDeferred
+from confluent_kafka import Producer
+
+from airflow_eo.adapters.offset_store import OffsetStore
+from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.sensors import BatchCommittedSensor, KafkaBacklogSensor
+from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
+from tests.conftest import create_topic
+
+
+def produce(bootstrap: str, topic: str, n: int, partition: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        producer.produce(topic, f"r{i}".encode(), partition=partition)
+    producer.flush(30)
+
+
+def test_poke_reports_the_lag_against_committed_offsets(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 2)
+    produce(bootstrap, topic_name, 6, partition=0)
+    produce(bootstrap, topic_name, 4, partition=1)
+    pipeline = f"p_{topic_name}"
+    sensor = KafkaBacklogSensor(task_id="wait", pipeline_id=pipeline, topics=topic_name, min_records=8)
+    first = sensor.poke({})
+    assert first.is_done and first.xcom_value == {"lag": {f"{topic_name}[0]": 6, f"{topic_name}[1]": 4}, "total": 10}
+
+    store = OffsetStore(mysql_kwargs)
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "r1", [OffsetRange(topic_name, 0, 0, 5)], [])
+    store.commit_batch(batch, epoch, {})
+    after = sensor.poke({})
+    assert not after.is_done and after.xcom_value["total"] == 5
+    per_partition = KafkaBacklogSensor(task_id="w2", pipeline_id=pipeline, topics=[topic_name], min_records=4,
+                                       per_partition=True)
+    assert per_partition.poke({}).is_done  # partition 1 alone has 4
+
+
+def test_deferrable_sensor_defers_to_a_serializable_trigger_that_fires_on_new_records(bootstrap, topic_name):
+    create_topic(bootstrap, topic_name, 1)
+    sensor = KafkaBacklogSensor(task_id="wait", pipeline_id=f"p_{topic_name}", topics=[topic_name], min_records=3,
+                                deferrable=True, poll_interval=0.5, timeout=120)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    trigger = deferred.value.trigger
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_eo.triggers.pipeline.KafkaBacklogTrigger"
+    rebuilt = KafkaBacklogTrigger(**kwargs)  # what the triggerer does
+
+    threading.Timer(2.0, produce, (bootstrap, topic_name, 3)).start()
+    started = time.monotonic()
+
+    async def first_event():
+        return await asyncio.wait_for(rebuilt.run().__anext__(), timeout=60)
+
+    event = asyncio.run(first_event())
+    assert event.payload["status"] == "ready" and event.payload["total"] == 3
+    assert time.monotonic() - started >= 1.5  # it waited for the records
+    assert sensor.execute_complete({}, event.payload) == {"lag": {f"{topic_name}[0]": 3}, "total": 3}
+
+
+def test_batch_committed_sensor_and_trigger(mysql_kwargs):
+    pipeline = f"p_{uuid.uuid4().hex[:8]}"
+    sensor = BatchCommittedSensor(task_id="wait", pipeline_id=pipeline, after_batch_id=0, deferrable=True,
+                                  poll_interval=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute({})
+    trigger = BatchCommittedTrigger(**deferred.value.trigger.serialize()[1])
+    store = OffsetStore(mysql_kwargs)
+    epoch = store.take_pipeline(pipeline)
+    for run_id in ("r0", "r1"):
+        batch = store.insert_batch(pipeline, epoch, run_id, [], [])
+        store.commit_batch(batch, epoch, {})
+    event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=30))
+    assert event.payload == {"status": "committed", "batch_id": 1}
+    assert sensor.execute_complete({}, event.payload) == 1
+    assert not BatchCommittedSensor(task_id="w", pipeline_id=pipeline, after_batch_id=1).poke({}).is_done
