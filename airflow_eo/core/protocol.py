@@ -183,14 +183,13 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     crash_if("after_plan")
 
     context = BatchContext(p, batch.batch_id, request.run_id, epoch, tuple(batch.ranges))
-    if all(r.size == 0 for r in batch.ranges):
-        result = ExecutionResult()
-        log.info("batch %d is empty: committing offsets without starting Spark", batch.batch_id)
-    else:
-        result = engine.execute(context, sink)
-    executed = time.monotonic()
-
+    result = ExecutionResult()
     try:
+        if all(r.size == 0 for r in batch.ranges):
+            log.info("batch %d is empty: committing offsets without starting Spark", batch.batch_id)
+        else:
+            result = engine.execute(context, sink)
+        executed = time.monotonic()
         if sink.transactional and result.xids:
             store.mark_prepared(batch, epoch, result.xids)
             crash_if("after_prepare")
@@ -200,7 +199,9 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
             sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
         store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
     except BaseException:
-        sink.discard(result.xids)  # best effort; recovery rolls back whatever is left
+        # Best effort, and only what this attempt made (a newer attempt's branches are not ours
+        # to touch); the next attempt's recovery resolves whatever is left.
+        sink.discard(result.xids)
         raise
     committed_at = time.monotonic()
     log.info("batch %d committed: %d records in, %d rows out, %d dead letters",
