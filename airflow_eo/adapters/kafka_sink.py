@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaExcepti
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.faults import crash_if
+from airflow_eo.core.faults import crash_if, fault_requested
 from airflow_eo.core.protocol import BatchContext, BatchRecord
 
 if TYPE_CHECKING:
@@ -151,7 +151,9 @@ class KafkaTransactionalAdapter:
             rows += 1
             if rows % 1000 == 0:
                 producer.poll(0)
-                crash_if("mid_produce")
+                if fault_requested("mid_produce"):
+                    producer.flush(TIMEOUT_S)  # the crash point means: part of the output is in the log
+                    crash_if("mid_produce")
         if producer.flush(TIMEOUT_S) != 0:
             raise KafkaException(f"{self.name}: not every output record was delivered within {TIMEOUT_S}s")
         crash_if("after_last_send")
