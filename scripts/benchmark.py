@@ -17,12 +17,11 @@ import os
 import time
 import uuid
 
-import pymysql
-
 from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
 from airflow_eo.examples import page_views
+from airflow_eo.examples.topics import ensure_topic
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
@@ -31,12 +30,7 @@ from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 
 def make_table(mysql: dict, kind: str) -> str:
     example = "app_pv" if kind == "xa" else "page_view_events"
-    name = f"bench_{kind}_{uuid.uuid4().hex[:6]}"
-    conn = pymysql.connect(**mysql, autocommit=True)
-    with conn.cursor() as cur:
-        cur.execute(page_views.TABLES_DDL[example].replace(example, name))
-    conn.close()
-    return name
+    return page_views.create_table_like(mysql, example, f"bench_{kind}_{uuid.uuid4().hex[:6]}")
 
 
 def run_sink(label: str, sink, transform, topic: str, events: int) -> dict:
@@ -88,8 +82,8 @@ def kafka_job(events: int) -> None:
 
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     source, sink = f"bench_ip_in_{uuid.uuid4().hex[:6]}", f"bench_ip_out_{uuid.uuid4().hex[:6]}"
-    page_views.ensure_topic(bootstrap, source, 3)
-    page_views.ensure_topic(bootstrap, sink, 3)
+    ensure_topic(bootstrap, source, 3)
+    ensure_topic(bootstrap, sink, 3)
     started = time.monotonic()
     ip_counts.produce_lines(bootstrap, events, topic=source)
     print(f"produced {events} lines to {source} in {time.monotonic() - started:.1f}s")

@@ -71,7 +71,7 @@ def main() -> int:
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     mysql = connect_kwargs_from_uri(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
-    page_views.ensure_topic(bootstrap)
+    page_views.ensure_topic(bootstrap, page_views.TOPIC)
     page_views.reset(mysql, *PIPELINES)
     print("airflow_eo demo: page views through Kafka -> Spark -> MariaDB, exactly once")
     clock = datetime.now(timezone.utc).replace(microsecond=0)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from airflow_eo.examples.page_views import ensure_topic
+from airflow_eo.examples.topics import ensure_topic, read_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,42 +87,15 @@ def window_key(line: str) -> str:
     return f"{start.strftime('%Y-%m-%d %H:%M:%S')}|{ip}"
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[tuple[bytes | None, bytes]]:
-    """Every record of the topic as (key, value), read with a plain consumer."""
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                         "isolation.level": isolation, "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-                        .topics[topic].partitions)
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    records, done = [], {p for p, end in ends.items() if end == 0}
-    try:
-        while len(done) < len(partitions):
-            msg = consumer.poll(10)
-            if msg is None:
-                raise TimeoutError(f"reading {topic} timed out")
-            if msg.error():
-                done.add(msg.partition())
-                continue
-            records.append((msg.key(), msg.value()))
-    finally:
-        consumer.close()
-    return records
-
-
 def true_counts(bootstrap: str) -> dict[str, int]:
     """Requests per ``window_start|ip`` computed from the input topic (not from our pipeline)."""
-    return dict(Counter(window_key(value.decode()) for _, value in read_topic(bootstrap, SOURCE)))
+    return dict(Counter(window_key(value.decode()) for _, value in read_topic(bootstrap, SOURCE)[0]))
 
 
 def output_counts(bootstrap: str, isolation: str = "read_committed") -> dict[str, int]:
     """The committed output summed per key, as a downstream read_committed consumer sees it."""
     sums: Counter[str] = Counter()
-    for key, value in read_topic(bootstrap, SINK, isolation):
+    for key, value in read_topic(bootstrap, SINK, isolation)[0]:
         sums[key.decode()] += json.loads(value)["count"]
     return dict(sums)
 

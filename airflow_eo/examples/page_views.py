@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow_eo.examples.topics import ensure_topic, read_topic
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -51,20 +53,6 @@ def ensure_tables(connect_kwargs: dict[str, Any]) -> None:
                 cur.execute(ddl)
     finally:
         conn.close()
-
-
-def ensure_topic(bootstrap: str, topic: str = TOPIC, partitions: int = PARTITIONS) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if topic in admin.list_topics(timeout=10).topics:
-        return
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        try:
-            future.result()
-        except Exception as exc:  # noqa: BLE001 - a concurrent creator already made it
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
 
 
 def page_view(app_id: str | None = None) -> dict[str, Any]:
@@ -106,39 +94,25 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC,
 
 
 def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], set[str], dict[int, int]]:
-    """(page views per app, event ids, end offset per partition) of every committed record in the topic.
-
-    Read with a plain read_committed consumer, independent of Spark and of airflow_eo's pipeline.
-    """
+    """(page views per app, event ids, end offset per partition) of every committed record in the topic."""
     from collections import Counter
 
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
+    records, ends = read_topic(bootstrap, topic)
+    events = [json.loads(value) for _, value in records]
+    return dict(Counter(e["app_id"] for e in events)), {e["event_id"] for e in events}, ends
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
-                        .topics[topic].partitions)
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    counts: Counter[str] = Counter()
-    ids: set[str] = set()
-    done = {p for p, end in ends.items() if end == 0}
+
+def create_table_like(connect_kwargs: dict[str, Any], example: str, name: str) -> str:
+    """Create table ``name`` shaped like the example table ``example`` (``app_pv`` or ``page_view_events``)."""
+    import pymysql
+
+    conn = pymysql.connect(**connect_kwargs, autocommit=True)
     try:
-        while len(done) < len(partitions):
-            msg = consumer.poll(10)
-            if msg is None:
-                raise TimeoutError(f"reading {topic} for the ground truth timed out")
-            if msg.error():
-                done.add(msg.partition())
-                continue
-            event = json.loads(msg.value())
-            counts[event["app_id"]] += 1
-            ids.add(event["event_id"])
+        with conn.cursor() as cur:
+            cur.execute(TABLES_DDL[example].replace(example, name))
     finally:
-        consumer.close()
-    return dict(counts), ids, ends
+        conn.close()
+    return name
 
 
 def reset(connect_kwargs: dict[str, Any], *pipelines: str) -> None:

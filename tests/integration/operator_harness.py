@@ -19,12 +19,7 @@ from airflow_eo.sinks import MySqlUpsertSink
 
 def example_table(mysql_kwargs: dict[str, Any], example: str) -> str:
     """A fresh table shaped like the example table ``example`` (``page_view_events`` or ``app_pv``)."""
-    table = f"{example[:8]}_{uuid.uuid4().hex[:8]}"
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    with conn.cursor() as cur:
-        cur.execute(page_views.TABLES_DDL[example].replace(example, table))
-    conn.close()
-    return table
+    return page_views.create_table_like(mysql_kwargs, example, f"{example[:8]}_{uuid.uuid4().hex[:8]}")
 
 
 def events_table(mysql_kwargs: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaException, Producer
 
 from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter, group_id
 from airflow_eo.examples import ip_counts
+from airflow_eo.examples.topics import read_topic
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
 from tests.conftest import create_topic
@@ -87,9 +88,9 @@ def test_an_old_producer_that_wakes_up_is_fenced_and_never_visible(bootstrap, to
     newer_producer.begin_transaction()
     newer_producer.produce(out, b"newer")
     newer_producer.commit_transaction(30)
-    committed = [v for _, v in ip_counts.read_topic(bootstrap, out)]
+    committed = [v for _, v in read_topic(bootstrap, out)[0]]
     assert committed == [b"newer"]
-    assert b"zombie-1" in [v for _, v in ip_counts.read_topic(bootstrap, out, "read_uncommitted")]
+    assert b"zombie-1" in [v for _, v in read_topic(bootstrap, out, "read_uncommitted")[0]]
 
 
 def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs, topic_name):
@@ -105,7 +106,7 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
                                  sink=KafkaTransactionalSink(topic=out))
     summary = run(op)
     assert summary["records_in"] == 10 and summary["rows_out"] == 0
-    assert ip_counts.read_topic(bootstrap, out, "read_uncommitted") == []
+    assert read_topic(bootstrap, out, "read_uncommitted")[0] == []
     assert group_offsets(bootstrap, op.pipeline_id) == {(source, 0): 5, (source, 1): 5}
     stored = rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                   (op.pipeline_id,))

@@ -1,0 +1,52 @@
+"""Topic helpers of the examples, the demo and the tests: create a topic, read one whole."""
+
+from __future__ import annotations
+
+import uuid
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - a concurrent creator already made it
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed"
+               ) -> tuple[list[tuple[bytes | None, bytes]], dict[int, int]]:
+    """Every record of the topic as (key, value), and the end offset of each partition.
+
+    Read with a plain consumer (``isolation``: read_committed or read_uncommitted),
+    independent of Spark and of airflow_eo's pipelines: this is what ground truths use.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    partitions = sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+                        .topics[topic].partitions)
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    records: list[tuple[bytes | None, bytes]] = []
+    done = {p for p, end in ends.items() if end == 0}
+    try:
+        while len(done) < len(partitions):
+            msg = consumer.poll(10)
+            if msg is None:
+                raise TimeoutError(f"reading {topic} timed out")
+            if msg.error():
+                done.add(msg.partition())
+                continue
+            records.append((msg.key(), msg.value()))
+    finally:
+        consumer.close()
+    return records, ends
