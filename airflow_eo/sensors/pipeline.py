@@ -21,7 +21,25 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class KafkaBacklogSensor(BaseSensorOperator):
+class _DeferrableSensor(BaseSensorOperator):
+    """Pokes once; if not done and ``deferrable``, hands the wait to :meth:`trigger` on the triggerer."""
+
+    deferrable: bool
+
+    def trigger(self) -> Any:
+        raise NotImplementedError
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first.is_done:
+            return first.xcom_value
+        self.defer(trigger=self.trigger(), method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
+
+
+class KafkaBacklogSensor(_DeferrableSensor):
     """Wait until a pipeline has at least ``min_records`` unprocessed records.
 
     Unprocessed = last stable offset (read_committed end) minus the pipeline's committed
@@ -58,25 +76,16 @@ class KafkaBacklogSensor(BaseSensorOperator):
                       self.min_records)
         return PokeReturnValue(is_done=done, xcom_value={"lag": lag, "total": sum(lag.values())})
 
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first.is_done:
-            return first.xcom_value
-        self.defer(
-            trigger=KafkaBacklogTrigger(self.pipeline_id, self.topics, self.min_records, self.per_partition,
-                                        self.starting_offsets, self.kafka_conn_id, self.offset_store_conn_id,
-                                        self.poll_interval),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
-        )
+    def trigger(self) -> KafkaBacklogTrigger:
+        return KafkaBacklogTrigger(self.pipeline_id, self.topics, self.min_records, self.per_partition,
+                                   self.starting_offsets, self.kafka_conn_id, self.offset_store_conn_id,
+                                   self.poll_interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         return {"lag": event["lag"], "total": event["total"]}
 
 
-class BatchCommittedSensor(BaseSensorOperator):
+class BatchCommittedSensor(_DeferrableSensor):
     """Wait until pipeline ``pipeline_id`` has committed a batch newer than ``after_batch_id``.
 
     :param pipeline_id: the pipeline to watch. (templated)
@@ -97,16 +106,9 @@ class BatchCommittedSensor(BaseSensorOperator):
         latest = latest_committed_batch(self.pipeline_id, self.offset_store_conn_id)
         return PokeReturnValue(is_done=latest is not None and latest > int(self.after_batch_id), xcom_value=latest)
 
-    def execute(self, context: Context) -> Any:
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first.is_done:
-            return first.xcom_value
-        self.defer(trigger=BatchCommittedTrigger(self.pipeline_id, int(self.after_batch_id),
-                                                 self.offset_store_conn_id, self.poll_interval),
-                   method_name="execute_complete",
-                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
+    def trigger(self) -> BatchCommittedTrigger:
+        return BatchCommittedTrigger(self.pipeline_id, int(self.after_batch_id), self.offset_store_conn_id,
+                                     self.poll_interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
         return int(event["batch_id"])
