@@ -146,13 +146,6 @@ class OffsetStore:
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
             return int(cur.fetchone()["epoch"])
 
-    def current_epoch(self, pipeline_id: str) -> int | None:
-        self.migrate()
-        with self.transaction() as cur:
-            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
-            row = cur.fetchone()
-            return int(row["epoch"]) if row else None
-
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
         self.migrate()
         with self.transaction() as cur:
@@ -188,9 +181,6 @@ class OffsetStore:
                         (pipeline_id, BatchState.COMMITTED.value))
             row = cur.fetchone()
             return int(row["b"]) if row and row["b"] is not None else None
-
-    def batches(self, pipeline_id: str) -> list[BatchRecord]:
-        return self._select_batches("pipeline_id = %s", (pipeline_id,))
 
     # ------------------------------------------------------------------ writes (fenced)
 

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -255,11 +255,8 @@ def _parse_ddl(spark: SparkSession, ddl: str):
     from pyspark.sql.types import StructType
 
     try:
-        parsed = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
+        parsed = StructType.fromDDL(ddl)  # needs the active session: parsing happens in the JVM
     except Exception as exc:  # noqa: BLE001 - Spark raises several parse error types
         raise ConfigurationError(f"schema {ddl!r} is not valid Spark DDL ('name TYPE [NOT NULL], ...'): {exc}") from exc
     return parsed
 
-
-def columns_of(fields: Sequence[str]) -> list[str]:
-    return list(fields)
