@@ -1,4 +1,4 @@
-"""Run one DAG of ``dags/`` once with ``dag.test()``: ``python scripts/run_dag.py DAG_ID [LOGICAL_DATE]``.
+"""Run one DAG of ``dags/`` once with ``dag.test()``: ``python scripts/run_dag.py DAG_ID [LOGICAL_DATE [CONF_JSON]]``.
 
 The same LOGICAL_DATE means the same DAG run (same run id): running it again is a
 clear + re-run of that run. Exit code 0 when the run succeeded.
@@ -6,6 +6,7 @@ clear + re-run of that run. Exit code 0 when the run succeeded.
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,12 +17,13 @@ from airflow.dag_processing.dagbag import DagBag
 def main() -> int:
     dag_id = sys.argv[1]
     logical_date = datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else datetime.now(timezone.utc)
+    run_conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parent.parent / "dags"))
     if dag_id not in bag.dags:
         print(f"no DAG {dag_id!r}; import errors: {bag.import_errors}", file=sys.stderr)
         return 2
     # run_after = logical_date makes the run id a function of LOGICAL_DATE (manual__<date>).
-    run = bag.dags[dag_id].test(logical_date=logical_date, run_after=logical_date)
+    run = bag.dags[dag_id].test(logical_date=logical_date, run_after=logical_date, run_conf=run_conf)
     print(f"dag run {run.run_id}: {run.state}")
     return 0 if str(run.state) in ("success", "DagRunState.SUCCESS") else 1
 

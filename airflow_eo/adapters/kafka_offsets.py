@@ -9,7 +9,7 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.planning import PartitionOffsets
+from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
 
 TIMEOUT_S = 30.0
 
@@ -70,9 +70,21 @@ class KafkaOffsetSource:
 
     def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int]:
         """First offset whose timestamp is >= ``timestamp_ms``; the end offset when there is none."""
-        found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
+        found = self._offsets_at(tps, timestamp_ms)
         ends = self.last_stable(tps)
-        return {k: (v if v >= 0 else ends[k]) for k, v in found.items()}
+        return {k: (v if v is not None else ends[k]) for k, v in found.items()}
+
+    def _offsets_at(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int | None]:
+        """``offsets_for_times``: first offset whose timestamp is >= ``timestamp_ms``, None when there is none."""
+        found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
+        return {k: (v if v >= 0 else None) for k, v in found.items()}
+
+    def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]:
+        tps = self.partitions(topics)
+        log_start, stable = self.earliest(tps), self.last_stable(tps)
+        starts, ends = self._offsets_at(tps, interval.start_ms), self._offsets_at(tps, interval.end_ms)
+        return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k])
+                for tp in tps for k in [(tp.topic, tp.partition)]]
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT
 
-from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError
+from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
+from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchRecord
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
@@ -65,7 +67,27 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             PRIMARY KEY (pipeline_id, topic, kafka_partition)
         ) ENGINE=InnoDB""",
     ]),
+    (2, [
+        # Who runs the pipeline (``<dag_id>.<task_id>``) and in which mode: a second DAG
+        # declaring the same pipeline id is refused instead of splitting its offsets.
+        "ALTER TABLE eo_pipeline ADD COLUMN owner VARCHAR(250) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN mode VARCHAR(16) NULL",
+        # Interval bounds are UTC; DATETIME has no 2038 limit and no session time-zone conversion.
+        "ALTER TABLE eo_batch MODIFY interval_start DATETIME(3) NULL, MODIFY interval_end DATETIME(3) NULL",
+        # Interval mode fences per interval, so a backfill's concurrent runs don't fence each other.
+        """CREATE TABLE IF NOT EXISTS eo_interval (
+            pipeline_id VARCHAR(190) NOT NULL,
+            interval_start DATETIME(3) NOT NULL,
+            interval_end DATETIME(3) NOT NULL,
+            epoch BIGINT NOT NULL,
+            taken_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            PRIMARY KEY (pipeline_id, interval_start, interval_end)
+        ) ENGINE=InnoDB""",
+    ]),
 ]
+
+# A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
+_ALREADY_APPLIED = {1050, 1060}  # table exists, duplicate column
 
 
 class OffsetStore:
@@ -116,7 +138,11 @@ class OffsetStore:
                     if version in applied:
                         continue
                     for statement in statements:
-                        cur.execute(statement)
+                        try:
+                            cur.execute(statement)
+                        except pymysql.err.MySQLError as exc:
+                            if not exc.args or exc.args[0] not in _ALREADY_APPLIED:
+                                raise
                     cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))
             finally:
                 cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")
@@ -133,18 +159,77 @@ class OffsetStore:
                 f"took the pipeline (epoch {current}); this attempt stops without committing"
             )
 
+    def _lock_interval_epoch(self, cur: Any, pipeline_id: str, interval: Interval, epoch: int) -> None:
+        """Interval mode's fence: the interval's row must still carry our epoch."""
+        cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
+                    "AND interval_end = %s FOR UPDATE", (pipeline_id, *_utc_bounds(interval)))
+        row = cur.fetchone()
+        current = row["epoch"] if row else None
+        if current != epoch:
+            raise FencedError(
+                f"pipeline {pipeline_id!r} interval {interval}: this attempt holds epoch {epoch} but a newer "
+                f"attempt of the same interval took it (epoch {current}); this attempt stops without committing"
+            )
+
+    def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
+        if interval is None:
+            self._lock_epoch(cur, pipeline_id, epoch)
+        else:
+            self._lock_interval_epoch(cur, pipeline_id, interval, epoch)
+
+    def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str) -> None:
+        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode."""
+        cur.execute("INSERT IGNORE INTO eo_pipeline (pipeline_id, epoch) VALUES (%s, 0)", (pipeline_id,))
+        cur.execute("SELECT owner, mode FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+        row = cur.fetchone()
+        if owner and row["owner"] and row["owner"] != owner:
+            raise PipelineConflictError(
+                f"pipeline id {pipeline_id!r} belongs to {row['owner']}, and {owner} declares the same "
+                "pipeline id: two tasks sharing one pipeline would split its offsets between them. Give one "
+                "of them its own pipeline_id=. To move the pipeline to the new task on purpose, clear its "
+                f"owner in the offset store: UPDATE eo_pipeline SET owner = NULL WHERE pipeline_id = '{pipeline_id}'"
+            )
+        if row["mode"] and row["mode"] != mode:
+            raise PipelineConflictError(
+                f"pipeline id {pipeline_id!r} ran in {row['mode']} mode ({row['owner'] or 'owner unknown'}); "
+                f"{owner or 'this task'} runs it in {mode} mode. A pipeline keeps one mode: give the "
+                f"{mode}-mode task its own pipeline_id="
+            )
+        if (owner and not row["owner"]) or not row["mode"]:
+            cur.execute("UPDATE eo_pipeline SET owner = COALESCE(owner, %s), mode = COALESCE(mode, %s) "
+                        "WHERE pipeline_id = %s", (owner, mode, pipeline_id))
+
     # ------------------------------------------------------------------ reads
 
-    def take_pipeline(self, pipeline_id: str) -> int:
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:
+            self._claim(cur, pipeline_id, owner, "continuous")  # refused: no epoch moved, nobody fenced
             cur.execute(
-                "INSERT INTO eo_pipeline (pipeline_id, epoch) VALUES (%s, 1) "
-                "ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
+                "UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s",
                 (pipeline_id,),
             )
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
             return int(cur.fetchone()["epoch"])
+
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int:
+        self.migrate()
+        with self.transaction() as cur:
+            self._claim(cur, pipeline_id, owner, "interval")
+            bounds = _utc_bounds(interval)
+            cur.execute(
+                "INSERT INTO eo_interval (pipeline_id, interval_start, interval_end, epoch) VALUES (%s, %s, %s, 1) "
+                "ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
+                (pipeline_id, *bounds),
+            )
+            cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
+                        "AND interval_end = %s", (pipeline_id, *bounds))
+            return int(cur.fetchone()["epoch"])
+
+    def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None:
+        rows = self._select_batches("pipeline_id = %s AND interval_start = %s AND interval_end = %s",
+                                    (pipeline_id, *_utc_bounds(interval)))
+        return rows[0] if rows else None
 
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
         self.migrate()
@@ -184,21 +269,25 @@ class OffsetStore:
 
     # ------------------------------------------------------------------ writes (fenced)
 
-    def insert_batch(self, pipeline_id: str, epoch: int, run_id: str,
-                     ranges: list[OffsetRange], skipped: list[OffsetRange]) -> BatchRecord:
+    def insert_batch(self, pipeline_id: str, epoch: int, run_id: str, ranges: list[OffsetRange],
+                     skipped: list[OffsetRange], interval: Interval | None = None) -> BatchRecord:
         with self.transaction() as cur:
-            self._lock_epoch(cur, pipeline_id, epoch)
+            self._fence(cur, pipeline_id, interval, epoch)
+            if interval is not None:  # serialize batch-id allocation between concurrent intervals
+                cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
             cur.execute("SELECT COALESCE(MAX(batch_id), -1) + 1 AS next FROM eo_batch WHERE pipeline_id = %s",
                         (pipeline_id,))
             batch_id = int(cur.fetchone()["next"])
+            # Continuous batches are unique per run, interval batches per interval.
+            run_key, bounds = (run_id, (None, None)) if interval is None else (None, _utc_bounds(interval))
             cur.execute(
-                "INSERT INTO eo_batch (pipeline_id, batch_id, run_id, run_key, epoch, state, ranges, skipped) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (pipeline_id, batch_id, run_id, run_id, epoch, BatchState.PLANNED.value,
+                "INSERT INTO eo_batch (pipeline_id, batch_id, run_id, run_key, interval_start, interval_end, epoch, "
+                "state, ranges, skipped) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (pipeline_id, batch_id, run_id, run_key, *bounds, epoch, BatchState.PLANNED.value,
                  ranges_to_json(ranges), ranges_to_json(skipped)),
             )
         return BatchRecord(pipeline_id, batch_id, run_id, epoch, BatchState.PLANNED, sorted(ranges),
-                           sorted(skipped))
+                           sorted(skipped), interval=interval)
 
     def _transition(self, cur: Any, batch: BatchRecord, epoch: int, target: BatchState,
                     extra_sql: str = "", extra_args: tuple = ()) -> None:
@@ -222,7 +311,7 @@ class OffsetStore:
     def adopt_batch(self, batch: BatchRecord, epoch: int) -> BatchRecord:
         """A retry takes over its run's unfinished batch; earlier xids are void (rolled back)."""
         with self.transaction() as cur:
-            self._lock_epoch(cur, batch.pipeline_id, epoch)
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             cur.execute(
                 "UPDATE eo_batch SET epoch = %s, state = %s, xids = NULL, updated_at = CURRENT_TIMESTAMP(3) "
                 "WHERE pipeline_id = %s AND batch_id = %s AND state IN (%s, %s)",
@@ -233,25 +322,26 @@ class OffsetStore:
                 raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} changed "
                                           "while this attempt resumed it")
         return BatchRecord(batch.pipeline_id, batch.batch_id, batch.run_id, epoch, BatchState.PLANNED,
-                           batch.ranges, batch.skipped)
+                           batch.ranges, batch.skipped, interval=batch.interval)
 
     def mark_prepared(self, batch: BatchRecord, epoch: int, xids: list[str]) -> None:
         with self.transaction() as cur:
-            self._lock_epoch(cur, batch.pipeline_id, epoch)
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             self._transition(cur, batch, epoch, BatchState.PREPARED, ", xids = %s", (json.dumps(xids),))
 
     def abort_batch(self, batch: BatchRecord, epoch: int) -> None:
         with self.transaction() as cur:
-            self._lock_epoch(cur, batch.pipeline_id, epoch)
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             # run_key NULL frees the run to plan a fresh batch if it is cleared later.
             self._transition(cur, batch, epoch, BatchState.ABORTED, ", run_key = NULL")
 
     def commit_batch(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None:
         """THE commit point: CAS every partition's offset and the batch state, in one transaction."""
         with self.transaction() as cur:
-            self._lock_epoch(cur, batch.pipeline_id, epoch)
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             starts = batch_starts(batch.ranges, batch.skipped)
-            for r in batch.ranges:
+            # Interval batches have no running position: their identity is the interval.
+            for r in batch.ranges if batch.interval is None else ():
                 cur.execute(
                     "UPDATE eo_offset SET next_offset = %s, batch_id = %s WHERE pipeline_id = %s "
                     "AND topic = %s AND kafka_partition = %s AND next_offset = %s",
@@ -285,6 +375,26 @@ class OffsetStore:
             )
 
 
+    def record_replay(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None:
+        """Interval mode: a committed interval was replayed; it stays committed, its summary is the replay's."""
+        assert batch.interval is not None
+        with self.transaction() as cur:
+            self._lock_interval_epoch(cur, batch.pipeline_id, batch.interval, epoch)
+            cur.execute(
+                "UPDATE eo_batch SET epoch = %s, summary = %s, records_in = %s, rows_out = %s, dead_letters = %s, "
+                "updated_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s AND batch_id = %s AND state = %s",
+                (epoch, json.dumps(summary), summary.get("records_in"), summary.get("rows_out"),
+                 summary.get("dead_letters"), batch.pipeline_id, batch.batch_id, BatchState.COMMITTED.value),
+            )
+            if cur.rowcount != 1:
+                raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} is no longer committed")
+
+
+def _utc_bounds(interval: Interval) -> tuple[datetime, datetime]:
+    """Naive UTC datetimes for DATETIME columns (no session time-zone involved)."""
+    return interval.start.replace(tzinfo=None), interval.end.replace(tzinfo=None)
+
+
 def _record(row: dict[str, Any]) -> BatchRecord:
     return BatchRecord(
         pipeline_id=row["pipeline_id"],
@@ -296,6 +406,9 @@ def _record(row: dict[str, Any]) -> BatchRecord:
         skipped=ranges_from_json(row["skipped"]),
         xids=json.loads(row["xids"]) if row["xids"] else [],
         summary=json.loads(row["summary"]) if row["summary"] else None,
+        interval=(Interval(row["interval_start"].replace(tzinfo=timezone.utc),
+                           row["interval_end"].replace(tzinfo=timezone.utc))
+                  if row["interval_start"] is not None else None),
     )
 
 

@@ -29,3 +29,11 @@ class BadRecordError(AirflowEoError):
 
 class UnsupportedServerError(ConfigurationError):
     """The database server cannot keep XA branches safely (or lacks a needed privilege)."""
+
+
+class IntervalNotReadyError(AirflowEoError):
+    """Interval mode: the broker has not yet seen the end of the run's data interval on every partition."""
+
+
+class PipelineConflictError(ConfigurationError):
+    """A pipeline id is declared by two DAGs/tasks (or in two modes); refused before any side effect."""

@@ -2,15 +2,18 @@
 
 Pure logic. The Kafka adapter supplies, per partition, the log-start offset, the
 last stable offset (READ_COMMITTED end) and where a partition never seen before
-starts; the offset store supplies the committed positions.
+starts; the offset store supplies the committed positions (continuous mode). In
+interval mode the adapter supplies the offsets of the interval's two timestamps
+(``offsets_for_times``) instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
-from airflow_eo.core.errors import DataLossError
+from airflow_eo.core.errors import ConfigurationError, DataLossError, IntervalNotReadyError
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 
 
@@ -105,3 +108,99 @@ def share_by_lag(lags: Mapping[TopicPartition, int], cap: int | None) -> dict[To
     for k in by_remainder[:leftover]:
         shares[k] += 1
     return shares
+
+
+# --------------------------------------------------------------------------- interval mode
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A DAG run's data interval ``[start, end)``: the identity of an interval-mode batch."""
+
+    start: datetime
+    end: datetime
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None or self.end.tzinfo is None:
+            raise ConfigurationError(f"interval {self.start}..{self.end}: timestamps must carry a time zone")
+        if not self.start < self.end:
+            raise ConfigurationError(
+                f"interval {self.start.isoformat()}..{self.end.isoformat()} is empty: interval mode needs "
+                "a data interval whose end is after its start (a schedule with a timetable, not a manual run)"
+            )
+        object.__setattr__(self, "start", self.start.astimezone(timezone.utc))
+        object.__setattr__(self, "end", self.end.astimezone(timezone.utc))
+
+    @property
+    def start_ms(self) -> int:
+        return _millis(self.start)
+
+    @property
+    def end_ms(self) -> int:
+        return _millis(self.end)
+
+    def __str__(self) -> str:
+        return f"{self.start.isoformat()}..{self.end.isoformat()}"
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class IntervalOffsets:
+    """What the broker says about one partition for an interval: ``offsets_for_times`` of both ends.
+
+    ``start`` / ``end`` are the first offsets whose record timestamp is at or after the
+    interval's start / end, None where the partition has no such record yet.
+    """
+
+    topic: str
+    partition: int
+    log_start: int
+    last_stable: int
+    start: int | None
+    end: int | None
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+def plan_interval(partitions: Sequence[IntervalOffsets], interval: Interval) -> Plan:
+    """The ranges of an interval: ``[offset_for(start), offset_for(end))`` per partition.
+
+    Adjacent intervals share a boundary timestamp, hence a boundary offset: their ranges
+    are contiguous and never overlap. The end is final only once a record at or after it
+    exists below the last stable offset (later appends get higher offsets); until then
+    the interval is not ready and nothing is planned.
+    """
+    waiting = [p for p in partitions if p.end is None or p.end > p.last_stable]
+    if waiting:
+        details = "; ".join(
+            f"{p.topic}[{p.partition}] (last stable offset {p.last_stable}"
+            + (", a record after the end is still in an open transaction)" if p.end is not None else ")")
+            for p in waiting)
+        raise IntervalNotReadyError(
+            f"interval {interval} is not complete yet: no committed record at or after "
+            f"{interval.end.isoformat()} in {details}. Nothing was planned; a later attempt "
+            "(the task's retry) plans it once every partition has moved past the interval's end."
+        )
+    ranges = []
+    for p in partitions:
+        assert p.end is not None
+        start = p.end if p.start is None else min(p.start, p.end)
+        ranges.append(OffsetRange(p.topic, p.partition, start, p.end))
+    return Plan(sorted(ranges))
+
+
+def check_replayable(partitions: Sequence[IntervalOffsets], ranges: Sequence[OffsetRange]) -> None:
+    """A replay reads the recorded ranges again: fail clearly when retention deleted part of them."""
+    log_start = {p.key: p.log_start for p in partitions}
+    lost = [r for r in ranges if r.size and r.from_offset < log_start.get(r.key, 0)]
+    if lost:
+        details = "; ".join(f"{r.topic}[{r.partition}] offsets {r.from_offset}..{log_start[r.key] - 1}" for r in lost)
+        raise DataLossError(
+            f"cannot replay the interval: records were deleted by retention since it was first processed: "
+            f"{details}. The sink keeps what the first run wrote; nothing was replayed."
+        )

@@ -21,6 +21,12 @@ One call of :func:`run_batch` is one task attempt:
 6. **Finalize** the sink (``XA COMMIT`` of the recorded xids, roll back strays). A
    crash here is finished by the next attempt's recovery (step 2).
 
+**Interval mode** (:func:`run_interval_batch`, for backfills): the batch identity is the
+run's data interval. Its ranges come from ``offsets_for_times`` of the interval's two
+ends; the fencing epoch belongs to the interval, so a backfill's concurrent runs of
+different intervals never fence each other; a cleared or re-backfilled interval replays
+its recorded ranges, which only replay-safe (overwriting) sinks allow.
+
 This module knows no Airflow, Spark, Kafka or MySQL: the store, the offset source,
 the engine and the sink are injected (see the Protocol classes below).
 """
@@ -33,8 +39,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if
-from airflow_eo.core.planning import PartitionOffsets, plan_batch
+from airflow_eo.core.planning import (
+    Interval,
+    IntervalOffsets,
+    PartitionOffsets,
+    check_replayable,
+    plan_batch,
+    plan_interval,
+)
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, check_contiguous
 from airflow_eo.core.states import BatchState
 
@@ -57,6 +71,7 @@ class BatchRecord:
     skipped: list[OffsetRange] = field(default_factory=list)
     xids: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+    interval: Interval | None = None  # interval mode: the batch's identity
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class BatchContext:
     run_id: str
     epoch: int
     ranges: tuple[OffsetRange, ...]
+    interval: Interval | None = None
 
 
 @dataclass
@@ -87,27 +103,34 @@ class RunRequest:
     starting_offsets: str | int = "earliest"  # earliest | latest | epoch millis
     max_records_per_run: int | None = None
     skip_lost_records: bool = False
+    interval: Interval | None = None  # set: interval mode (the run's data interval)
+    owner: str | None = None  # who declares the pipeline (``<dag_id>.<task_id>``); a second owner is refused
 
 
 # --------------------------------------------------------------------------- adapters
 
 
 class OffsetStore(Protocol):
-    def take_pipeline(self, pipeline_id: str) -> int: ...
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int: ...
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]: ...
     def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None: ...
     def unfinished_batches(self, pipeline_id: str) -> list[BatchRecord]: ...
     def get_batch(self, pipeline_id: str, batch_id: int) -> BatchRecord | None: ...
-    def insert_batch(self, pipeline_id: str, epoch: int, run_id: str,
-                     ranges: list[OffsetRange], skipped: list[OffsetRange]) -> BatchRecord: ...
+    def insert_batch(self, pipeline_id: str, epoch: int, run_id: str, ranges: list[OffsetRange],
+                     skipped: list[OffsetRange], interval: Interval | None = None) -> BatchRecord: ...
     def adopt_batch(self, batch: BatchRecord, epoch: int) -> BatchRecord: ...
     def mark_prepared(self, batch: BatchRecord, epoch: int, xids: list[str]) -> None: ...
     def commit_batch(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None: ...
     def abort_batch(self, batch: BatchRecord, epoch: int) -> None: ...
+    # interval mode
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int: ...
+    def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None: ...
+    def record_replay(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None: ...
 
 
 class OffsetSource(Protocol):
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]: ...
+    def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]: ...
 
 
 class Sink(Protocol):
@@ -137,11 +160,13 @@ class Engine(Protocol):
 def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,
               sink: Sink) -> dict[str, Any]:
     """Run one task attempt of the pipeline's micro-batch; returns the batch summary."""
+    if request.interval is not None:
+        return run_interval_batch(request, store, source, engine, sink)
     p = request.pipeline_id
     started = time.monotonic()
     sink.check()  # misconfiguration fails before any side effect
 
-    epoch = store.take_pipeline(p)
+    epoch = store.take_pipeline(p, request.owner)
     log.info("pipeline %s taken with epoch %d (run %s)", p, epoch, request.run_id)
 
     unfinished = store.unfinished_batches(p)
@@ -179,10 +204,49 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
         log.info("planned batch %d: %s", batch.batch_id, _fmt(batch.ranges))
         if plan.skipped:
             log.warning("batch %d skips records lost to retention: %s", batch.batch_id, _fmt(plan.skipped))
+    return _execute_and_commit(request, store, engine, sink, batch, epoch, started, resumed=resumed is not None)
+
+
+def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,
+                       sink: Sink) -> dict[str, Any]:
+    """Run one task attempt of the batch of ``request.interval`` (interval mode)."""
+    p, interval = request.pipeline_id, request.interval
+    if interval is None:
+        raise ConfigurationError("interval mode needs the run's data interval")
+    if sink.transactional:  # the operator refuses these at parse time; this guards the core itself
+        raise ConfigurationError("interval mode replays intervals: it needs a replay-safe, non-transactional sink")
+    started = time.monotonic()
+    sink.check()
+
+    epoch = store.take_interval(p, interval, request.owner)  # fences older attempts of THIS interval only
+    log.info("pipeline %s interval %s taken with epoch %d (run %s)", p, interval, epoch, request.run_id)
+
+    existing = store.batch_for_interval(p, interval)
+    if existing is not None and existing.state == BatchState.COMMITTED:
+        # Cleared or backfilled again: the same ranges again; an overwriting sink ends up unchanged.
+        check_replayable(source.interval_offsets(request.topics, interval), existing.ranges)
+        log.info("interval %s was committed as batch %d; replaying its recorded ranges: %s",
+                 interval, existing.batch_id, _fmt(existing.ranges))
+        return _execute_and_commit(request, store, engine, sink, existing, epoch, started, replay=True)
+    if existing is not None:  # unfinished by an earlier attempt (of any run) of this interval
+        batch = store.adopt_batch(existing, epoch)
+        log.info("resuming batch %d of interval %s with its recorded ranges: %s",
+                 batch.batch_id, interval, _fmt(batch.ranges))
+    else:
+        plan = plan_interval(source.interval_offsets(request.topics, interval), interval)
+        batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, [], interval=interval)
+        log.info("planned batch %d for interval %s: %s", batch.batch_id, interval, _fmt(batch.ranges))
+    return _execute_and_commit(request, store, engine, sink, batch, epoch, started, resumed=existing is not None)
+
+
+def _execute_and_commit(request: RunRequest, store: OffsetStore, engine: Engine, sink: Sink, batch: BatchRecord,
+                        epoch: int, started: float, resumed: bool = False, replay: bool = False) -> dict[str, Any]:
+    """Steps 4-6: execute the planned batch, pass the commit point, finalize the sink."""
+    p = request.pipeline_id
     planned = time.monotonic()
     crash_if("after_plan")
 
-    context = BatchContext(p, batch.batch_id, request.run_id, epoch, tuple(batch.ranges))
+    context = BatchContext(p, batch.batch_id, request.run_id, epoch, tuple(batch.ranges), batch.interval)
     result = ExecutionResult()
     try:
         if all(r.size == 0 for r in batch.ranges):
@@ -193,19 +257,23 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
         if sink.transactional and result.xids:
             store.mark_prepared(batch, epoch, result.xids)
             crash_if("after_prepare")
-        summary = _summary(request, batch, epoch, result, resumed is not None)
+        summary = _summary(request, batch, epoch, result, resumed)
+        summary["replayed"] = replay
         summary["seconds"].update(plan=round(planned - started, 3), execute=round(executed - planned, 3))
-        if sink.owns_commit_point:
-            sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
-        store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
+        if replay:
+            store.record_replay(batch, epoch, summary)  # the batch stays committed; its summary is updated
+        else:
+            if sink.owns_commit_point:
+                sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
+            store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
     except BaseException:
         # Best effort, and only what this attempt made (a newer attempt's branches are not ours
         # to touch); the next attempt's recovery resolves whatever is left.
         sink.discard(result.xids)
         raise
     committed_at = time.monotonic()
-    log.info("batch %d committed: %d records in, %d rows out, %d dead letters",
-             batch.batch_id, result.records_in, result.rows_out, result.dead_letters)
+    log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,
+             "replayed" if replay else "committed", result.records_in, result.rows_out, result.dead_letters)
     crash_if("after_commit_point")
 
     sink.finalize(p, batch, result.xids)
@@ -228,6 +296,9 @@ def _summary(request: RunRequest, batch: BatchRecord, epoch: int, result: Execut
         "dead_letters": result.dead_letters,
         "resumed": resumed,
         "already_committed": False,
+        "mode": "continuous" if batch.interval is None else "interval",
+        "interval": None if batch.interval is None else {"start": batch.interval.start.isoformat(),
+                                                         "end": batch.interval.end.isoformat()},
         "seconds": dict(result.seconds),
     }
 

@@ -34,6 +34,8 @@ TABLES_DDL = {
     "page_view_events": "CREATE TABLE IF NOT EXISTS page_view_events (event_id VARCHAR(64) NOT NULL PRIMARY KEY, "
                         "app_id VARCHAR(64) NOT NULL, user_id VARCHAR(64) NULL, ts DATETIME(3) NULL) ENGINE=InnoDB",
 }
+TABLES_DDL["page_view_events_hourly"] = TABLES_DDL["page_view_events"].replace(
+    "page_view_events", "page_view_events_hourly")
 
 
 def count_per_app(df: DataFrame, batch: BatchContext) -> DataFrame:
@@ -55,33 +57,40 @@ def ensure_tables(connect_kwargs: dict[str, Any]) -> None:
         conn.close()
 
 
-def page_view(app_id: str | None = None) -> dict[str, Any]:
+def page_view(app_id: str | None = None, at: datetime | None = None) -> dict[str, Any]:
+    moment = (at or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return {
         "event_id": uuid.uuid4().hex,
         "app_id": app_id or random.choice(APPS),
         "user_id": f"user_{random.randrange(10_000)}",
-        "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "ts": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }
 
 
-def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC,
-                       raw_values: Sequence[bytes] = ()) -> list[dict[str, Any]]:
+def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_values: Sequence[bytes] = (),
+                       timestamps: Sequence[datetime] = ()) -> list[dict[str, Any]]:
     """Produce ``count`` events with unique ids (idempotent producer) and return them.
 
-    ``raw_values`` are produced as they are (bad records for the tests).
+    ``raw_values`` are produced as they are (bad records for the tests). ``timestamps``
+    (ascending, one per event, replacing ``count``) set both the event's ``ts`` and the
+    Kafka record timestamp, as a producer replaying past hours would (interval mode).
     """
+    if timestamps:
+        count = len(timestamps)
     from confluent_kafka import Producer
 
     ensure_topic(bootstrap, topic)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     events = []
-    for _ in range(count):
-        event = page_view()
+    for i in range(count):
+        at = timestamps[i] if timestamps else None
+        event = page_view(at=at)
         events.append(event)
+        record_time = {"timestamp": int(at.timestamp() * 1000)} if at else {}
         while True:
             try:
-                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode())
+                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode(), **record_time)
                 break
             except BufferError:
                 producer.poll(0.1)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_eo.adapters.kafka_offsets import parse_starting_offsets
 from airflow_eo.adapters.spark_engine import BAD_RECORD_POLICIES, VALUE_FORMATS, SparkBatchEngine
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
@@ -19,7 +20,12 @@ from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, SinkSpec
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-MODES = ("continuous",)
+MODES = ("continuous", "interval")
+
+
+def sink_asset_alias(dag_id: str, task_id: str) -> AssetAlias:
+    """The alias the operator declares as outlet; each committed batch adds its sink's Asset to it."""
+    return AssetAlias(f"airflow_eo:{dag_id}.{task_id}")
 
 
 class KafkaMicroBatchOperator(BaseOperator):
@@ -36,7 +42,8 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param sink: a sink spec: :class:`~airflow_eo.sinks.MySqlUpsertSink`,
         :class:`~airflow_eo.sinks.MySqlXaSink` or :class:`~airflow_eo.sinks.KafkaTransactionalSink`.
     :param pipeline_id: stable id of the pipeline in the offset store; default
-        ``<dag_id>.<task_id>``. (templated)
+        ``<dag_id>.<task_id>``, and ``<dag_id>.<task_id>.<topics>`` for a mapped task instance.
+        One pipeline id belongs to one task: a second DAG or task declaring it is refused. (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
     :param value_format: ``json`` (with ``schema``), ``string`` or ``bytes``.
@@ -47,7 +54,10 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param skip_lost_records: when records were deleted by retention before being read,
         skip them (recorded in the batch) instead of failing.
     :param on_bad_record: ``fail`` (default) or ``dead_letter``.
-    :param mode: ``continuous`` (each batch starts where the last one ended).
+    :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
+        one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
+        with ``offsets_for_times``; backfills and clears replay intervals, so only
+        :class:`~airflow_eo.sinks.MySqlUpsertSink` with overwriting updates is allowed).
     :param kafka_conn_id: Airflow ``kafka`` connection.
     :param offset_store_conn_id: Airflow ``mysql`` connection of the offset store.
     :param spark_conn_id: ``spark`` / ``spark_connect`` connection; None runs ``local[*]``.
@@ -87,6 +97,10 @@ class KafkaMicroBatchOperator(BaseOperator):
             raise ConfigurationError(f"mode={mode!r}: supported modes are {', '.join(MODES)}")
         if not isinstance(sink, SinkSpec):
             raise ConfigurationError(f"sink must be a sink spec such as MySqlXaSink(...), not {type(sink).__name__}")
+        if mode == "interval":
+            _check_interval_mode(sink, max_records_per_run)
+            if self.has_dag():
+                _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
         if isinstance(sink, KafkaTransactionalSink) and on_bad_record != "fail":
             raise ConfigurationError("KafkaTransactionalSink supports on_bad_record='fail' only (no dead-letter table)")
         if value_format not in VALUE_FORMATS:
@@ -118,9 +132,15 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.write_partitions = write_partitions
         self.kafka_options = dict(kafka_options or {})
         self._engine: SparkBatchEngine | None = None
+        self._lineage: tuple[str, str, str] | None = None  # Kafka namespace, sink namespace, sink name
+        if self.has_dag():  # downstream DAGs schedule on the sink's Asset, added to this alias per batch
+            self.outlets = [*self.outlets, sink_asset_alias(self.dag_id, self.task_id)]
 
     def execute(self, context: Context) -> dict[str, Any]:
-        pipeline_id = self.pipeline_id or f"{self.dag_id}.{self.task_id}"
+        map_index = getattr(context.get("ti"), "map_index", -1)
+        default_id = f"{self.dag_id}.{self.task_id}" + (f".{'+'.join(sorted(self.topics))}" if map_index >= 0 else "")
+        pipeline_id = self.pipeline_id or default_id
+        interval = self._data_interval(context) if self.mode == "interval" else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
         spark_hook = SparkSessionHook(self.spark_conn_id, self.spark_conf)
@@ -141,6 +161,8 @@ class KafkaMicroBatchOperator(BaseOperator):
             starting_offsets=self.starting_offsets,
             max_records_per_run=self.max_records_per_run,
             skip_lost_records=self.skip_lost_records,
+            interval=interval,
+            owner=f"{self.dag_id}.{self.task_id}",
         )
         summary = run_batch(
             request,
@@ -155,9 +177,50 @@ class KafkaMicroBatchOperator(BaseOperator):
             summary.get("dead_letters"), " (already committed earlier)" if summary.get("already_committed") else "",
             summary.get("seconds"),
         )
+        sink_asset = self._sink_asset(kafka_config)
+        if not summary.get("already_committed") and "outlet_events" in context:
+            context["outlet_events"][sink_asset_alias(self.dag_id, self.task_id)].add(
+                sink_asset, extra={k: summary.get(k) for k in _ASSET_EXTRA_KEYS})
         return summary
 
-    def _sink_adapter(self, pipeline_id: str):
+    def _data_interval(self, context: Context) -> Interval:
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        if start is None or end is None:
+            raise ConfigurationError(
+                f"mode='interval': run {context.get('run_id')!r} has no data interval (a manual or asset-triggered "
+                "run without a logical date). Interval mode processes a run's data interval: run it on its "
+                "schedule, as a backfill, or trigger it with a logical date; or use mode='continuous'."
+            )
+        return Interval(start, end)
+
+    def _sink_asset(self, kafka_config: Mapping[str, Any]) -> Asset:
+        """The sink as an Asset, in the URI schemes of Airflow's MySQL and Kafka providers."""
+        bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
+        if isinstance(self.sink, KafkaTransactionalSink):
+            out_bootstrap = str(KafkaClusterHook(self.sink.conn_id).get_config().get("bootstrap.servers", ""))
+            namespace, name = f"kafka://{out_bootstrap.split(',')[0]}", self.sink.topic
+            uri = f"{namespace}/{name}"
+        else:
+            assert isinstance(self.sink, MySqlUpsertSink)
+            db = EoMySqlHook(self.sink.conn_id).get_connect_kwargs()
+            database, _, table = self.sink.table.rpartition(".")
+            namespace, name = f"mysql://{db['host']}:{db['port']}", f"{database or db['database']}.{table}"
+            uri = f"{namespace}/{name.replace('.', '/')}"
+        self._lineage = (f"kafka://{bootstrap}", namespace, name)
+        return Asset(uri)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the input topics and the sink (apache-airflow-providers-openlineage stays optional)."""
+        from airflow.providers.common.compat.openlineage.facet import Dataset
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        if self._lineage is None:
+            return OperatorLineage()
+        kafka_namespace, sink_namespace, sink_name = self._lineage
+        return OperatorLineage(inputs=[Dataset(namespace=kafka_namespace, name=t) for t in self.topics],
+                               outputs=[Dataset(namespace=sink_namespace, name=sink_name)])
+
+    def _sink_adapter(self, pipeline_id: str) -> Any:
         if isinstance(self.sink, KafkaTransactionalSink):
             return KafkaClusterHook(self.sink.conn_id).get_sink_adapter(self.sink, pipeline_id)
         assert isinstance(self.sink, MySqlUpsertSink)
@@ -166,3 +229,32 @@ class KafkaMicroBatchOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._engine is not None:
             self._engine.cancel()
+
+
+_ASSET_EXTRA_KEYS = ("pipeline_id", "batch_id", "run_id", "mode", "interval", "ranges", "records_in", "rows_out",
+                     "replayed")
+
+
+def _check_interval_mode(sink: SinkSpec, max_records_per_run: int | None) -> None:
+    """Interval mode replays intervals (backfills, clears): refuse sinks a replay would double count."""
+    if not isinstance(sink, MySqlUpsertSink) or sink.transactional or not sink.replay_safe:
+        raise ConfigurationError(
+            f"mode='interval' with {type(sink).__name__}: a cleared or backfilled interval is replayed, so "
+            "interval mode needs a replay-safe sink, MySqlUpsertSink with overwriting ('replace') updates. "
+            "MySqlXaSink may accumulate and KafkaTransactionalSink appends: a replay would count the interval "
+            "twice. Use mode='continuous' with them."
+        )
+    if max_records_per_run is not None:
+        raise ConfigurationError("mode='interval': the batch is the whole data interval; drop max_records_per_run "
+                                 "(or use a shorter schedule interval)")
+
+
+def _check_timetable_has_intervals(timetable: Any, dag_id: str) -> None:
+    """Airflow 3's cron/delta *trigger* timetables give runs a zero-length data interval by default."""
+    if type(timetable).__name__.endswith("TriggerTimetable") and not getattr(timetable, "interval", None):
+        raise ConfigurationError(
+            f"DAG {dag_id!r}: mode='interval' needs runs with a data interval, but this schedule "
+            f"({type(timetable).__name__}) gives each run a zero-length one. Use e.g. "
+            "schedule=CronDataIntervalTimetable('@hourly', timezone='UTC'), or CronTriggerTimetable(..., "
+            "interval=timedelta(hours=1))."
+        )

@@ -13,7 +13,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.triggers.pipeline import (
     BatchCommittedTrigger,
     KafkaBacklogTrigger,
-    latest_committed_batch,
+    committed_batch,
     measure_backlog,
 )
 
@@ -86,29 +86,43 @@ class KafkaBacklogSensor(_DeferrableSensor):
 
 
 class BatchCommittedSensor(_DeferrableSensor):
-    """Wait until pipeline ``pipeline_id`` has committed a batch newer than ``after_batch_id``.
+    """Wait until pipeline ``pipeline_id`` has committed a batch newer than ``after_batch_id``
+    (continuous mode), or, with ``for_data_interval=True``, the batch of this run's data interval
+    (an interval-mode pipeline on the same schedule). XCom: the committed batch id.
 
     :param pipeline_id: the pipeline to watch. (templated)
     :param after_batch_id: wait for a committed batch id greater than this; -1 = any. (templated)
+    :param for_data_interval: wait for the interval-mode batch of this run's data interval.
     :param deferrable: hand the wait to the triggerer.
     """
 
     template_fields: Sequence[str] = ("pipeline_id", "after_batch_id")
 
-    def __init__(self, *, pipeline_id: str, after_batch_id: int | str = -1,
+    def __init__(self, *, pipeline_id: str, after_batch_id: int | str = -1, for_data_interval: bool = False,
                  offset_store_conn_id: str = "eo_offset_store", deferrable: bool = False,
                  poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pipeline_id, self.after_batch_id = pipeline_id, after_batch_id
+        self.pipeline_id, self.after_batch_id, self.for_data_interval = pipeline_id, after_batch_id, for_data_interval
         self.offset_store_conn_id, self.deferrable, self.poll_interval = offset_store_conn_id, deferrable, poll_interval
+        self._interval: list[str] | None = None
+
+    def _resolve_interval(self, context: Context) -> list[str] | None:
+        if not self.for_data_interval:
+            return None
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        if start is None or end is None:
+            raise ConfigurationError("for_data_interval=True: this run has no data interval (manual or "
+                                     "asset-triggered run); run it on a schedule or as a backfill")
+        return [start.isoformat(), end.isoformat()]
 
     def poke(self, context: Context) -> PokeReturnValue:
-        latest = latest_committed_batch(self.pipeline_id, self.offset_store_conn_id)
-        return PokeReturnValue(is_done=latest is not None and latest > int(self.after_batch_id), xcom_value=latest)
+        self._interval = self._resolve_interval(context)
+        found = committed_batch(self.pipeline_id, self.offset_store_conn_id, int(self.after_batch_id), self._interval)
+        return PokeReturnValue(is_done=found is not None, xcom_value=found)
 
     def trigger(self) -> BatchCommittedTrigger:
         return BatchCommittedTrigger(self.pipeline_id, int(self.after_batch_id), self.offset_store_conn_id,
-                                     self.poll_interval)
+                                     self.poll_interval, self._interval)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
         return int(event["batch_id"])

@@ -21,10 +21,21 @@ def measure_backlog(pipeline_id: str, topics: Sequence[str], starting_offsets: s
     return backlog(partitions, committed)
 
 
-def latest_committed_batch(pipeline_id: str, offset_store_conn_id: str) -> int | None:
+def committed_batch(pipeline_id: str, offset_store_conn_id: str, after_batch_id: int = -1,
+                    interval: Sequence[str] | None = None) -> int | None:
+    """The id of a committed batch newer than ``after_batch_id``, or of the interval's committed batch; else None."""
+    from datetime import datetime
+
+    from airflow_eo.core.planning import Interval
+    from airflow_eo.core.states import BatchState
     from airflow_eo.hooks.mysql import OffsetStoreHook
 
-    return OffsetStoreHook(offset_store_conn_id).get_store().latest_committed_batch_id(pipeline_id)
+    store = OffsetStoreHook(offset_store_conn_id).get_store()
+    if interval is not None:
+        batch = store.batch_for_interval(pipeline_id, Interval(*(datetime.fromisoformat(t) for t in interval)))
+        return batch.batch_id if batch is not None and batch.state == BatchState.COMMITTED else None
+    latest = store.latest_committed_batch_id(pipeline_id)
+    return latest if latest is not None and latest > after_batch_id else None
 
 
 class KafkaBacklogTrigger(BaseTrigger):
@@ -69,24 +80,28 @@ class KafkaBacklogTrigger(BaseTrigger):
 
 
 class BatchCommittedTrigger(BaseTrigger):
-    """Fires when the pipeline has committed a batch newer than ``after_batch_id`` (continuous mode)."""
+    """Fires when the pipeline has committed a batch newer than ``after_batch_id`` (continuous mode),
+    or the batch of ``interval`` (interval mode: ISO-8601 start and end)."""
 
     def __init__(self, pipeline_id: str, after_batch_id: int = -1, offset_store_conn_id: str = "eo_offset_store",
-                 poll_interval: float = 10.0) -> None:
+                 poll_interval: float = 10.0, interval: Sequence[str] | None = None) -> None:
         super().__init__()
         self.pipeline_id, self.after_batch_id = pipeline_id, after_batch_id
         self.offset_store_conn_id, self.poll_interval = offset_store_conn_id, poll_interval
+        self.interval = list(interval) if interval is not None else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "pipeline_id": self.pipeline_id, "after_batch_id": self.after_batch_id,
             "offset_store_conn_id": self.offset_store_conn_id, "poll_interval": self.poll_interval,
+            "interval": self.interval,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
-            latest = await asyncio.to_thread(latest_committed_batch, self.pipeline_id, self.offset_store_conn_id)
-            if latest is not None and latest > self.after_batch_id:
-                yield TriggerEvent({"status": "committed", "batch_id": latest})
+            found = await asyncio.to_thread(committed_batch, self.pipeline_id, self.offset_store_conn_id,
+                                            self.after_batch_id, self.interval)
+            if found is not None:
+                yield TriggerEvent({"status": "committed", "batch_id": found})
                 return
             await asyncio.sleep(self.poll_interval)

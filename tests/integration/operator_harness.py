@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import pymysql
@@ -36,8 +37,12 @@ def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None,
                                    topics=[topic], schema=page_views.SCHEMA, sink=sink, **kwargs)
 
 
-def run(op: KafkaMicroBatchOperator, run_id: str | None = None) -> dict[str, Any]:
-    return op.execute({"run_id": run_id or f"manual__{uuid.uuid4().hex}"})
+def run(op: KafkaMicroBatchOperator, run_id: str | None = None,
+        interval: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
+    context: dict[str, Any] = {"run_id": run_id or f"manual__{uuid.uuid4().hex}"}
+    if interval is not None:
+        context.update(data_interval_start=interval[0], data_interval_end=interval[1])
+    return op.execute(context)
 
 
 def adapters(sink: MySqlUpsertSink, transform: Any = None) -> dict[str, Any]:

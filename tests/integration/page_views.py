@@ -38,15 +38,18 @@ def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
 
 
 def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,
-            env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, timeout: float = 600,
+            conf: dict[str, Any] | None = None) -> subprocess.CompletedProcess:
     """Run the DAG with ``dag.test()`` in a child process (so that it can be SIGKILLed for real)."""
     child_env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
     child_env.update(env or {})
     if fault:
         child_env["AIRFLOW_EO_FAULT"] = fault
     logical_date = logical_date or datetime.now(timezone.utc)
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()],
-                          env=child_env, capture_output=True, text=True, timeout=timeout)
+    args = [sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()]
+    if conf is not None:
+        args.append(json.dumps(conf))
+    return subprocess.run(args, env=child_env, capture_output=True, text=True, timeout=timeout)
 
 
 def sink_state(mysql_kwargs: dict[str, Any]) -> tuple[dict[str, int], list[str]]:

@@ -1,0 +1,54 @@
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_eo.core.errors import ConfigurationError, DataLossError, IntervalNotReadyError
+from airflow_eo.core.planning import Interval, IntervalOffsets, check_replayable, plan_interval
+from airflow_eo.core.ranges import OffsetRange
+
+T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
+HOUR = timedelta(hours=1)
+
+
+def hour(h: int) -> Interval:
+    return Interval(T0 + h * HOUR, T0 + (h + 1) * HOUR)
+
+
+def test_adjacent_intervals_share_their_boundary_offset():
+    # offsets_for_times of the boundaries 0h, 1h, 2h on two partitions
+    at = {0: {0: 0, 1: 3}, 1: {0: 10, 1: 3}, 2: {0: 25, 1: 9}}
+    plans = [plan_interval([IntervalOffsets("t", p, 0, 30, at[h][p], at[h + 1][p]) for p in (0, 1)], hour(h))
+             for h in (0, 1)]
+    assert plans[0].ranges == [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 3, 3)]
+    assert plans[1].ranges == [OffsetRange("t", 0, 10, 25), OffsetRange("t", 1, 3, 9)]
+
+
+def test_an_interval_whose_end_was_not_reached_is_not_planned():
+    with pytest.raises(IntervalNotReadyError, match=r"t\[1\] \(last stable offset 7\)"):
+        plan_interval([IntervalOffsets("t", 0, 0, 30, 0, 10), IntervalOffsets("t", 1, 0, 7, 2, None)], hour(0))
+
+
+def test_an_end_inside_an_open_transaction_is_not_ready():
+    with pytest.raises(IntervalNotReadyError, match="open transaction"):
+        plan_interval([IntervalOffsets("t", 0, 0, 5, 0, 8)], hour(0))
+
+
+def test_an_empty_interval_is_an_empty_range():
+    plan = plan_interval([IntervalOffsets("t", 0, 0, 30, 12, 12)], hour(0))
+    assert plan.ranges == [OffsetRange("t", 0, 12, 12)] and plan.is_empty
+
+
+def test_replay_fails_when_retention_deleted_part_of_the_recorded_ranges():
+    check_replayable([IntervalOffsets("t", 0, 5, 30, None, None)], [OffsetRange("t", 0, 5, 9)])
+    with pytest.raises(DataLossError, match=r"t\[0\] offsets 2..4"):
+        check_replayable([IntervalOffsets("t", 0, 5, 30, None, None)], [OffsetRange("t", 0, 2, 9)])
+
+
+def test_intervals_need_time_zones_and_a_positive_length():
+    with pytest.raises(ConfigurationError, match="time zone"):
+        Interval(datetime(2026, 1, 1), datetime(2026, 1, 2))
+    with pytest.raises(ConfigurationError, match="is empty"):
+        Interval(T0, T0)
+    local = timezone(timedelta(hours=2))
+    assert Interval(T0.astimezone(local), T0.astimezone(local) + HOUR).start == T0
+    assert hour(0).end_ms - hour(0).start_ms == 3_600_000

@@ -1,0 +1,52 @@
+"""What the operator refuses at DAG parse time (no stack needed)."""
+
+from datetime import datetime, timedelta
+
+import pytest
+from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable
+
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.operators import KafkaMicroBatchOperator
+from airflow_eo.operators.micro_batch import sink_asset_alias
+from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
+
+UPSERT = MySqlUpsertSink(table="t", key_columns=["id"])
+
+
+def op(**kwargs):
+    defaults = {"task_id": "mb", "topics": ["t"], "value_format": "string", "sink": UPSERT}
+    return KafkaMicroBatchOperator(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("sink", [MySqlXaSink(table="t", key_columns=["id"], updates={"n": "add"}),
+                                  MySqlXaSink(table="t", key_columns=["id"]),
+                                  KafkaTransactionalSink(topic="out")])
+def test_interval_mode_refuses_sinks_a_replay_would_double_count(sink):
+    with pytest.raises(ConfigurationError, match="replay-safe sink, MySqlUpsertSink"):
+        op(mode="interval", sink=sink)
+
+
+def test_interval_mode_refuses_a_record_cap_and_unknown_modes():
+    with pytest.raises(ConfigurationError, match="drop max_records_per_run"):
+        op(mode="interval", max_records_per_run=10)
+    with pytest.raises(ConfigurationError, match="supported modes are continuous, interval"):
+        op(mode="hourly")
+
+
+def test_interval_mode_refuses_a_schedule_with_zero_length_intervals():
+    with DAG("zero", schedule="@hourly", start_date=datetime(2026, 1, 1)):
+        with pytest.raises(ConfigurationError, match="CronDataIntervalTimetable"):
+            op(mode="interval")
+    with DAG("hourly", schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"), start_date=datetime(2026, 1, 1)):
+        op(mode="interval")
+    with DAG("trigger_with_interval", schedule=CronTriggerTimetable("@hourly", timezone="UTC",
+                                                                    interval=timedelta(hours=1)),
+             start_date=datetime(2026, 1, 1)):
+        op(mode="interval")
+
+
+def test_the_operator_declares_its_sink_asset_alias_as_outlet():
+    with DAG("reuse", schedule=None, start_date=datetime(2026, 1, 1)):
+        task = op(task_id="store")
+    assert sink_asset_alias("reuse", "store") in task.outlets
+    assert sink_asset_alias("reuse", "store").name == "airflow_eo:reuse.store"
