@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +118,42 @@ def assert_exactly_once(mysql_kwargs: dict[str, Any], bootstrap: str, pipeline: 
     assert committed_offsets(mysql_kwargs, pipeline) == truth.end_offsets, "offsets are not at the end of the topic"
     assert_contiguous(batch_rows(mysql_kwargs, pipeline))
     return truth
+
+
+# --------------------------------------------------------------------------- interval mode
+
+HOUR = timedelta(hours=1)
+# Recent past hours: Kafka's retention (7 days) deletes segments by their records' timestamps.
+T0 = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) - 8 * HOUR
+
+
+def hour(h: int) -> tuple[datetime, datetime]:
+    return T0 + h * HOUR, T0 + (h + 1) * HOUR
+
+
+def produce_hours(bootstrap: str, topic: str, counts: list[int]) -> list[dict[str, Any]]:
+    """``counts[h]`` events spread over hour h, in time order."""
+    stamps = [hour(h)[0] + (k + 1) * HOUR / (n + 1) for h, n in enumerate(counts) for k in range(n)]
+    return page_views.produce_page_views(bootstrap, 0, topic, timestamps=stamps)
+
+
+def hours_truth(events: list[dict[str, Any]], *hours: int) -> set[str]:
+    def in_hours(ts: str) -> bool:
+        moment = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        return any(hour(h)[0] <= moment < hour(h)[1] for h in hours)
+
+    return {e["event_id"] for e in events if in_hours(e["ts"])}
+
+
+def table_rows(mysql_kwargs: dict[str, Any], table: str) -> list[tuple]:
+    return _rows(mysql_kwargs, f"SELECT event_id, app_id, user_id, ts FROM {table} ORDER BY event_id")
+
+
+def _rows(mysql_kwargs: dict[str, Any], sql: str) -> list[tuple]:
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+    finally:
+        conn.close()

@@ -13,12 +13,17 @@ from datetime import datetime, timezone
 import pytest
 
 from airflow_eo.examples.page_views import produce_page_views
+from tests.conftest import create_topic
+from tests.integration.operator_harness import rows
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
     XA_PIPELINE,
     assert_exactly_once,
     batch_rows,
+    hour,
+    hours_truth,
     our_prepared_branches,
+    produce_hours,
     reset,
     run_dag,
     sink_state,
@@ -58,3 +63,29 @@ def test_xa_sink_survives_sigkill(point, bootstrap, mysql_kwargs, airflow_db):
 @pytest.mark.parametrize("point", UPSERT_POINTS)
 def test_upsert_sink_survives_sigkill(point, bootstrap, mysql_kwargs, airflow_db):
     crash_then_recover("page_view_events_upsert", UPSERT_PIPELINE, point, bootstrap, mysql_kwargs)
+
+
+def test_hourly_interval_dag_survives_sigkill_and_replays_the_same_hour(bootstrap, mysql_kwargs, airflow_db,
+                                                                       topic_name):
+    """page_view_events_hourly (interval mode) killed while its executors write, then the hour again."""
+    create_topic(bootstrap, topic_name, 3)
+    events = produce_hours(bootstrap, topic_name, [200, 300, 60])  # hour 2 ends hour 1 on every partition
+    pipeline, conf = f"page_view_events_hourly.{topic_name}", {"topic": topic_name}
+    ours = f"SELECT event_id FROM page_view_events_hourly WHERE event_id IN ({', '.join(['%s'] * len(events))})"
+
+    def sink_ids() -> set[str]:
+        return {r[0] for r in rows(mysql_kwargs, ours, tuple(e["event_id"] for e in events))}
+
+    # dag.test infers the manual data interval from the logical date: the hour that ends there.
+    crashed = run_dag("page_view_events_hourly", hour(1)[1], fault="during_write", conf=conf)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["planned"]
+
+    retried = run_dag("page_view_events_hourly", hour(1)[1], conf=conf)  # the same run again
+    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert sink_ids() == hours_truth(events, 1)
+    earlier = run_dag("page_view_events_hourly", hour(0)[1], conf=conf)  # a backfilled earlier hour
+    assert earlier.returncode == 0, earlier.stdout[-3000:] + earlier.stderr[-3000:]
+    assert sink_ids() == hours_truth(events, 0, 1)
+    h0, h1 = sorted((b["ranges"] for b in batch_rows(mysql_kwargs, pipeline)), key=lambda r: r[0]["from_offset"])
+    assert [r["until_offset"] for r in h0] == [r["from_offset"] for r in h1]

@@ -1,0 +1,84 @@
+"""Interval mode against the real stack: each batch is exactly the records of its data interval.
+
+Events are produced with Kafka timestamps in fixed past hours (ascending, as a producer
+replaying history would). The ground truth of an hour is the events whose own timestamp
+falls in it, computed from what was produced, not from offsets.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotReadyError, PipelineConflictError
+from airflow_eo.core.planning import Interval
+from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.sinks import MySqlUpsertSink
+from tests.conftest import create_topic
+from tests.integration.operator_harness import events_table, operator, rows, run
+from tests.integration.page_views import hour, hours_truth, produce_hours, table_rows
+
+
+def test_intervals_are_exact_contiguous_and_replays_change_nothing(bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 3)
+    events = produce_hours(bootstrap, topic_name, [40, 60, 30, 60])  # hour 3 ends hour 2 on every partition
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), mode="interval")
+
+    later = run(op, "backfill__h1", interval=hour(1))  # out of order, as a backfill may run them
+    earlier = run(op, "backfill__h0", interval=hour(0))
+    assert (later["mode"], later["interval"]["start"]) == ("interval", hour(1)[0].isoformat())
+    assert {r[0] for r in table_rows(mysql_kwargs, table)} == hours_truth(events, 0, 1)
+    ends = {r["partition"]: r["until_offset"] for r in earlier["ranges"]}
+    assert {r["partition"]: r["from_offset"] for r in later["ranges"]} == ends  # contiguous, no overlap
+    assert later["records_in"] == len(hours_truth(events, 1)) and earlier["records_in"] == len(hours_truth(events, 0))
+
+    before = table_rows(mysql_kwargs, table)
+    replay = run(op, "scheduled__other_run_same_hour", interval=hour(1))  # a clear / reprocessing backfill
+    assert replay["replayed"] and replay["batch_id"] == later["batch_id"] and replay["ranges"] == later["ranges"]
+    assert table_rows(mysql_kwargs, table) == before
+
+    run(op, interval=hour(2))
+    assert {r[0] for r in table_rows(mysql_kwargs, table)} == hours_truth(events, 0, 1, 2)
+
+    with pytest.raises(IntervalNotReadyError, match="not complete yet"):
+        run(op, interval=hour(3))  # nothing at or after 04:00 yet on any partition
+    with pytest.raises(ConfigurationError, match="has no data interval"):
+        op.execute({"run_id": "manual__no_interval"})
+    batches = rows(mysql_kwargs, "SELECT state, interval_start FROM eo_batch WHERE pipeline_id = %s "
+                   "ORDER BY interval_start", (op.pipeline_id,))
+    assert batches == [("committed", hour(h)[0].replace(tzinfo=None)) for h in (0, 1, 2)]  # hour 3 never planned
+    assert {r[0] for r in table_rows(mysql_kwargs, table)} == hours_truth(events, 0, 1, 2)
+
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [(f"kafka://{bootstrap}", topic_name)]
+    assert [(d.namespace, d.name) for d in lineage.outputs] == [
+        (f"mysql://{mysql_kwargs['host']}:{mysql_kwargs['port']}", f"{mysql_kwargs['database']}.{table}")]
+
+
+def test_concurrent_intervals_fence_only_their_own_attempts(topic_name):
+    store = OffsetStoreHook().get_store()
+    pipeline = f"iv_{topic_name}"
+    a, b = (Interval(*hour(h)) for h in (0, 1))
+    old_a = store.take_interval(pipeline, a)
+    epoch_b = store.take_interval(pipeline, b)
+    batch_a = store.insert_batch(pipeline, old_a, "run-a", [OffsetRange("t", 0, 0, 5)], [], interval=a)
+    batch_b = store.insert_batch(pipeline, epoch_b, "run-b", [OffsetRange("t", 0, 5, 9)], [], interval=b)
+    new_a = store.take_interval(pipeline, a)  # a newer attempt of interval a (a retry or a zombie's successor)
+    with pytest.raises(FencedError, match="interval"):
+        store.commit_batch(batch_a, old_a, {})
+    store.commit_batch(batch_b, epoch_b, {})  # interval b is not fenced by interval a's attempts
+    store.commit_batch(store.adopt_batch(batch_a, new_a), new_a, {})
+    assert store.batch_for_interval(pipeline, a).state.value == "committed"
+    assert store.committed_offsets(pipeline) == {}  # interval batches move no running position
+
+
+def test_a_pipeline_id_declared_by_two_tasks_is_refused_naming_both(topic_name):
+    store = OffsetStoreHook().get_store()
+    pipeline = f"own_{topic_name}"
+    assert store.take_pipeline(pipeline, owner="dag_a.store") == 1
+    with pytest.raises(PipelineConflictError, match=r"belongs to dag_a\.store, and dag_b\.store declares"):
+        store.take_pipeline(pipeline, owner="dag_b.store")
+    assert store.take_pipeline(pipeline, owner="dag_a.store") == 2  # the refused take fenced nobody
+    with pytest.raises(PipelineConflictError, match="ran in continuous mode"):
+        store.take_interval(pipeline, Interval(*hour(0)), owner="dag_a.store")
