@@ -141,7 +141,7 @@ def reset(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
         with conn.cursor() as cur:
             for table in TABLES_DDL:
                 cur.execute(f"TRUNCATE TABLE {table}")
-            for table in ("eo_offset", "eo_batch", "eo_pipeline"):
+            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_pipeline"):
                 cur.execute("SHOW TABLES LIKE %s", (table,))
                 if cur.fetchone():
                     cur.execute(f"DELETE FROM {table} WHERE pipeline_id IN %s", (list(pipelines),))

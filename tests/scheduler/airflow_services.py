@@ -98,8 +98,127 @@ def iso(moment: datetime | str) -> str:
     return moment.isoformat()
 
 
+def postgres_bin_dir() -> Path | None:
+    """The folder of PostgreSQL's server programs (``initdb``, ``postgres``), or None if not installed."""
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).resolve().parent
+    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return installed[-1].parent if installed else None
+
+
+class LocalPostgres:
+    """A throwaway PostgreSQL cluster on 127.0.0.1:<free port> (``trust`` auth, no fsync), database ``airflow``.
+
+    As root, the cluster runs as the ``postgres`` OS user (PostgreSQL refuses to run as root); its data lives in
+    its own temporary directory, which that user owns.
+    """
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.port = 0
+        self.dir: Path | None = None
+        self.process: ServiceProcess | None = None
+        bin_dir = postgres_bin_dir()
+        if bin_dir is None:
+            raise AirflowServicesError(
+                "PostgreSQL server programs not found (initdb): apt-get install postgresql "
+                "(and pip install psycopg2-binary asyncpg), or use metadata_db='sqlite'"
+            )
+        self.bin_dir = bin_dir
+        self._user: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            import pwd
+
+            entry = pwd.getpwnam("postgres")
+            self._user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the ``airflow`` database (psycopg2; Airflow derives ``postgresql+asyncpg`` from it)."""
+        return f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/airflow"
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin_dir / args[0]), *args[1:]],
+            cwd=self.dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            **self._user,
+        )
+
+    def start(self, timeout: float = 60.0) -> None:
+        """initdb, start ``postgres`` in its own process group, create the ``airflow`` database."""
+        self.dir = Path(tempfile.mkdtemp(prefix="airflow-services-pg-"))
+        if self._user:
+            os.chown(self.dir, self._user["user"], self._user["group"])
+        data = self.dir / "data"
+        done = self._run(
+            "initdb", "-D", str(data), "-U", "airflow", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"
+        )
+        if done.returncode != 0:
+            raise AirflowServicesError(f"initdb failed:\n{done.stdout[-4000:]}")
+        self.port = free_loopback_port()
+        server_args = [
+            "-D",
+            str(data),
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.dir),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+        ]
+        with open(self.log_path, "ab") as log_file:
+            popen = subprocess.Popen(
+                [str(self.bin_dir / "postgres"), *server_args],
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **self._user,
+            )
+        self.process = ServiceProcess(name="postgres", popen=popen, log_path=self.log_path)
+        deadline = time.monotonic() + timeout
+        while True:
+            created = self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "airflow", "airflow")
+            if created.returncode == 0:
+                return
+            if not self.process.running or time.monotonic() > deadline:
+                raise AirflowServicesError(
+                    f"postgres did not come up: {created.stdout}\n--- {self.log_path} ---\n{tail(self.log_path)}"
+                )
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Fast shutdown (SIGINT), SIGKILL of the process group after ``timeout``; removes the cluster."""
+        if self.process is not None:
+            _signal_group(self.process.popen.pid, signal.SIGINT)
+            try:
+                self.process.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.popen.pid, signal.SIGKILL)
+                self.process.popen.wait(timeout=5)
+            self.process = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
 class AirflowServices:
-    """A throwaway Airflow 3 deployment (SQLite, LocalExecutor) bound to 127.0.0.1, as a context manager."""
+    """A throwaway Airflow 3 deployment (LocalExecutor, PostgreSQL or SQLite) on 127.0.0.1, as a context manager."""
 
     def __init__(
         self,
@@ -109,6 +228,7 @@ class AirflowServices:
         base_dir: Path | str | None = None,
         triggerer: bool = False,
         parallelism: int = 2,
+        metadata_db: str = "postgres",
         all_admins: bool = True,
         dags_paused_at_creation: bool = True,
         startup_timeout: float = 120.0,
@@ -123,14 +243,20 @@ class AirflowServices:
         :param base_dir: where AIRFLOW_HOME, the database and the service logs go; a new temporary directory
             (removed at exit) if omitted, else kept for inspection.
         :param triggerer: also run ``airflow triggerer`` (deferrable operators/sensors).
+        :param metadata_db: ``postgres`` (a private cluster, see ``LocalPostgres``) or ``sqlite`` (a file in
+            AIRFLOW_HOME; fine for plain scheduling, NOT for backfills: see the module docstring).
+        :param all_admins: ``[core] simple_auth_manager_all_admins``; if False, ``token()`` logs in as ``admin``.
         """
+        if metadata_db not in ("postgres", "sqlite"):
+            raise ValueError(f"metadata_db must be 'postgres' or 'sqlite', not {metadata_db!r}")
         self.dags_folder = Path(dags_folder).resolve()
         self.extra_env = dict(env or {})
         self._owns_base_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="airflow-services-")).resolve()
         self.home = self.base_dir / "airflow_home"
         self.log_dir = self.base_dir / "logs"
-        self.db_path = self.home / "airflow.db"
+        self.metadata_db = metadata_db
+        self.postgres: LocalPostgres | None = None
         self.with_triggerer = triggerer
         self.parallelism = parallelism
         self.all_admins = all_admins
@@ -180,9 +306,7 @@ class AirflowServices:
             "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
             # Re-serialise changed DAG files (and revalidate the api-server's DAG cache) within seconds.
             "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "5",
-            # Airflow itself switches SQLite to WAL on connect (utils/orm_event_handlers.py); a 30 s busy timeout
-            # (pysqlite's default is 5 s) lets a writer wait out the scheduler's and the api-server's writes.
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.db_path}?timeout=30",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_alchemy_conn(),
             # Auth: every request is admin; GET /auth/token returns a JWT without credentials.
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": str(self.all_admins),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN",
@@ -215,21 +339,34 @@ class AirflowServices:
         }
         return {**inherited, **airflow_env, **self.extra_env}
 
+    def sql_alchemy_conn(self) -> str:
+        """``[database] sql_alchemy_conn`` of this deployment."""
+        if self.postgres is not None:
+            return self.postgres.url
+        # Airflow switches SQLite to WAL itself (utils/orm_event_handlers.py); a 30 s busy timeout (pysqlite's
+        # default is 5 s) lets a writer wait out the other processes' writes.
+        return f"sqlite:///{self.home / 'airflow.db'}?timeout=30"
+
     def start(self) -> None:
-        """Migrate a fresh database, start the services and wait until /api/v2/monitor/health is all healthy."""
+        """Fresh metadata database and ``db migrate``, start the services, wait until all report healthy."""
         begin = time.monotonic()
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.dags_folder.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({"admin": self._admin_password}) + "\n")
+        if self.metadata_db == "postgres":
+            self.postgres = LocalPostgres(self.log_dir / "postgres.log")
+            self.postgres.start()
+            self.timings["postgres_start_s"] = time.monotonic() - begin
         self.port = free_loopback_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.env = self.build_env()
 
+        migrating = time.monotonic()
         migrated = self.airflow_cli("db", "migrate", timeout=180, log_name="db-migrate")
         if migrated.returncode != 0:
             raise AirflowServicesError(f"airflow db migrate failed:\n{migrated.stdout[-4000:]}")
-        self.timings["db_migrate_s"] = time.monotonic() - begin
+        self.timings["db_migrate_s"] = time.monotonic() - migrating
 
         started = time.monotonic()
         self._spawn("api-server", "api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1")
@@ -275,6 +412,9 @@ class AirflowServices:
             except subprocess.TimeoutExpired:
                 pass
         self.processes = []
+        if self.postgres is not None:
+            self.postgres.stop()
+            self.postgres = None
         if self._owns_base_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -343,21 +483,24 @@ class AirflowServices:
         *,
         params: Mapping[str, Any] | None = None,
         ok: Iterable[int] = (200, 201, 204),
-        retry_unavailable: int = 10,
+        attempts: int = 10,
     ) -> Any:
         """Call ``/api/v2<path>`` with the bearer token; the decoded JSON body (``None`` if empty).
 
-        503 responses (SQLite ``database is locked`` under concurrent writes, see
-        ``api_fastapi/core_api/routes/public/backfills.py``) are retried ``retry_unavailable`` times.
+        Retried (``attempts`` in all): 503 on any method -- SQLite ``database is locked``, which e.g.
+        ``POST /backfills`` maps to 503 after cleaning up (``api_fastapi/core_api/routes/public/backfills.py``) --
+        and 500 on GET: Airflow 3.3.2 fails to serialise an asset event whose created run is still queued
+        (``start_date`` NULL, apache/airflow#71360, fixed after 3.3.2 by #71379).
         """
         url = path if path.startswith("/api/") else f"/api/v2{path}"
-        for attempt in range(retry_unavailable + 1):
+        retry_on = {503, 500} if method.upper() == "GET" else {503}
+        for attempt in range(1, attempts + 1):
             response = self.client.request(
                 method, url, json=json, params=params, headers={"Authorization": f"Bearer {self.token()}"}
             )
-            if response.status_code != 503 or attempt == retry_unavailable:
+            if response.status_code not in retry_on or attempt == attempts:
                 break
-            time.sleep(min(0.5 * (attempt + 1), 3.0))
+            time.sleep(min(0.5 * attempt, 3.0))
         if response.status_code not in set(ok):
             raise AirflowServicesError(f"{method} {url} -> {response.status_code}: {response.text[:2000]}")
         return response.json() if response.content else None
@@ -383,7 +526,8 @@ class AirflowServices:
         return self._poll(healthy, timeout, lambda: f"services not healthy; last health: {last}")
 
     def _raise_if_a_service_died(self) -> None:
-        for service in self.processes:
+        services = self.processes + ([self.postgres.process] if self.postgres and self.postgres.process else [])
+        for service in services:
             if not service.running:
                 raise AirflowServicesError(
                     f"airflow {service.name} exited with {service.popen.returncode}\n"
@@ -635,7 +779,8 @@ class AirflowServices:
     def diagnostics(self, dag_id: str | None = None, log_lines: int = 60) -> str:
         """Service log tails, and for ``dag_id`` its runs, task states and the logs of unsuccessful tasks."""
         parts = [f"AIRFLOW_HOME={self.home} service logs in {self.log_dir}"]
-        for service in self.processes:
+        services = self.processes + ([self.postgres.process] if self.postgres and self.postgres.process else [])
+        for service in services:
             state = "running" if service.running else f"exited {service.popen.returncode}"
             parts.append(f"--- {service.name} ({state}) {service.log_path} ---\n{tail(service.log_path, log_lines)}")
         if dag_id:
