@@ -12,6 +12,7 @@ from airflow.exceptions import TaskDeferred
 from confluent_kafka import Producer
 
 from airflow_eo.adapters.offset_store import OffsetStore
+from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.sensors import BatchCommittedSensor, KafkaBacklogSensor
 from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
@@ -84,3 +85,31 @@ def test_batch_committed_sensor_and_trigger(mysql_kwargs):
     assert event.payload == {"status": "committed", "batch_id": 1}
     assert sensor.execute_complete({}, event.payload) == 1
     assert not BatchCommittedSensor(task_id="w", pipeline_id=pipeline, after_batch_id=1).poke({}).is_done
+
+
+def test_batch_committed_sensor_waits_for_its_data_interval(mysql_kwargs):
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_eo.core.planning import Interval
+
+    pipeline = f"p_{uuid.uuid4().hex[:8]}"
+    start = datetime(2026, 11, 20, 5, tzinfo=timezone.utc)
+    hours = [Interval(start + timedelta(hours=h), start + timedelta(hours=h + 1)) for h in (0, 1)]
+    context = {"data_interval_start": hours[1].start, "data_interval_end": hours[1].end}
+    sensor = BatchCommittedSensor(task_id="wait", pipeline_id=pipeline, for_data_interval=True, deferrable=True,
+                                  poll_interval=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    trigger = BatchCommittedTrigger(**deferred.value.trigger.serialize()[1])
+    store = OffsetStore(mysql_kwargs)
+    batches = {}
+    for interval in hours:
+        epoch = store.take_interval(pipeline, interval)
+        batches[interval] = (store.insert_batch(pipeline, epoch, "r", [], [], interval=interval), epoch)
+    store.commit_batch(*batches[hours[0]], {})  # another hour committed: not ours
+    assert not sensor.poke(context).is_done
+    store.commit_batch(*batches[hours[1]], {})
+    event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=30))
+    assert event.payload == {"status": "committed", "batch_id": batches[hours[1]][0].batch_id}
+    with pytest.raises(ConfigurationError, match="no data interval"):
+        sensor.poke({})
