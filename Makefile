@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv up down status demo test lint clean
+.PHONY: venv up down status demo test lint clean postgres
 
 venv: $(STAMP)
 
@@ -32,7 +32,15 @@ status:
 demo: up
 	. .stack/env && $(PY) scripts/demo.py
 
-test: up
+# The scheduler tests (tests/scheduler) run a throwaway PostgreSQL cluster as Airflow's metadata
+# database (backfills refuse SQLite): they need Debian's server programs, not a running server.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "PostgreSQL is missing and apt-get is not available: install postgresql"; exit 1; }; \
+	  echo "installing PostgreSQL from Debian's packages (metadata database of the scheduler tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+test: up postgres
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts
 	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)
 

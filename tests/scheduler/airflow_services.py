@@ -1,34 +1,42 @@
-"""A real Airflow deployment on loopback for integration tests: api-server, scheduler, dag-processor, triggerer.
+"""A real Airflow 3 deployment on loopback for integration tests: api-server, scheduler, dag-processor, triggerer.
 
-``AirflowServices`` creates a fresh ``AIRFLOW_HOME`` with a SQLite metadata database, runs ``airflow db migrate``
-and starts the services as subprocesses (own process groups, logs in ``<base_dir>/logs``). Tests drive it through
-the public REST API (``/api/v2``) and the ``airflow`` CLI, exactly like a user would::
+``AirflowServices`` creates a fresh ``AIRFLOW_HOME`` and metadata database, runs ``airflow db migrate`` and starts
+the services as subprocesses (each in its own process group, output in ``<base_dir>/logs/<service>.log``). Tests
+drive it through the public REST API (``/api/v2``) and the ``airflow`` CLI, as a user would::
 
     with AirflowServices(dags_folder, env={"AIRFLOW_CONN_MYSQL_DEFAULT": uri}) as airflow:
         airflow.wait_for_dag("my_dag")
         airflow.unpause("my_dag")
         backfill = airflow.create_backfill("my_dag", start, end)
-        airflow.wait_for_backfill(backfill["id"])
+        airflow.wait_for_runs("my_dag", [r["dag_run_id"] for r in airflow.backfill_runs(backfill)])
 
-Choices (read from the installed Airflow 3.3.2 sources):
+Choices, from the installed Airflow 3.3.2 sources:
 
-* SQLite + LocalExecutor is supported: Airflow 3 has no SQLite/executor validation any more
-  (``configuration.py`` only checks the SQLite version; ``config.yml`` defaults are ``LocalExecutor`` and
-  ``sqlite:///{AIRFLOW_HOME}/airflow.db``; ``airflow standalone`` runs exactly this pair). Task processes never open
-  the database: they talk to the api-server's execution API. WAL journal mode is switched on after the migration so
-  readers (api-server) do not block the writer (scheduler).
+* Metadata database: PostgreSQL by default (``LocalPostgres``: Debian's ``postgresql`` server programs, drivers
+  ``psycopg2-binary`` + ``asyncpg``). Airflow 3 does accept SQLite with the LocalExecutor (no check left in
+  ``configuration.py``; ``airflow standalone`` runs that pair) and ``metadata_db="sqlite"`` works for plain
+  scheduling, but not for backfills: backfill creation (REST or CLI) races the scheduler's writes, the API answers
+  503 "Backfill creation is not supported on SQLite under concurrent access. Please use PostgreSQL or MySQL"
+  (``api_fastapi/core_api/routes/public/backfills.py``), and once its clean-up deleted runs the scheduler had
+  loaded, which killed the scheduler (``StaleDataError``).
 * Auth: ``SimpleAuthManager`` with ``[core] simple_auth_manager_all_admins`` makes ``GET /auth/token`` hand out an
-  admin JWT without credentials (``api_fastapi/auth/managers/simple/routes/login.py``). With
-  ``all_admins=False`` an ``admin:ADMIN`` user with a known password (passwords file) logs in via
+  admin JWT without credentials (``api_fastapi/auth/managers/simple/routes/login.py``). With ``all_admins=False``
+  an ``admin:ADMIN`` user whose password is in ``[core] simple_auth_manager_passwords_file`` logs in through
   ``POST /auth/token``.
-* ``--skip-serve-logs`` for scheduler and triggerer: their log servers bind ``0.0.0.0:8793/8794`` (fixed ports,
-  ``utils/serve_logs/core.py``); task logs are local files the api-server reads directly.
-* Only one backfill per DAG may be active at a time (``models/backfill.py``); wait for one to complete
-  (``wait_for_backfill``) before creating the next.
+* Everything binds 127.0.0.1: the api-server (``--host``, ``[api] host``), PostgreSQL (``listen_addresses``).
+  Scheduler and triggerer run with ``--skip-serve-logs``: their log servers would bind ``0.0.0.0``
+  (``utils/serve_logs/core.py``); task logs are local files that the api-server reads itself.
+* Workers reach the execution API through ``[core] execution_api_server_url`` = ``<base_url>/execution/``. The
+  api-server builds that app on its first request (~5 s of CPU here), longer than a task's 5 s client timeout
+  (``[workers] execution_api_timeout``), so ``start()`` makes that first request itself.
+* One backfill per DAG may be active (``models/backfill.py``) and the scheduler marks backfills completed only
+  every 30 s (``_mark_backfills_complete`` in ``jobs/scheduler_job_runner.py``, not configurable): wait for the
+  runs (``wait_for_runs``), and call ``wait_for_backfill`` only before the next backfill of the same DAG.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -89,6 +97,11 @@ def tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def from_iso(value: str) -> datetime:
+    """A datetime from the API's ISO-8601 strings (``...Z`` included, which Python 3.10 does not parse)."""
+    return datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+
+
 def iso(moment: datetime | str) -> str:
     """An ISO-8601 string for a timezone-aware datetime (strings pass through)."""
     if isinstance(moment, str):
@@ -103,8 +116,8 @@ def postgres_bin_dir() -> Path | None:
     on_path = shutil.which("initdb")
     if on_path:
         return Path(on_path).resolve().parent
-    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
-    return installed[-1].parent if installed else None
+    installed = [p for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.parent.parent.name.isdigit()]
+    return max(installed, key=lambda p: int(p.parent.parent.name)).parent if installed else None
 
 
 class LocalPostgres:
@@ -120,17 +133,24 @@ class LocalPostgres:
         self.dir: Path | None = None
         self.process: ServiceProcess | None = None
         bin_dir = postgres_bin_dir()
-        if bin_dir is None:
+        missing = [m for m in ("psycopg2", "asyncpg") if importlib.util.find_spec(m) is None]
+        if bin_dir is None or missing:
             raise AirflowServicesError(
-                "PostgreSQL server programs not found (initdb): apt-get install postgresql "
-                "(and pip install psycopg2-binary asyncpg), or use metadata_db='sqlite'"
+                f"PostgreSQL metadata database needs Debian's postgresql (initdb found: {bin_dir is not None}) and "
+                f"the Python drivers psycopg2-binary + asyncpg (missing: {missing}): apt-get install postgresql; "
+                "pip install psycopg2-binary asyncpg -- or use metadata_db='sqlite' (no backfills)"
             )
         self.bin_dir = bin_dir
         self._user: dict[str, Any] = {}
-        if os.geteuid() == 0:
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             import pwd
 
-            entry = pwd.getpwnam("postgres")
+            try:
+                entry = pwd.getpwnam("postgres")
+            except KeyError as error:
+                raise AirflowServicesError(
+                    "running as root needs the 'postgres' OS user (Debian's postgresql)"
+                ) from error
             self._user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     @property
@@ -162,24 +182,16 @@ class LocalPostgres:
         if done.returncode != 0:
             raise AirflowServicesError(f"initdb failed:\n{done.stdout[-4000:]}")
         self.port = free_loopback_port()
-        server_args = [
-            "-D",
-            str(data),
-            "-p",
-            str(self.port),
-            "-k",
-            str(self.dir),
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            "fsync=off",
-            "-c",
-            "synchronous_commit=off",
-            "-c",
-            "full_page_writes=off",
-            "-c",
-            "max_connections=200",
-        ]
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "fsync": "off",  # a throwaway cluster: durability buys nothing
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "200",
+        }
+        server_args = ["-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
+        for name, value in settings.items():
+            server_args += ["-c", f"{name}={value}"]
         with open(self.log_path, "ab") as log_file:
             popen = subprocess.Popen(
                 [str(self.bin_dir / "postgres"), *server_args],
@@ -240,8 +252,9 @@ class AirflowServices:
         :param env: extra environment for every process (``AIRFLOW_CONN_*``, ``AIRFLOW__SECTION__KEY``, ...);
             applied last, so it can override the defaults below. ``AIRFLOW*`` variables of the calling process
             are *not* inherited, so a sourced ``.stack/env`` cannot leak into the deployment.
-        :param base_dir: where AIRFLOW_HOME, the database and the service logs go; a new temporary directory
-            (removed at exit) if omitted, else kept for inspection.
+        :param base_dir: where AIRFLOW_HOME (task logs, SQLite file) and the service logs go; a new temporary
+            directory (removed at exit) if omitted, else kept for inspection. A PostgreSQL cluster lives in its own
+            temporary directory, always removed at exit.
         :param triggerer: also run ``airflow triggerer`` (deferrable operators/sensors).
         :param metadata_db: ``postgres`` (a private cluster, see ``LocalPostgres``) or ``sqlite`` (a file in
             AIRFLOW_HOME; fine for plain scheduling, NOT for backfills: see the module docstring).
@@ -307,7 +320,7 @@ class AirflowServices:
             # Re-serialise changed DAG files (and revalidate the api-server's DAG cache) within seconds.
             "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "5",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.sql_alchemy_conn(),
-            # Auth: every request is admin; GET /auth/token returns a JWT without credentials.
+            # Auth: with all_admins every request is admin and GET /auth/token needs no credentials.
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": str(self.all_admins),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:ADMIN",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
@@ -333,6 +346,7 @@ class AirflowServices:
             "AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL": "10",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__LOGGING__COLORED_CONSOLE_LOG": "False",
+            # Unused with --skip-serve-logs; free ports anyway, so that no fallback reaches another deployment.
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_loopback_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_loopback_port()),
             "PYTHONUNBUFFERED": "1",
@@ -375,14 +389,22 @@ class AirflowServices:
         if self.with_triggerer:
             self._spawn("triggerer", "triggerer", "--skip-serve-logs")
         self._client = httpx.Client(base_url=self.base_url, timeout=30.0)
+        self._poll(self._api_server_answers, self.startup_timeout, lambda: "the api-server does not answer")
+        self.timings["api_server_up_s"] = time.monotonic() - started
+        # The first execution-API request builds that app (~5 s of CPU): make it before any task does, while the
+        # scheduler and the dag-processor are still starting.
+        self.client.get("/execution/health", timeout=120).raise_for_status()
+        self.timings["execution_api_warm_s"] = time.monotonic() - started
         self.wait_until_healthy(self.startup_timeout)
         self.timings["services_to_healthy_s"] = time.monotonic() - started
-        # The api-server builds its execution API (cadwyn-versioned) on the first request, ~6 s of CPU on this
-        # machine: longer than a task's 5 s client timeout ([workers] execution_api_timeout). Pay it here.
-        warmed = time.monotonic()
-        self.client.get("/execution/health", timeout=120).raise_for_status()
-        self.timings["execution_api_warmup_s"] = time.monotonic() - warmed
         self.timings["start_total_s"] = time.monotonic() - begin
+
+    def _api_server_answers(self) -> bool | None:
+        self._raise_if_a_service_died()
+        try:
+            return self.client.get("/api/v2/monitor/health").status_code == 200 or None
+        except httpx.TransportError:
+            return None
 
     def stop(self) -> None:
         """SIGTERM every service's process group (and stray descendants), SIGKILL what is left after a grace."""
@@ -462,7 +484,7 @@ class AirflowServices:
         return self._client
 
     def token(self) -> str:
-        """A JWT for the REST API (cached until shortly before it expires)."""
+        """A JWT for the REST API, fetched again after 50 minutes (it lasts ``[api_auth] jwt_expiration_time``)."""
         if self._token and time.monotonic() < self._token_expires_at:
             return self._token
         if self.all_admins:
@@ -472,7 +494,7 @@ class AirflowServices:
         if response.status_code != 201:
             raise AirflowServicesError(f"token request failed: {response.status_code} {response.text}")
         self._token = str(response.json()["access_token"])
-        self._token_expires_at = time.monotonic() + 3000  # [api_auth] jwt_expiration_time defaults to 24 h
+        self._token_expires_at = time.monotonic() + 3000  # the default expiration is 24 h
         return self._token
 
     def api(
@@ -614,9 +636,7 @@ class AirflowServices:
         def finished(run: dict[str, Any]) -> bool:
             if run["state"] not in TERMINAL_RUN_STATES:
                 return False
-            return ended_after is None or (
-                run["end_date"] is not None and datetime.fromisoformat(run["end_date"]) > ended_after
-            )
+            return ended_after is None or (run["end_date"] is not None and from_iso(run["end_date"]) > ended_after)
 
         def done() -> dict[str, str] | None:
             self._raise_if_a_service_died()
@@ -637,8 +657,8 @@ class AirflowServices:
         return self._poll(done, timeout, lambda: f"runs of {dag_id} not finished", dag_id=dag_id)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """GET /dags/{dag_id}/dagRuns/{run_id}/taskInstances."""
-        return list(self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"])
+        """GET /dags/{dag_id}/dagRuns/{run_id}/taskInstances (paged)."""
+        return self.paged(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", "task_instances")
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """A task attempt's log as text, via the REST API (what the UI shows)."""
@@ -702,20 +722,8 @@ class AirflowServices:
 
         A ``database is locked`` failure (the CLI writes SQLite next to the running scheduler) is retried.
         """
-        args = [
-            "backfill",
-            "create",
-            "--dag-id",
-            dag_id,
-            "--from-date",
-            iso(from_date),
-            "--to-date",
-            iso(to_date),
-            "--reprocess-behavior",
-            reprocess_behavior,
-            "--max-active-runs",
-            str(max_active_runs),
-        ]
+        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", iso(from_date), "--to-date", iso(to_date)]
+        args += ["--reprocess-behavior", reprocess_behavior, "--max-active-runs", str(max_active_runs)]
         if dag_run_conf is not None:
             args += ["--dag-run-conf", json.dumps(dict(dag_run_conf))]
         if run_backwards:
@@ -743,16 +751,20 @@ class AirflowServices:
         The REST API does not expose ``dag_run.backfill_id``; a run cleared by a later backfill becomes that
         backfill's run (same run id, ``run_type`` stays ``backfill``).
         """
-        start, end = datetime.fromisoformat(backfill["from_date"]), datetime.fromisoformat(backfill["to_date"])
+        start, end = from_iso(backfill["from_date"]), from_iso(backfill["to_date"])
         return [
             r
             for r in self.dag_runs(backfill["dag_id"], run_type="backfill")
-            if r["logical_date"] and start <= datetime.fromisoformat(r["logical_date"]) <= end
+            if r["logical_date"] and start <= from_iso(r["logical_date"]) <= end
         ]
 
     def wait_for_backfill(self, backfill_id: int, timeout: float = 120.0) -> dict[str, Any]:
-        """Until the scheduler marks the backfill completed (all its runs finished); returns the backfill."""
-        last: dict[str, Any] = {}
+        """Until the scheduler marks the backfill completed; returns the backfill.
+
+        That happens up to 30 s after its last run finished (the scheduler checks every 30 s): wait for the runs
+        instead unless the next backfill of the same DAG needs this one completed.
+        """
+        last: dict[str, Any] = dict(self.api("GET", f"/backfills/{backfill_id}"))
 
         def completed() -> dict[str, Any] | None:
             nonlocal last
@@ -760,9 +772,7 @@ class AirflowServices:
             last = dict(self.api("GET", f"/backfills/{backfill_id}"))
             return last if last.get("completed_at") else None
 
-        return self._poll(
-            completed, timeout, lambda: f"backfill {backfill_id} not completed: {last}", dag_id=last.get("dag_id")
-        )
+        return self._poll(completed, timeout, lambda: f"backfill {backfill_id} not completed: {last}", last["dag_id"])
 
     # ------------------------------------------------------------------ assets
 
