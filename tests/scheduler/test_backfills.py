@@ -52,11 +52,14 @@ with DAG("eo_asset_upstream", schedule=None, start_date=datetime(2026, 1, 1),
                             topics=["{{{{ params.topic }}}}"], schema=page_views.SCHEMA, retries=0,
                             sink=MySqlUpsertSink(table={table!r}, key_columns=["event_id"]))
 
-with DAG("eo_asset_downstream", schedule=[Asset({uri!r})], start_date=datetime(2026, 1, 1)):
+SINK = Asset({uri!r})
+
+with DAG("eo_asset_downstream", schedule=[SINK], start_date=datetime(2026, 1, 1)):
 
     @task
     def record(triggering_asset_events=None) -> None:
-        extras = [event.extra for events in triggering_asset_events.values() for event in events]
+        # Keyed by the asset (and by the alias the event came through): read the asset's own events.
+        extras = [event.extra for event in triggering_asset_events[SINK]]
         with open({out!r}, "a") as out:
             out.write(json.dumps(extras) + "\\n")
 
