@@ -148,34 +148,23 @@ class OffsetStore:
                 cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")
         self._migrated = True
 
-    def _lock_epoch(self, cur: Any, pipeline_id: str, epoch: int) -> None:
-        """Fence: lock the pipeline row and check it still carries our epoch."""
-        cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
-        row = cur.fetchone()
-        current = row["epoch"] if row else None
-        if current != epoch:
-            raise FencedError(
-                f"pipeline {pipeline_id!r}: this attempt holds epoch {epoch} but a newer attempt "
-                f"took the pipeline (epoch {current}); this attempt stops without committing"
-            )
-
-    def _lock_interval_epoch(self, cur: Any, pipeline_id: str, interval: Interval, epoch: int) -> None:
-        """Interval mode's fence: the interval's row must still carry our epoch."""
-        cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
-                    "AND interval_end = %s FOR UPDATE", (pipeline_id, *_utc_bounds(interval)))
-        row = cur.fetchone()
-        current = row["epoch"] if row else None
-        if current != epoch:
-            raise FencedError(
-                f"pipeline {pipeline_id!r} interval {interval}: this attempt holds epoch {epoch} but a newer "
-                f"attempt of the same interval took it (epoch {current}); this attempt stops without committing"
-            )
-
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
+        """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)
+        and check it still carries ours."""
         if interval is None:
-            self._lock_epoch(cur, pipeline_id, epoch)
+            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+            holder, taker = f"pipeline {pipeline_id!r}", "took the pipeline"
         else:
-            self._lock_interval_epoch(cur, pipeline_id, interval, epoch)
+            cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
+                        "AND interval_end = %s FOR UPDATE", (pipeline_id, *_utc_bounds(interval)))
+            holder, taker = f"pipeline {pipeline_id!r} interval {interval}", "of the same interval took it"
+        row = cur.fetchone()
+        current = row["epoch"] if row else None
+        if current != epoch:
+            raise FencedError(
+                f"{holder}: this attempt holds epoch {epoch} but a newer attempt {taker} "
+                f"(epoch {current}); this attempt stops without committing"
+            )
 
     def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str) -> None:
         """Lock (creating it if new) the pipeline row; refuse a second owner or another mode."""
@@ -379,7 +368,7 @@ class OffsetStore:
         """Interval mode: a committed interval was replayed; it stays committed, its summary is the replay's."""
         assert batch.interval is not None
         with self.transaction() as cur:
-            self._lock_interval_epoch(cur, batch.pipeline_id, batch.interval, epoch)
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             cur.execute(
                 "UPDATE eo_batch SET epoch = %s, summary = %s, records_in = %s, rows_out = %s, dead_letters = %s, "
                 "updated_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s AND batch_id = %s AND state = %s",

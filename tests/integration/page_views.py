@@ -16,6 +16,7 @@ import pymysql
 from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
+from tests.integration.operator_harness import rows
 
 REPO = Path(__file__).resolve().parents[2]
 XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
@@ -146,14 +147,4 @@ def hours_truth(events: list[dict[str, Any]], *hours: int) -> set[str]:
 
 
 def table_rows(mysql_kwargs: dict[str, Any], table: str) -> list[tuple]:
-    return _rows(mysql_kwargs, f"SELECT event_id, app_id, user_id, ts FROM {table} ORDER BY event_id")
-
-
-def _rows(mysql_kwargs: dict[str, Any], sql: str) -> list[tuple]:
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
+    return rows(mysql_kwargs, f"SELECT event_id, app_id, user_id, ts FROM {table} ORDER BY event_id")
