@@ -63,6 +63,13 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param spark_conn_id: ``spark`` / ``spark_connect`` connection; None runs ``local[*]``.
     :param spark_conf: extra Spark conf.
     :param write_partitions: Spark tasks (connections, XA branches) writing the output.
+
+    In continuous mode ``max_active_tis_per_dag`` defaults to 1: the scheduler then never runs
+    two instances of the task at once, whatever their run types (``max_active_runs`` counts
+    backfill runs apart from scheduled ones). Concurrent attempts would still be exactly-once,
+    since the store fences the older one, but they would abort each other's batches and use up
+    retries. Mapped tasks (``.partial().expand()``) do not get this default: pass it to
+    ``partial`` if runs of the same mapped instance may overlap.
     """
 
     # transform is not templated: Airflow would call a callable template field with the context.
@@ -92,6 +99,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if mode == "continuous" and self.max_active_tis_per_dag is None:  # neither given nor in default_args
+            self.max_active_tis_per_dag = 1  # one batch at a time; see the class docstring
         # Everything below is checked at DAG parse time: a bad DAG never starts a batch.
         if mode not in MODES:
             raise ConfigurationError(f"mode={mode!r}: supported modes are {', '.join(MODES)}")

@@ -50,3 +50,21 @@ def test_the_operator_declares_its_sink_asset_alias_as_outlet():
         task = op(task_id="store")
     assert sink_asset_alias("reuse", "store") in task.outlets
     assert sink_asset_alias("reuse", "store").name == "airflow_eo:reuse.store"
+
+
+def test_a_continuous_task_runs_one_instance_at_a_time_unless_told_otherwise():
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    with DAG("one_at_a_time", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        continuous = op(task_id="continuous")
+        chosen = op(task_id="chosen", max_active_tis_per_dag=4)
+        hourly = op(task_id="hourly", mode="interval")
+    with DAG("from_defaults", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"max_active_tis_per_dag": 3}):
+        defaulted = op(task_id="defaulted")
+    assert (continuous.max_active_tis_per_dag, chosen.max_active_tis_per_dag) == (1, 4)
+    assert hourly.max_active_tis_per_dag is None  # intervals are fenced apart and may run side by side
+    assert defaulted.max_active_tis_per_dag == 3
+    # What the scheduler sees: the serialized DAG keeps the limit.
+    serialized = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    assert serialized.get_task("continuous").max_active_tis_per_dag == 1
