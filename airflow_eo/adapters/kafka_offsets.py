@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
@@ -50,12 +50,11 @@ class KafkaOffsetSource:
             found.extend(TopicPartition(topic, p) for p in sorted(info.partitions))
         return found
 
-    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec]) -> dict[tuple[str, int], int]:
+    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec],
+                      isolation_level: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
         if not specs:
             return {}
-        futures = self._admin.list_offsets(
-            specs, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S
-        )
+        futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=TIMEOUT_S)
         try:
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
         except KafkaException as exc:
@@ -67,6 +66,20 @@ class KafkaOffsetSource:
     def last_stable(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
         """End offsets for read_committed readers: records of open transactions are excluded."""
         return self._list_offsets({tp: OffsetSpec.latest() for tp in tps})
+
+    def high_watermarks(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
+        """End offsets including records of open transactions."""
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_UNCOMMITTED)
+
+    def uses_log_append_time(self, topics: Sequence[str]) -> dict[str, bool]:
+        """Whether each topic's records carry the broker's append time (``message.timestamp.type``)."""
+        futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in set(topics)],
+                                               request_timeout=TIMEOUT_S)
+        try:
+            return {resource.name: future.result()["message.timestamp.type"].value == "LogAppendTime"
+                    for resource, future in futures.items()}
+        except KafkaException as exc:
+            raise ConfigurationError(f"Kafka topic configuration look-up failed: {exc}") from exc
 
     def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int]:
         """First offset whose timestamp is >= ``timestamp_ms``; the end offset when there is none."""
@@ -81,9 +94,12 @@ class KafkaOffsetSource:
 
     def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]:
         tps = self.partitions(topics)
-        log_start, stable = self.earliest(tps), self.last_stable(tps)
+        append_time = self.uses_log_append_time(topics)
+        # The ends first: a record appended after them is newer than the timestamp look-ups below.
+        log_start, stable, high = self.earliest(tps), self.last_stable(tps), self.high_watermarks(tps)
         starts, ends = self._offsets_at(tps, interval.start_ms), self._offsets_at(tps, interval.end_ms)
-        return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k])
+        return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k],
+                                high_watermark=high[k], log_append_time=append_time[tp.topic])
                 for tp in tps for k in [(tp.topic, tp.partition)]]
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from airflow_eo.core.errors import ConfigurationError, DataLossError, IntervalNotReadyError
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
@@ -153,6 +153,9 @@ class IntervalOffsets:
 
     ``start`` / ``end`` are the first offsets whose record timestamp is at or after the
     interval's start / end, None where the partition has no such record yet.
+    ``high_watermark`` (the end including open transactions) and ``log_append_time`` (the
+    topic's ``message.timestamp.type``) let an idle partition's end be closed (see
+    :func:`plan_interval`); None / False where unknown.
     """
 
     topic: str
@@ -161,37 +164,70 @@ class IntervalOffsets:
     last_stable: int
     start: int | None
     end: int | None
+    high_watermark: int | None = None
+    log_append_time: bool = False
 
     @property
     def key(self) -> TopicPartition:
         return (self.topic, self.partition)
 
 
-def plan_interval(partitions: Sequence[IntervalOffsets], interval: Interval) -> Plan:
+def plan_interval(partitions: Sequence[IntervalOffsets], interval: Interval, *,
+                  idle_timeout: timedelta | None = None, now: datetime | None = None) -> Plan:
     """The ranges of an interval: ``[offset_for(start), offset_for(end))`` per partition.
 
     Adjacent intervals share a boundary timestamp, hence a boundary offset: their ranges
     are contiguous and never overlap. The end is final only once a record at or after it
     exists below the last stable offset (later appends get higher offsets); until then
     the interval is not ready and nothing is planned.
+
+    An idle partition (no record at or after the end) is closed at its last stable offset
+    when ``idle_timeout`` is set, ``now`` is at least that long after the end, the topic
+    stamps records with the broker's append time and no transaction is open on it. Every
+    later record is then stamped after the end, so ``offset_for(end)`` can only ever be that
+    offset: the neighbour interval, planned at any time, gets the same boundary. With
+    producer timestamps (``CreateTime``) a late record could still belong before the end,
+    so such a partition keeps the interval waiting.
     """
-    waiting = [p for p in partitions if p.end is None or p.end > p.last_stable]
+    idle_closes = idle_timeout is not None and now is not None and now >= interval.end + idle_timeout
+
+    def end_of(p: IntervalOffsets) -> int | None:
+        if p.end is not None:
+            return p.end if p.end <= p.last_stable else None
+        if idle_closes and p.log_append_time and p.high_watermark == p.last_stable:
+            return p.last_stable
+        return None
+
+    ends = {p.key: end_of(p) for p in partitions}
+    waiting = [p for p in partitions if ends[p.key] is None]
     if waiting:
-        details = "; ".join(
-            f"{p.topic}[{p.partition}] (last stable offset {p.last_stable}"
-            + (", a record after the end is still in an open transaction)" if p.end is not None else ")")
-            for p in waiting)
+        details = "; ".join(f"{p.topic}[{p.partition}] (last stable offset {p.last_stable}"
+                            f"{_why_waiting(p, idle_timeout is not None)})" for p in waiting)
+        hint = ("" if idle_timeout is not None else
+                " A partition that may stay idle can be closed with idle_partition_timeout on a topic with "
+                "message.timestamp.type=LogAppendTime.")
         raise IntervalNotReadyError(
             f"interval {interval} is not complete yet: no committed record at or after "
             f"{interval.end.isoformat()} in {details}. Nothing was planned; a later attempt "
-            "(the task's retry) plans it once every partition has moved past the interval's end."
+            f"(the task's retry) plans it once every partition has moved past the interval's end.{hint}"
         )
     ranges = []
     for p in partitions:
-        assert p.end is not None
-        start = p.end if p.start is None else min(p.start, p.end)
-        ranges.append(OffsetRange(p.topic, p.partition, start, p.end))
+        end = ends[p.key]
+        assert end is not None
+        start = end if p.start is None else min(p.start, end)
+        ranges.append(OffsetRange(p.topic, p.partition, start, end))
     return Plan(sorted(ranges))
+
+
+def _why_waiting(p: IntervalOffsets, idle_asked: bool) -> str:
+    if p.end is not None:
+        return ", a record after the end is still in an open transaction"
+    if p.high_watermark is not None and p.high_watermark > p.last_stable:
+        return f", an open transaction holds offsets up to {p.high_watermark}"
+    if idle_asked and not p.log_append_time:
+        return ", producer timestamps (CreateTime): an idle partition cannot be closed"
+    return ""
 
 
 def check_replayable(partitions: Sequence[IntervalOffsets], ranges: Sequence[OffsetRange]) -> None:

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from airflow_eo.core.errors import ConfigurationError
@@ -104,6 +105,7 @@ class RunRequest:
     max_records_per_run: int | None = None
     skip_lost_records: bool = False
     interval: Interval | None = None  # set: interval mode (the run's data interval)
+    idle_partition_timeout: timedelta | None = None  # interval mode: when an idle partition's end may be closed
     owner: str | None = None  # who declares the pipeline (``<dag_id>.<task_id>``); a second owner is refused
 
 
@@ -233,7 +235,8 @@ def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSo
         log.info("resuming batch %d of interval %s with its recorded ranges: %s",
                  batch.batch_id, interval, _fmt(batch.ranges))
     else:
-        plan = plan_interval(source.interval_offsets(request.topics, interval), interval)
+        plan = plan_interval(source.interval_offsets(request.topics, interval), interval,
+                             idle_timeout=request.idle_partition_timeout, now=datetime.now(timezone.utc))
         batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, [], interval=interval)
         log.info("planned batch %d for interval %s: %s", batch.batch_id, interval, _fmt(batch.ranges))
     return _execute_and_commit(request, store, engine, sink, batch, epoch, started, resumed=existing is not None)

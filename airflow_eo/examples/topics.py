@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import NamedTuple
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
@@ -19,9 +20,24 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
                 raise
 
 
+class TopicRecord(NamedTuple):
+    partition: int
+    offset: int
+    timestamp_ms: int  # the record's Kafka timestamp (producer's CreateTime or broker's LogAppendTime)
+    key: bytes | None
+    value: bytes
+
+
 def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed"
                ) -> tuple[list[tuple[bytes | None, bytes]], dict[int, int]]:
-    """Every record of the topic as (key, value), and the end offset of each partition.
+    """Every record of the topic as (key, value), and the end offset of each partition (see :func:`read_records`)."""
+    records, ends = read_records(bootstrap, topic, isolation)
+    return [(r.key, r.value) for r in records], ends
+
+
+def read_records(bootstrap: str, topic: str, isolation: str = "read_committed"
+                 ) -> tuple[list[TopicRecord], dict[int, int]]:
+    """Every record of the topic, and the end offset of each partition.
 
     Read with a plain consumer (``isolation``: read_committed or read_uncommitted),
     independent of Spark and of airflow_eo's pipelines: this is what ground truths use.
@@ -36,7 +52,7 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed"
                         .topics[topic].partitions)
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    records: list[tuple[bytes | None, bytes]] = []
+    records: list[TopicRecord] = []
     done = {p for p, end in ends.items() if end == 0}
     try:
         while len(done) < len(partitions):
@@ -46,7 +62,7 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed"
             if msg.error():
                 done.add(msg.partition())
                 continue
-            records.append((msg.key(), msg.value()))
+            records.append(TopicRecord(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
     finally:
         consumer.close()
     return records, ends

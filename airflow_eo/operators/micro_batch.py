@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
@@ -58,6 +59,11 @@ class KafkaMicroBatchOperator(BaseOperator):
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
         with ``offsets_for_times``; backfills and clears replay intervals, so only
         :class:`~airflow_eo.sinks.MySqlUpsertSink` with overwriting updates is allowed).
+    :param idle_partition_timeout: interval mode: how long after an interval's end a partition
+        with no record at or after the end is taken as idle, its end closed at its last stable
+        offset (``timedelta`` or seconds). Needs topics with ``message.timestamp.type=LogAppendTime``
+        (later records are then stamped after the end); with producer timestamps such a partition
+        keeps the interval waiting. None (default): every partition must move past the end.
     :param kafka_conn_id: Airflow ``kafka`` connection.
     :param offset_store_conn_id: Airflow ``mysql`` connection of the offset store.
     :param spark_conn_id: ``spark`` / ``spark_connect`` connection; None runs ``local[*]``.
@@ -90,6 +96,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         skip_lost_records: bool = False,
         on_bad_record: str = "fail",
         mode: str = "continuous",
+        idle_partition_timeout: timedelta | float | None = None,
         kafka_conn_id: str = "kafka_default",
         offset_store_conn_id: str = "eo_offset_store",
         spark_conn_id: str | None = None,
@@ -106,6 +113,11 @@ class KafkaMicroBatchOperator(BaseOperator):
             raise ConfigurationError(f"mode={mode!r}: supported modes are {', '.join(MODES)}")
         if not isinstance(sink, SinkSpec):
             raise ConfigurationError(f"sink must be a sink spec such as MySqlXaSink(...), not {type(sink).__name__}")
+        if isinstance(idle_partition_timeout, int | float):
+            idle_partition_timeout = timedelta(seconds=idle_partition_timeout)
+        if idle_partition_timeout is not None and (mode != "interval" or idle_partition_timeout < timedelta(0)):
+            raise ConfigurationError("idle_partition_timeout is for mode='interval' only, and must not be negative "
+                                     "(a timedelta or seconds; None waits for every partition)")
         if mode == "interval":
             _check_interval_mode(sink, max_records_per_run)
             if self.has_dag():
@@ -134,6 +146,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.skip_lost_records = skip_lost_records
         self.on_bad_record = on_bad_record
         self.mode = mode
+        self.idle_partition_timeout = idle_partition_timeout
         self.kafka_conn_id = kafka_conn_id
         self.offset_store_conn_id = offset_store_conn_id
         self.spark_conn_id = spark_conn_id
@@ -171,6 +184,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             max_records_per_run=self.max_records_per_run,
             skip_lost_records=self.skip_lost_records,
             interval=interval,
+            idle_partition_timeout=self.idle_partition_timeout,
             owner=f"{self.dag_id}.{self.task_id}",
         )
         summary = run_batch(

@@ -7,11 +7,18 @@ falls in it, computed from what was produced, not from offsets.
 
 from __future__ import annotations
 
+import json
+import time
+from datetime import datetime, timedelta, timezone
+
 import pytest
+from confluent_kafka import Producer
 
 from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotReadyError, PipelineConflictError
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.examples import page_views
+from airflow_eo.examples.topics import read_records
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink
 from tests.conftest import create_topic
@@ -54,6 +61,72 @@ def test_intervals_are_exact_contiguous_and_replays_change_nothing(bootstrap, my
     assert [(d.namespace, d.name) for d in lineage.inputs] == [(f"kafka://{bootstrap}", topic_name)]
     assert [(d.namespace, d.name) for d in lineage.outputs] == [
         (f"mysql://{mysql_kwargs['host']}:{mysql_kwargs['port']}", f"{mysql_kwargs['database']}.{table}")]
+
+
+def produce_to(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
+    """``counts[p]`` page-view events into partition ``p`` (an idle partition is one we leave out)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for partition, count in counts.items():
+        for _ in range(count):
+            producer.produce(topic, json.dumps(page_views.page_view()).encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def now_ms() -> datetime:
+    moment = datetime.now(timezone.utc)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def stamped_within(bootstrap: str, topic: str, interval: tuple[datetime, datetime]) -> set[str]:
+    """Event ids of the records whose Kafka timestamp falls in the interval (read back from the topic)."""
+    start, end = (int(t.timestamp() * 1000) for t in interval)
+    return {json.loads(r.value)["event_id"] for r in read_records(bootstrap, topic)[0] if start <= r.timestamp_ms < end}
+
+
+def wait_until(moment: datetime) -> None:
+    time.sleep(max(0.0, (moment - datetime.now(timezone.utc)).total_seconds()))
+
+
+def test_idle_partitions_close_an_interval_on_a_log_append_time_topic(bootstrap, mysql_kwargs, topic_name):
+    """Broker-stamped records: a partition with nothing after the end is closed after the idle timeout,
+    and the next interval starts exactly there. The truth is the records' own broker timestamps."""
+    create_topic(bootstrap, topic_name, 3, {"message.timestamp.type": "LogAppendTime"})
+    idle = timedelta(seconds=3)
+    table = events_table(mysql_kwargs)
+    sink = MySqlUpsertSink(table=table, key_columns=["event_id"])
+    a_start = now_ms() - timedelta(seconds=1)
+    produce_to(bootstrap, topic_name, {0: 15, 1: 10, 2: 5})
+    a = (a_start, now_ms() + timedelta(milliseconds=1))
+
+    with pytest.raises(IntervalNotReadyError, match="can be closed with idle_partition_timeout"):
+        run(operator(topic_name, sink, mode="interval"), interval=a)  # nothing after the end, no timeout
+    with pytest.raises(IntervalNotReadyError, match=rf"{topic_name}\[2\] \(last stable offset 5\)"):
+        run(operator(topic_name, sink, mode="interval", idle_partition_timeout=3600), interval=a)  # too early
+    op = operator(topic_name, sink, mode="interval", idle_partition_timeout=idle)
+    wait_until(a[1] + idle)
+    first = run(op, interval=a)
+    assert [(r["partition"], r["from_offset"], r["until_offset"]) for r in first["ranges"]] == [
+        (0, 0, 15), (1, 0, 10), (2, 0, 5)]
+
+    produce_to(bootstrap, topic_name, {0: 12})  # partitions 1 and 2 stay idle
+    b = (a[1], now_ms() + timedelta(milliseconds=1))
+    wait_until(b[1] + idle)
+    second = run(op, interval=b)
+    assert [(r["partition"], r["from_offset"], r["until_offset"]) for r in second["ranges"]] == [
+        (0, 15, 27), (1, 10, 10), (2, 5, 5)]  # starts where the idle-closed interval ended
+
+    truth_a, truth_b = (stamped_within(bootstrap, topic_name, interval) for interval in (a, b))
+    assert (len(truth_a), len(truth_b)) == (30, 12)
+    assert {r[0] for r in table_rows(mysql_kwargs, table)} == truth_a | truth_b
+
+    producer_stamped = f"{topic_name}_create_time"
+    create_topic(bootstrap, producer_stamped, 1)
+    start = now_ms() - timedelta(seconds=1)
+    produce_to(bootstrap, producer_stamped, {0: 3})
+    c = (start, now_ms() + timedelta(milliseconds=1))
+    wait_until(c[1] + idle)
+    with pytest.raises(IntervalNotReadyError, match=r"producer timestamps \(CreateTime\)"):
+        run(operator(producer_stamped, sink, mode="interval", idle_partition_timeout=idle), interval=c)
 
 
 def test_concurrent_intervals_fence_only_their_own_attempts(topic_name):

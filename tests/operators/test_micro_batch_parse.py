@@ -68,3 +68,13 @@ def test_a_continuous_task_runs_one_instance_at_a_time_unless_told_otherwise():
     # What the scheduler sees: the serialized DAG keeps the limit.
     serialized = DagSerialization.from_dict(DagSerialization.to_dict(dag))
     assert serialized.get_task("continuous").max_active_tis_per_dag == 1
+
+
+def test_idle_partition_timeout_is_an_interval_mode_duration():
+    assert op(mode="interval", idle_partition_timeout=90).idle_partition_timeout == timedelta(seconds=90)
+    assert op(mode="interval", idle_partition_timeout=timedelta(minutes=5)).idle_partition_timeout == timedelta(
+        minutes=5)
+    with pytest.raises(ConfigurationError, match="for mode='interval' only"):
+        op(idle_partition_timeout=60)
+    with pytest.raises(ConfigurationError, match="must not be negative"):
+        op(mode="interval", idle_partition_timeout=-1)
