@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -116,18 +117,28 @@ if __name__ == "__main__":
 def reset(bootstrap: str, connect_kwargs: dict, pipeline_id: str = "ip_counts_kafka") -> None:
     """Empty both topics (delete their records), forget the pipeline's group offsets and store rows."""
     import pymysql
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient
 
     from airflow_eo.adapters.kafka_sink import group_id
 
+    leadership_not_ready = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART}
     ensure_topics(bootstrap)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for topic in (SOURCE, SINK):
         partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
-        # OFFSET_END (-1) deletes everything up to the high watermark.
-        for future in admin.delete_records([TopicPartition(topic, p, -1) for p in partitions]).values():
-            future.result()
+        for attempt in range(20):
+            # OFFSET_END (-1) deletes everything up to the high watermark.
+            futures = admin.delete_records([TopicPartition(topic, p, -1) for p in partitions]).values()
+            try:
+                for future in futures:
+                    future.result()
+                break
+            except KafkaException as exc:  # a just-created topic's leaders may not be in place yet
+                if attempt == 19 or exc.args[0].code() not in leadership_not_ready:
+                    raise
+                time.sleep(0.5)
     for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
         try:
             future.result()
