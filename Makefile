@@ -3,24 +3,39 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
+APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo test lint clean postgres
+.PHONY: venv up down status demo test lint clean postgres java maven
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
-	@command -v java >/dev/null || { echo "Java 17+ is missing: apt-get install openjdk-17-jre-headless"; exit 1; }
+$(STAMP): pyproject.toml constraints.txt | java
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
-up: venv
+# Spark and Kafka run on Java 17+: default-jre-headless is OpenJDK 17 on Debian 12, 21 on Debian 13.
+java:
+	@command -v java >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "Java is missing and apt-get is not available: install a Java 17+ runtime"; exit 1; }; \
+	  echo "installing Java (default-jre-headless) from Debian's packages"; \
+	  $(APT_INSTALL) default-jre-headless >/dev/null; }
+
+# Maven fetches Kafka's jars and Spark's Kafka connector from Maven Central. Not checked with
+# EO_KAFKA_BOOTSTRAP (no local Kafka; without mvn, Spark asks Ivy for the connector).
+maven: java
+	@command -v mvn >/dev/null || test -n "$$EO_KAFKA_BOOTSTRAP" || { \
+	  command -v apt-get >/dev/null || { echo "Maven is missing and apt-get is not available: install maven or set EO_KAFKA_BOOTSTRAP"; exit 1; }; \
+	  echo "installing Maven from Debian's packages"; \
+	  $(APT_INSTALL) maven >/dev/null; }
+
+up: venv maven
 	@command -v mariadbd >/dev/null || test -x /usr/sbin/mariadbd || test -n "$$EO_MYSQL_HOST" || { \
 	  command -v apt-get >/dev/null || { echo "MariaDB is missing and apt-get is not available: install mariadb-server or set EO_MYSQL_HOST"; exit 1; }; \
 	  echo "installing MariaDB from Debian's packages"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client >/dev/null; }
-	@command -v mvn >/dev/null || test -n "$$EO_KAFKA_BOOTSTRAP" || { echo "Maven is missing: apt-get install maven (needed to fetch Kafka from Maven Central)"; exit 1; }
+	  $(APT_INSTALL) mariadb-server mariadb-client >/dev/null; }
 	$(PY) scripts/stack.py up
 
 down:
@@ -38,7 +53,7 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
 	  command -v apt-get >/dev/null || { echo "PostgreSQL is missing and apt-get is not available: install postgresql"; exit 1; }; \
 	  echo "installing PostgreSQL from Debian's packages (metadata database of the scheduler tests)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+	  $(APT_INSTALL) postgresql >/dev/null; }
 
 test: up postgres
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts

@@ -1,31 +1,62 @@
-"""Sink specifications a DAG declares (validated at DAG parse time, no I/O here).
+"""Sink specifications a DAG declares: validated when the DAG is parsed, no I/O until run time.
 
-At run time the operator resolves a spec into its adapter with the spec's Airflow
-connection (see :mod:`airflow_eo.hooks`).
+Each spec turns itself into its run-time adapter (:meth:`SinkSpec.adapter`, an
+implementation of :class:`airflow_eo.core.protocol.Sink`) and its Asset
+(:meth:`SinkSpec.asset`) with its Airflow connection. A new sink is a new ``SinkSpec``
+subclass and its adapter: the operator and the engine need no change
+(``docs/architecture.md``, "Adding a sink").
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
+from airflow_eo.core.config import UpdateMode, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table, validate_identifier
-from airflow_eo.core.sql import check_updates
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import Sink
 
 
-class SinkSpec:
+@dataclass(frozen=True)
+class SinkAsset:
+    """Where a sink writes, in the URI scheme of Airflow's provider for that system (Assets, lineage)."""
+
+    namespace: str  # e.g. mysql://host:port, kafka://bootstrap
+    name: str  # e.g. database.table, topic
+
+    @property
+    def uri(self) -> str:
+        return f"{self.namespace}/{self.name.replace('.', '/')}"
+
+
+class SinkSpec(ABC):
     """Base of every sink spec: where output goes and how it becomes visible."""
 
-    kind: str = ""
-    #: output stays invisible until the batch commits (XA, Kafka transactions)
-    transactional: bool = False
     conn_id: str
+    #: ``on_bad_record='dead_letter'`` is possible: the sink writes bad records with the batch.
+    keeps_dead_letters: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
 
     @property
     def replay_safe(self) -> bool:
         """True when running a batch twice leaves the same result (interval-mode replays need it)."""
         return False
+
+    @abstractmethod
+    def adapter(self, pipeline_id: str) -> Sink:
+        """The run-time adapter of this sink for ``pipeline_id``, connected through ``conn_id``."""
+
+    @abstractmethod
+    def asset(self) -> SinkAsset:
+        """The sink's Asset (each committed batch adds an event for it)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +71,8 @@ class MySqlUpsertSink(SinkSpec):
         PRIMARY KEY / UNIQUE index on exactly ``key_columns``.
     :param key_columns: the upsert key.
     :param conn_id: Airflow ``mysql`` connection of the target database.
-    :param updates: per non-key column, ``"replace"`` (default).
+    :param updates: per non-key column, ``"replace"`` (default, ``c = new c``); the XA sink also
+        allows ``"add"`` (``c = c + new c``).
     :param rows_per_statement: rows per multi-row INSERT.
     :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
     """
@@ -48,28 +80,54 @@ class MySqlUpsertSink(SinkSpec):
     table: str
     key_columns: Sequence[str]
     conn_id: str = "mysql_default"
-    updates: Mapping[str, str] = field(default_factory=dict)
+    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     rows_per_statement: int = 500
     dead_letter_table: str = "eo_dead_letter"
 
-    kind = "mysql_upsert"
-    transactional = False
+    keeps_dead_letters: ClassVar[bool] = True
+    #: accumulating updates are safe only where a replay cannot apply them twice (XA)
+    allows_accumulating: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         quote_table(self.table)
         quote_table(self.dead_letter_table)
         if not self.key_columns or isinstance(self.key_columns, str):
-            raise ConfigurationError(f"{type(self).__name__}: key_columns must be a non-empty list of column names")
+            raise ConfigurationError(f"{self.name}: key_columns must be a non-empty list of column names")
         object.__setattr__(self, "key_columns", tuple(self.key_columns))
         for key in self.key_columns:
             validate_identifier(key, "key column")
-        check_updates(self.updates, replay_safe_only=not self.transactional, sink_name=type(self).__name__)
+        updates = {}
+        for column, mode in self.updates.items():
+            validate_identifier(column, "column name")
+            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
+                                     "update modes")
+            if updates[column] is UpdateMode.ADD and not self.allows_accumulating:
+                raise ConfigurationError(
+                    f"{self.name}: column {column!r} uses an accumulating update ('add'), which counts a "
+                    "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
+                    "use MySqlXaSink for accumulating updates (its writes commit atomically with the offsets)."
+                )
+        object.__setattr__(self, "updates", updates)
         if self.rows_per_statement < 1:
-            raise ConfigurationError(f"{type(self).__name__}: rows_per_statement must be >= 1")
+            raise ConfigurationError(f"{self.name}: rows_per_statement must be >= 1")
 
     @property
     def replay_safe(self) -> bool:
-        return all(mode == "replace" for mode in self.updates.values())
+        return not self.allows_accumulating and all(m is UpdateMode.REPLACE for m in self.updates.values())
+
+    def adapter(self, pipeline_id: str) -> Sink:
+        from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
+        from airflow_eo.hooks.mysql import EoMySqlHook
+
+        return MySqlUpsertAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs())
+
+    def asset(self) -> SinkAsset:
+        """``mysql://host:port/database/table``, the scheme of Airflow's MySQL provider."""
+        from airflow_eo.hooks.mysql import EoMySqlHook
+
+        db = EoMySqlHook(self.conn_id).get_connect_kwargs()
+        database, _, table = self.table.rpartition(".")
+        return SinkAsset(f"mysql://{db['host']}:{db['port']}", f"{database or db['database']}.{table}")
 
 
 @dataclass(frozen=True)
@@ -81,8 +139,13 @@ class MySqlXaSink(MySqlUpsertSink):
     on MySQL 8, the ``XA_RECOVER_ADMIN`` privilege.
     """
 
-    kind = "mysql_xa"
-    transactional = True
+    allows_accumulating: ClassVar[bool] = True
+
+    def adapter(self, pipeline_id: str) -> Sink:
+        from airflow_eo.adapters.mysql_sink import MySqlXaAdapter
+        from airflow_eo.hooks.mysql import EoMySqlHook
+
+        return MySqlXaAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs())
 
 
 @dataclass(frozen=True)
@@ -107,9 +170,6 @@ class KafkaTransactionalSink(SinkSpec):
     value_column: str = "value"
     transaction_timeout_ms: int = 600_000
 
-    kind = "kafka_transactional"
-    transactional = True
-
     def __post_init__(self) -> None:
         if not self.topic or not isinstance(self.topic, str):
             raise ConfigurationError("KafkaTransactionalSink: topic must name the output topic")
@@ -117,3 +177,16 @@ class KafkaTransactionalSink(SinkSpec):
             validate_identifier(column, "column name")
         if not 1_000 <= self.transaction_timeout_ms <= 3_600_000:
             raise ConfigurationError("KafkaTransactionalSink: transaction_timeout_ms must be 1000..3600000")
+
+    def adapter(self, pipeline_id: str) -> Sink:
+        from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
+        from airflow_eo.hooks.kafka import KafkaClusterHook
+
+        return KafkaTransactionalAdapter(self, KafkaClusterHook(self.conn_id).get_config(), pipeline_id)
+
+    def asset(self) -> SinkAsset:
+        """``kafka://bootstrap/topic``, the scheme of Airflow's Kafka provider."""
+        from airflow_eo.hooks.kafka import KafkaClusterHook
+
+        bootstrap = str(KafkaClusterHook(self.conn_id).get_config().get("bootstrap.servers", ""))
+        return SinkAsset(f"kafka://{bootstrap.split(',')[0]}", self.topic)

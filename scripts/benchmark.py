@@ -17,8 +17,8 @@ import os
 import time
 import uuid
 
-from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
+from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
 from airflow_eo.examples import page_views
 from airflow_eo.examples.topics import ensure_topic
@@ -35,15 +35,16 @@ def make_table(mysql: dict, kind: str) -> str:
 
 def run_sink(label: str, sink, transform, topic: str, events: int) -> dict:
     kafka = KafkaClusterHook("kafka_default")
-    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA,
+    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), ParseConfig(schema=page_views.SCHEMA),
                               transform=transform)
     started = time.monotonic()
-    summary = run_batch(RunRequest(pipeline_id=f"bench_{label}_{topic}", run_id="bench", topics=[topic]),
+    pipeline_id = f"bench_{label}_{topic}"
+    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
                         store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
-                        sink=EoMySqlHook().get_sink_adapter(sink))
+                        sink=sink.adapter(pipeline_id))
     total = time.monotonic() - started
-    assert summary["records_in"] == events, summary
-    return {"label": label, "seconds": total, "phases": summary["seconds"], "rows_out": summary["rows_out"]}
+    assert summary.records_in == events, summary
+    return {"label": label, "seconds": total, "phases": dict(summary.seconds), "rows_out": summary.rows_out}
 
 
 def run_baseline(topic: str, table: str, events: int, bootstrap: str) -> dict:
@@ -55,14 +56,14 @@ def run_baseline(topic: str, table: str, events: int, bootstrap: str) -> dict:
     parts = source.partition_offsets([topic], "earliest")
     ranges = tuple(OffsetRange(p.topic, p.partition, p.log_start, p.last_stable) for p in parts)
     batch = BatchContext("baseline", 0, "bench", 0, ranges)
-    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA)
-    adapter = EoMySqlHook().get_sink_adapter(MySqlUpsertSink(table=table, key_columns=["event_id"]))
+    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), ParseConfig(schema=page_views.SCHEMA))
+    adapter = MySqlUpsertSink(table=table, key_columns=["event_id"]).adapter("baseline")
     adapter.check()
     spark = SparkSessionHook().get_conn()
     started = time.monotonic()
-    parsed, payload = engine.parse(spark, engine.read(spark, batch))
+    parsed, payload = engine.parse_records(spark, engine.read(spark, batch))
     out = parsed.select(*payload)
-    rows = engine._write(out, batch, adapter)["rows"]
+    rows = engine.run_partitions(out, adapter.partition_writer(batch, out.columns)).rows
     assert rows == events, rows
     return {"label": "baseline (at-least-once)", "seconds": time.monotonic() - started, "phases": {}, "rows_out": rows}
 
@@ -77,8 +78,8 @@ def peak_rss_mb(pid: int) -> float:
 
 def kafka_job(events: int) -> None:
     """ip_counts: N lines -> 5-second counts per IP -> a Kafka transaction; driver memory peaks."""
-    from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
     from airflow_eo.examples import ip_counts
+    from airflow_eo.sinks import KafkaTransactionalSink
 
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     source, sink = f"bench_ip_in_{uuid.uuid4().hex[:6]}", f"bench_ip_out_{uuid.uuid4().hex[:6]}"
@@ -90,17 +91,17 @@ def kafka_job(events: int) -> None:
     kafka = KafkaClusterHook("kafka_default")
     spark = SparkSessionHook().get_conn()
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    engine = SparkBatchEngine(lambda: spark, kafka.get_config(), value_format="string",
+    engine = SparkBatchEngine(lambda: spark, kafka.get_config(), ParseConfig(value_format="string"),
                               transform=ip_counts.count_per_window_and_ip)
-    adapter = KafkaTransactionalAdapter(kafka.get_config(), sink, f"bench_{source}")
+    adapter = KafkaTransactionalSink(topic=sink).adapter(f"bench_{source}")
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=f"bench_{source}", run_id="bench", topics=[source]),
                         store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
                         sink=adapter)
     seconds = time.monotonic() - started
-    print(f"kafka sink: {summary['records_in']} lines -> {summary['rows_out']} records in {seconds:.1f}s "
-          f"= {summary['records_in'] / seconds:,.0f} lines/s; Kafka transaction commit "
-          f"{adapter.last_commit_seconds:.3f}s; phases {summary['seconds']}")
+    print(f"kafka sink: {summary.records_in} lines -> {summary.rows_out} records in {seconds:.1f}s "
+          f"= {summary.records_in / seconds:,.0f} lines/s; Kafka transaction commit "
+          f"{adapter.last_commit_seconds:.3f}s; phases {dict(summary.seconds)}")
     print(f"driver peak memory: python {peak_rss_mb(os.getpid()):.0f} MiB, JVM {peak_rss_mb(jvm_pid):.0f} MiB "
           f"(spark.driver.memory {spark.conf.get('spark.driver.memory')})")
 
@@ -114,7 +115,7 @@ def main() -> None:
         kafka_job(args.events)
         return
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
-    mysql = connect_kwargs_from_uri(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
+    mysql = EoMySqlHook().get_connect_kwargs()
     topic = f"bench_{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     page_views.produce_page_views(bootstrap, args.events, topic=topic)

@@ -16,9 +16,13 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
 from airflow_eo.examples import ip_counts, page_views
+from airflow_eo.hooks.mysql import EoMySqlHook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: the demo resets with the tests' helpers
+from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
 
 PIPELINES = ("page_views_xa", "page_view_events_upsert")
 
@@ -47,7 +51,7 @@ def run(dag_id: str, when: datetime, fault: str | None = None) -> int:
 def ip_counts_demo(bootstrap: str, mysql: dict, clock: datetime, differences: list[str]) -> int:
     """Kafka -> Spark -> Kafka: 5-second counts per IP through Kafka transactions, with a killed run."""
     print("\nip_counts_kafka: request lines -> counts per (5-second window, ip) -> Kafka, in Kafka transactions")
-    ip_counts.reset(bootstrap, mysql)
+    reset_ip_counts(bootstrap, mysql)
     failures = 0
     ip_counts.produce_lines(bootstrap, 3000)
     failures += run("ip_counts_kafka", clock) != 0
@@ -69,10 +73,9 @@ def ip_counts_demo(bootstrap: str, mysql: dict, clock: datetime, differences: li
 
 def main() -> int:
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
-    mysql = connect_kwargs_from_uri(os.environ["AIRFLOW_CONN_MYSQL_DEFAULT"])
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+    mysql = EoMySqlHook().get_connect_kwargs()
     page_views.ensure_topic(bootstrap, page_views.TOPIC)
-    page_views.reset(mysql, *PIPELINES)
+    reset_page_views(mysql, *PIPELINES)
     print("airflow_eo demo: page views through Kafka -> Spark -> MariaDB, exactly once")
     clock = datetime.now(timezone.utc).replace(microsecond=0)
     step = timedelta(minutes=5)

@@ -8,7 +8,9 @@ second start is fast. A user who has their own Kafka or MySQL sets
 ``EO_KAFKA_BOOTSTRAP`` or ``EO_MYSQL_HOST`` (plus ``EO_MYSQL_PORT``, ``EO_MYSQL_USER``,
 ``EO_MYSQL_PASSWORD``, ``EO_MYSQL_DATABASE``) and the stack starts nothing for that part.
 ``up`` always (re)writes ``.stack/env``, a file to ``source`` that exports the
-Airflow connections and settings the example DAGs use.
+Airflow connections and settings the example DAGs use, and migrates the Airflow
+metadata database that file points to (SQLite under ``.stack/airflow``), so
+``airflow dags test`` works right after ``up``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -272,7 +275,7 @@ def mariadb_up() -> dict:
 
 # --------------------------------------------------------------------------- env file
 
-def write_env(bootstrap: str, mysql: dict) -> Path:
+def stack_env(bootstrap: str, mysql: dict) -> dict[str, str]:
     mysql_uri = (f"mysql://{quote(mysql['user'], safe='')}:{quote(mysql['password'], safe='')}"
                  f"@{mysql['host']}:{mysql['port']}/{quote(mysql['database'], safe='')}")
     kafka_conn = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
@@ -288,6 +291,10 @@ def write_env(bootstrap: str, mysql: dict) -> Path:
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "EO_KAFKA_BOOTSTRAP": bootstrap,
     }
+    return lines
+
+
+def write_env(lines: dict[str, str]) -> Path:
     env_file = STACK / "env"
     env_file.write_text("".join(f"export {k}={shell_quote(v)}\n" for k, v in lines.items()))
     return env_file
@@ -297,13 +304,31 @@ def shell_quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
+# --------------------------------------------------------------------------- Airflow
+
+def airflow_db_migrate(lines: dict[str, str]) -> None:
+    """``airflow db migrate`` with the environment of ``.stack/env`` (idempotent: a no-op when migrated).
+
+    Its output (which names the database URL) is shown only on failure, with any password masked.
+    """
+    env = {**os.environ, **lines}
+    done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", (done.stdout + done.stderr)[-3000:])
+        die(f"airflow db migrate failed (exit {done.returncode}); last output:\n{tail}")
+    print(f"stack: Airflow metadata database migrated (AIRFLOW_HOME={lines['AIRFLOW_HOME']})")
+
+
 # --------------------------------------------------------------------------- commands
 
 def up() -> None:
     STACK.mkdir(parents=True, exist_ok=True)
     bootstrap = kafka_up()
     mysql = mariadb_up()
-    env_file = write_env(bootstrap, mysql)
+    lines = stack_env(bootstrap, mysql)
+    env_file = write_env(lines)
+    airflow_db_migrate(lines)
     print(f"stack: up; connections in {env_file} (source it)")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from airflow_eo.adapters.offset_store import connect_kwargs_from_uri
+from airflow_eo.hooks.mysql import EoMySqlHook
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,8 @@ def bootstrap() -> str:
 
 @pytest.fixture(scope="session")
 def mysql_kwargs() -> dict[str, Any]:
-    return connect_kwargs_from_uri(_env("AIRFLOW_CONN_MYSQL_DEFAULT"))
+    _env("AIRFLOW_CONN_MYSQL_DEFAULT")
+    return EoMySqlHook("mysql_default").get_connect_kwargs()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Transactional Kafka sink (DESIGN §4): the Kafka transaction is the commit point.
+"""Transactional Kafka sink (``docs/architecture.md``, "Sinks"): the Kafka transaction is the commit point.
 
 One transactional producer per pipeline (``transactional.id`` stable per pipeline, so
 ``init_transactions`` fences any older producer of the same pipeline) produces the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
@@ -21,10 +21,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if, fault_requested
-from airflow_eo.core.protocol import BatchContext, BatchRecord
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from airflow_eo.sinks import KafkaTransactionalSink
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +44,21 @@ def group_id(pipeline_id: str) -> str:
 
 
 class KafkaTransactionalAdapter:
-    """Implements the protocol's sink for a Kafka topic; the output rows need ``key`` and ``value`` columns.
+    """The run-time side of :class:`~airflow_eo.sinks.KafkaTransactionalSink` (a ``core.protocol.Sink``).
 
+    :param spec: the validated sink spec (topic, key and value columns, transaction timeout).
     :param config: librdkafka config of the target cluster's Airflow ``kafka`` connection.
-    :param topic: output topic (must exist).
-    :param transaction_timeout_ms: longest a batch's transaction may stay open; must fit the
-        broker's ``transaction.max.timeout.ms``.
+    :param pipeline_id: the pipeline whose producer and consumer group this is.
     """
 
-    transactional = True
     owns_commit_point = True
-    writes_from_driver = True
-    name = "KafkaTransactionalSink"
 
-    def __init__(self, config: dict[str, Any], topic: str, pipeline_id: str, key_column: str = "key",
-                 value_column: str = "value", transaction_timeout_ms: int = 600_000) -> None:
+    def __init__(self, spec: KafkaTransactionalSink, config: Mapping[str, Any], pipeline_id: str) -> None:
+        self.spec, self.name = spec, spec.name
         self.config = {k: v for k, v in config.items() if k not in _NOT_FOR_CLIENTS}
-        self.topic, self.pipeline_id = topic, pipeline_id
-        self.key_column, self.value_column = key_column, value_column
-        self.transaction_timeout_ms = transaction_timeout_ms
+        self.topic, self.pipeline_id = spec.topic, pipeline_id
+        self.key_column, self.value_column = spec.key_column, spec.value_column
+        self.transaction_timeout_ms = spec.transaction_timeout_ms
         self._producer: Producer | None = None
         self._in_txn = False
         self._admin = AdminClient(self.config)
@@ -130,8 +128,11 @@ class KafkaTransactionalAdapter:
                 committed.add(batch.batch_id)
         return committed
 
-    def write(self, out: DataFrame, batch: BatchContext, driver_pid: int) -> tuple[list[str], int]:
-        """Stream the output from Spark into one open transaction (one partition in driver memory at a time)."""
+    def write(self, out: DataFrame, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
+        """Stream the output from Spark into one open transaction (one partition in driver memory at a time).
+
+        The driver produces (one producer: one transaction); ``runner`` is not needed.
+        """
         missing = [c for c in (self.key_column, self.value_column) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
@@ -157,7 +158,7 @@ class KafkaTransactionalAdapter:
         if producer.flush(TIMEOUT_S) != 0:
             raise KafkaException(f"{self.name}: not every output record was delivered within {TIMEOUT_S}s")
         crash_if("after_last_send")
-        return [], rows
+        return WriteResult([], rows)
 
     def commit(self, batch: BatchRecord) -> None:
         """THE commit point of this sink: the batch's end offsets into the transaction, then commit it."""
@@ -181,13 +182,12 @@ class KafkaTransactionalAdapter:
                  self.last_commit_seconds)
         crash_if("after_kafka_commit")
 
-    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None
 
-    def write_dead_letters(self, batch: BatchContext, records: Sequence[Any]) -> list[str]:
-        if records:
-            raise ConfigurationError(f"{self.name}: on_bad_record='dead_letter' is not supported with the Kafka sink "
-                                     "yet; use on_bad_record='fail'")
+    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
+        # check_pipeline refuses on_bad_record='dead_letter' with this sink when the DAG is parsed.
+        assert not records, f"{self.name} keeps no dead letters"
         return []
 
     def discard(self, xids: Sequence[str]) -> None:

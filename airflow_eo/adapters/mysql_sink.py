@@ -1,28 +1,30 @@
-"""MySQL / MariaDB sinks (DESIGN §4): idempotent upsert, and XA two-phase commit.
+"""MySQL / MariaDB sinks (``docs/architecture.md``, "Sinks"): idempotent upsert, and XA two-phase commit.
 
-Driver side: :class:`MySqlUpsertAdapter` / :class:`MySqlXaAdapter` check the target,
-recover and finalize XA branches. Executor side: :class:`PartitionWriter` is a
+Driver side: :class:`MySqlUpsertAdapter` / :class:`MySqlXaAdapter` (the run-time side of
+:class:`~airflow_eo.sinks.MySqlUpsertSink` / :class:`~airflow_eo.sinks.MySqlXaSink`) check
+the target, recover and finalize XA branches. Executor side: :class:`PartitionWriter` is a
 picklable callable that writes one Spark partition's Arrow batches with multi-row
 statements; in XA mode the whole partition is one branch, prepared and reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pymysql
 
+from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.faults import crash_if
-from airflow_eo.core.identifiers import quote_table, validate_identifier
-from airflow_eo.core.protocol import BatchContext, BatchRecord
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
 from airflow_eo.core.sql import (
     DEAD_LETTER_COLUMNS,
-    check_updates,
     dead_letter_ddl,
     keeps_prepared_xa,
     parse_server_version,
@@ -31,6 +33,9 @@ from airflow_eo.core.sql import (
 )
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
+
+if TYPE_CHECKING:
+    from airflow_eo.sinks import MySqlUpsertSink
 
 log = logging.getLogger(__name__)
 
@@ -162,57 +167,44 @@ def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
 # --------------------------------------------------------------------------- driver side
 
 
-@dataclass
-class MySqlTarget:
-    """Where and how rows land; built from a user's sink spec and an Airflow connection."""
-
-    connect_kwargs: dict[str, Any]
-    table: str
-    key_columns: tuple[str, ...]
-    updates: Mapping[str, str] = field(default_factory=dict)
-    rows_per_statement: int = 500
-    dead_letter_table: str = "eo_dead_letter"
-
-
 class MySqlUpsertAdapter:
-    """Idempotent upsert: each Spark task commits its own statements; replays rewrite the same rows."""
+    """Idempotent upsert: each Spark task commits its own statements; replays rewrite the same rows.
 
-    transactional = False
+    :param spec: the validated sink spec (table, key columns, updates, statement size).
+    :param connect_kwargs: pymysql arguments from the spec's Airflow ``mysql`` connection.
+    """
+
     owns_commit_point = False
-    writes_from_driver = False
-    name = "MySqlUpsertSink"
+    xa = False  # one XA branch per Spark task, prepared, committed after the commit point
 
-    def __init__(self, target: MySqlTarget) -> None:
-        self.target = target
-        check_updates(target.updates, replay_safe_only=not self.transactional, sink_name=self.name)
+    def __init__(self, spec: MySqlUpsertSink, connect_kwargs: Mapping[str, Any]) -> None:
+        self.spec, self.connect_kwargs = spec, dict(connect_kwargs)
+        self.name = spec.name
         self.row_alias = False
         self.table_columns: list[str] = []
-        self.flavor_version: tuple[str, tuple[int, int, int]] | None = None
 
     # -- checks before any side effect
 
     def check(self) -> None:
-        t = self.target
-        for key in t.key_columns:
-            validate_identifier(key, "key column")
-        quote_table(t.table)
+        kwargs = self.connect_kwargs
         try:
-            conn = connect(t.connect_kwargs)
+            conn = connect(kwargs)
         except pymysql.err.MySQLError as exc:
             raise ConfigurationError(
-                f"{self.name}: cannot connect to MySQL at {t.connect_kwargs.get('host')}:"
-                f"{t.connect_kwargs.get('port')} as {t.connect_kwargs.get('user')!r}: {exc.args[-1]}"
+                f"{self.name}: cannot connect to MySQL at {kwargs.get('host')}:"
+                f"{kwargs.get('port')} as {kwargs.get('user')!r}: {exc.args[-1]}"
             ) from exc
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT VERSION()")
-                flavor, version = parse_server_version(cur.fetchone()[0])
-                self.flavor_version = (flavor, version)
+                row = cur.fetchone()
+                assert row is not None, "SELECT VERSION() returns one row"
+                flavor, version = parse_server_version(row[0])
                 self.row_alias = supports_row_alias(flavor, version)
                 self._check_server(conn, flavor, version)
                 self.table_columns = self._table_columns(cur)
                 self._check_unique_key(cur)
-                cur.execute(dead_letter_ddl(t.dead_letter_table))
+                cur.execute(dead_letter_ddl(self.spec.dead_letter_table))
         finally:
             conn.close()
 
@@ -220,7 +212,7 @@ class MySqlUpsertAdapter:
         """Hook for the XA sink's stricter requirements."""
 
     def _split_table(self) -> tuple[str | None, str]:
-        parts = self.target.table.split(".")
+        parts = self.spec.table.split(".")
         return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
     def _table_columns(self, cur: Any) -> list[str]:
@@ -232,12 +224,12 @@ class MySqlUpsertAdapter:
         columns = [row[0] for row in cur.fetchall()]
         if not columns:
             raise ConfigurationError(
-                f"{self.name}: table {self.target.table!r} does not exist in database "
-                f"{schema or self.target.connect_kwargs.get('database')!r}: create it first"
+                f"{self.name}: table {self.spec.table!r} does not exist in database "
+                f"{schema or self.connect_kwargs.get('database')!r}: create it first"
             )
-        missing = [k for k in self.target.key_columns if k not in columns]
+        missing = [k for k in self.spec.key_columns if k not in columns]
         if missing:
-            raise ConfigurationError(f"{self.name}: table {self.target.table!r} has no key column(s) "
+            raise ConfigurationError(f"{self.name}: table {self.spec.table!r} has no key column(s) "
                                      f"{', '.join(missing)}; its columns are {', '.join(columns)}")
         return columns
 
@@ -250,10 +242,10 @@ class MySqlUpsertAdapter:
         indexes: dict[str, set[str]] = {}
         for index, column in cur.fetchall():
             indexes.setdefault(index, set()).add(column)
-        if set(self.target.key_columns) not in indexes.values():
+        if set(self.spec.key_columns) not in indexes.values():
             raise ConfigurationError(
-                f"{self.name}: table {self.target.table!r} needs a PRIMARY KEY or UNIQUE index on exactly "
-                f"({', '.join(self.target.key_columns)}) so that a replayed row overwrites instead of "
+                f"{self.name}: table {self.spec.table!r} needs a PRIMARY KEY or UNIQUE index on exactly "
+                f"({', '.join(self.spec.key_columns)}) so that a replayed row overwrites instead of "
                 "duplicating; add one"
             )
 
@@ -262,44 +254,45 @@ class MySqlUpsertAdapter:
         if unknown:
             raise ConfigurationError(
                 f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "
-                f"{self.target.table!r} lacks; its columns are {', '.join(self.table_columns)}"
+                f"{self.spec.table!r} lacks; its columns are {', '.join(self.table_columns)}"
             )
-        missing_keys = [k for k in self.target.key_columns if k not in columns]
+        missing_keys = [k for k in self.spec.key_columns if k not in columns]
         if missing_keys:
             raise ConfigurationError(f"{self.name}: the transform's output lacks key column(s) "
                                      f"{', '.join(missing_keys)}")
 
-    # -- executor writer
+    # -- writes
 
-    def partition_writer(self, batch: BatchContext, columns: Sequence[str], driver_pid: int) -> PartitionWriter:
+    def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
+        """Every Spark task writes its partition (one XA branch each in XA mode)."""
+        return runner.run_partitions(out, self.partition_writer(batch, out.columns))
+
+    def partition_writer(self, batch: BatchContext, columns: Sequence[str]) -> PartitionWriter:
         self.check_columns(columns)
-        t = self.target
+        spec = self.spec
+        # The spec's __post_init__ made every update mode an UpdateMode: UpdateMode(m) only narrows the type.
         return PartitionWriter(
-            connect_kwargs=dict(t.connect_kwargs), table=t.table, columns=tuple(columns),
-            key_columns=t.key_columns, updates=dict(t.updates), row_alias=self.row_alias,
-            rows_per_statement=t.rows_per_statement, xa=self.transactional,
+            connect_kwargs=self.connect_kwargs, table=spec.table, columns=tuple(columns),
+            key_columns=tuple(spec.key_columns), updates={c: UpdateMode(m).value for c, m in spec.updates.items()},
+            row_alias=self.row_alias, rows_per_statement=spec.rows_per_statement, xa=self.xa,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
-            driver_pid=driver_pid,
+            driver_pid=os.getpid(),  # the during_write crash point kills the driver, not the executor
         )
 
-    def write_dead_letters(self, batch: BatchContext, records: Sequence[Mapping[str, Any]]) -> list[str]:
+    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
         """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows."""
         if not records:
             return []
-        writer = self._dead_letter_writer(batch)
-        table = pa.RecordBatch.from_pylist([{**r, "pipeline_id": batch.pipeline_id, "batch_id": batch.batch_id}
-                                            for r in records])
+        writer = PartitionWriter(
+            connect_kwargs=self.connect_kwargs, table=self.spec.dead_letter_table, columns=DEAD_LETTER_COLUMNS,
+            key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
+            row_alias=self.row_alias, rows_per_statement=self.spec.rows_per_statement, xa=self.xa,
+            pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch, driver_pid=0,
+        )
+        table = pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
+                                             "batch_id": batch.batch_id} for r in records])
         xid, _ = writer([table], partition=-1, stage_id=0, attempt_id=0)
         return [xid] if xid else []
-
-    def _dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
-        return PartitionWriter(
-            connect_kwargs=dict(self.target.connect_kwargs), table=self.target.dead_letter_table,
-            columns=DEAD_LETTER_COLUMNS, key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"),
-            updates={}, row_alias=self.row_alias, rows_per_statement=self.target.rows_per_statement,
-            xa=self.transactional, pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id,
-            epoch=batch.epoch, driver_pid=0,
-        )
 
     # -- protocol steps (nothing to do: every write is already visible and replay-safe)
 
@@ -310,7 +303,7 @@ class MySqlUpsertAdapter:
     def commit(self, batch: BatchRecord) -> None:
         return None
 
-    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None
 
     def discard(self, xids: Sequence[str]) -> None:
@@ -320,8 +313,7 @@ class MySqlUpsertAdapter:
 class MySqlXaAdapter(MySqlUpsertAdapter):
     """XA: one branch per Spark task, prepared, committed only after the store's commit point."""
 
-    transactional = True
-    name = "MySqlXaSink"
+    xa = True
 
     def _check_server(self, conn: pymysql.connections.Connection, flavor: str, version: tuple[int, int, int]) -> None:
         if not keeps_prepared_xa(flavor, version):
@@ -335,7 +327,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] == ER_SPECIFIC_ACCESS_DENIED:
                 raise UnsupportedServerError(
-                    f"{self.name}: user {self.target.connect_kwargs.get('user')!r} may not run XA RECOVER; "
+                    f"{self.name}: user {self.connect_kwargs.get('user')!r} may not run XA RECOVER; "
                     "on MySQL 8 run: GRANT XA_RECOVER_ADMIN ON *.* TO '<user>'@'<host>'"
                 ) from exc
             raise
@@ -344,7 +336,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
                 unfinished: Sequence[BatchRecord] = ()) -> set[int]:
         """Resolve every prepared branch of this pipeline: commit if its batch committed, else roll back."""
         key = pipeline_key(pipeline_id)
-        conn = connect(self.target.connect_kwargs)
+        conn = connect(self.connect_kwargs)
         try:
             ours = [x for x in xa_recover(conn) if x.pipeline_key == key]
             if not ours:
@@ -365,15 +357,15 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
         finally:
             conn.close()
 
-    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None:
-        conn = connect(self.target.connect_kwargs)
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
+        conn = connect(self.connect_kwargs)
         try:
             for i, text in enumerate(xids):
                 xa_end_of(conn, Xid.decode(text), "COMMIT")
                 if i == 0 and len(xids) > 1:
                     crash_if("between_xa_commits")
             # Strays: branches of this batch that failed attempts prepared but nobody reported.
-            key, reported = pipeline_key(pipeline_id), set(xids)
+            key, reported = pipeline_key(batch.pipeline_id), set(xids)
             for xid in xa_recover(conn):
                 if xid.pipeline_key == key and xid.batch_id == batch.batch_id and xid.encode() not in reported:
                     xa_end_of(conn, xid, "ROLLBACK")
@@ -384,7 +376,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
         if not xids:
             return
         try:
-            conn = connect(self.target.connect_kwargs)
+            conn = connect(self.connect_kwargs)
         except pymysql.err.MySQLError:
             return  # the next attempt's recovery rolls them back
         try:

@@ -1,4 +1,4 @@
-"""The durable offset store on MySQL / MariaDB (DESIGN §2).
+"""The durable offset store on MySQL / MariaDB (``docs/architecture.md``, "The offset store").
 
 Three tables: ``eo_pipeline`` (fencing epoch), ``eo_batch`` (the batch log: Spark's
 offset log and commit log in one) and ``eo_offset`` (committed position per
@@ -19,9 +19,9 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT
 
-from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
+from airflow_eo.core.errors import CommitConflictError, FencedError, PipelineConflictError
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchRecord
+from airflow_eo.core.protocol import BatchRecord, BatchSummary
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 
@@ -90,7 +90,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
 _ALREADY_APPLIED = {1050, 1060}  # table exists, duplicate column
 
 
-class OffsetStore:
+class MySqlOffsetStore:
     """pymysql implementation of :class:`airflow_eo.core.protocol.OffsetStore`.
 
     :param connect_kwargs: keyword arguments for ``pymysql.connect`` (from an Airflow
@@ -199,7 +199,7 @@ class OffsetStore:
                 (pipeline_id,),
             )
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
-            return int(cur.fetchone()["epoch"])
+            return int(_one_row(cur)["epoch"])
 
     def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int:
         self.migrate()
@@ -213,7 +213,7 @@ class OffsetStore:
             )
             cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
                         "AND interval_end = %s", (pipeline_id, *bounds))
-            return int(cur.fetchone()["epoch"])
+            return int(_one_row(cur)["epoch"])
 
     def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None:
         rows = self._select_batches("pipeline_id = %s AND interval_start = %s AND interval_end = %s",
@@ -266,7 +266,7 @@ class OffsetStore:
                 cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
             cur.execute("SELECT COALESCE(MAX(batch_id), -1) + 1 AS next FROM eo_batch WHERE pipeline_id = %s",
                         (pipeline_id,))
-            batch_id = int(cur.fetchone()["next"])
+            batch_id = int(_one_row(cur)["next"])
             # Continuous batches are unique per run, interval batches per interval.
             run_key, bounds = (run_id, (None, None)) if interval is None else (None, _utc_bounds(interval))
             cur.execute(
@@ -324,7 +324,7 @@ class OffsetStore:
             # run_key NULL frees the run to plan a fresh batch if it is cleared later.
             self._transition(cur, batch, epoch, BatchState.ABORTED, ", run_key = NULL")
 
-    def commit_batch(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None:
+    def commit_batch(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:
         """THE commit point: CAS every partition's offset and the batch state, in one transaction."""
         with self.transaction() as cur:
             self._fence(cur, batch.pipeline_id, batch.interval, epoch)
@@ -359,12 +359,11 @@ class OffsetStore:
                 cur, batch, epoch, BatchState.COMMITTED,
                 ", committed_at = CURRENT_TIMESTAMP(3), records_in = %s, rows_out = %s, "
                 "dead_letters = %s, summary = %s",
-                (summary.get("records_in"), summary.get("rows_out"), summary.get("dead_letters"),
-                 json.dumps(summary)),
+                (summary.records_in, summary.rows_out, summary.dead_letters, json.dumps(summary.to_dict())),
             )
 
 
-    def record_replay(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None:
+    def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:
         """Interval mode: a committed interval was replayed; it stays committed, its summary is the replay's."""
         assert batch.interval is not None
         with self.transaction() as cur:
@@ -372,11 +371,34 @@ class OffsetStore:
             cur.execute(
                 "UPDATE eo_batch SET epoch = %s, summary = %s, records_in = %s, rows_out = %s, dead_letters = %s, "
                 "updated_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s AND batch_id = %s AND state = %s",
-                (epoch, json.dumps(summary), summary.get("records_in"), summary.get("rows_out"),
-                 summary.get("dead_letters"), batch.pipeline_id, batch.batch_id, BatchState.COMMITTED.value),
+                (epoch, json.dumps(summary.to_dict()), summary.records_in, summary.rows_out, summary.dead_letters,
+                 batch.pipeline_id, batch.batch_id, BatchState.COMMITTED.value),
             )
             if cur.rowcount != 1:
                 raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} is no longer committed")
+
+    # ------------------------------------------------------------------ maintenance
+
+    def forget_pipeline(self, pipeline_id: str) -> None:
+        """Delete everything the store knows of a pipeline: its next run starts as a new pipeline.
+
+        Not fenced: a running attempt of the pipeline fails at its next store write. The sink's
+        rows and any prepared XA branches are the caller's to clear.
+        """
+        self.migrate()
+        with self.transaction() as cur:
+            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_pipeline"):
+                cur.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
+
+
+def _one_row(cur: pymysql.cursors.DictCursor) -> dict[str, Any]:
+    """The row of a query that always returns exactly one: an aggregate, or a row this transaction wrote.
+
+    :param cur: the cursor the query ran on.
+    """
+    row = cur.fetchone()
+    assert row is not None, "the query returns exactly one row"
+    return row
 
 
 def _utc_bounds(interval: Interval) -> tuple[datetime, datetime]:
@@ -394,26 +416,8 @@ def _record(row: dict[str, Any]) -> BatchRecord:
         ranges=ranges_from_json(row["ranges"]),
         skipped=ranges_from_json(row["skipped"]),
         xids=json.loads(row["xids"]) if row["xids"] else [],
-        summary=json.loads(row["summary"]) if row["summary"] else None,
+        summary=BatchSummary.from_dict(json.loads(row["summary"])) if row["summary"] else None,
         interval=(Interval(row["interval_start"].replace(tzinfo=timezone.utc),
                            row["interval_end"].replace(tzinfo=timezone.utc))
                   if row["interval_start"] is not None else None),
     )
-
-
-def connect_kwargs_from_uri(uri: str) -> dict[str, Any]:
-    """``mysql://user:password@host:port/database`` → pymysql keyword arguments (dev tools, tests)."""
-    from urllib.parse import unquote, urlsplit
-
-    parts = urlsplit(uri)
-    if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
-        raise ConfigurationError(f"not a mysql:// URI: {parts.scheme}://{parts.hostname or ''}")
-    return {
-        "host": parts.hostname,
-        "port": parts.port or 3306,
-        "user": unquote(parts.username or ""),
-        "password": unquote(parts.password or ""),
-        "database": unquote(parts.path.lstrip("/")) or None,
-    }
-
-

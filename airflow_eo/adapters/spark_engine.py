@@ -5,7 +5,8 @@ exact ``startingOffsets``/``endingOffsets``. Parsing marks bad records (null val
 malformed JSON, wrong types, missing required fields) instead of dropping them;
 ``on_bad_record`` decides whether the batch fails or dead-letters them. The sink's
 :class:`PartitionWriter` runs inside ``mapInArrow`` so each Spark task writes its
-partition from Arrow batches and reports ``(xid, rows)`` to the driver.
+partition from Arrow batches and reports ``(xid, rows)`` to the driver: the engine is the
+sinks' :class:`~airflow_eo.core.protocol.PartitionRunner`.
 """
 
 from __future__ import annotations
@@ -13,24 +14,23 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
-from airflow_eo.core.protocol import BatchContext, ExecutionResult
+from airflow_eo.core.protocol import BatchContext, DeadLetter, ExecutionResult, PartitionWriter, Sink, WriteResult
 from airflow_eo.core.ranges import spark_offsets
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
-VALUE_FORMATS = ("json", "string", "bytes")
-BAD_RECORD_POLICIES = ("fail", "dead_letter")
 BATCH_VIEW = "kafka_batch"  # temp view name for SQL transforms
 METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key")
 MAX_DEAD_LETTERS = 100_000  # dead letters are collected to the driver; beyond this, fail
@@ -62,36 +62,24 @@ def resolve_transform(transform: Transform | str | None) -> Transform | str | No
 
 @dataclass
 class SparkBatchEngine:
-    """Implements ``core.protocol.Engine`` on a Spark session.
+    """Implements ``core.protocol.Engine`` (and ``PartitionRunner``) on a Spark session.
 
     :param session_factory: returns the SparkSession to use.
     :param kafka_config: librdkafka config of the Kafka connection (bootstrap servers, security).
-    :param value_format: ``json`` (needs ``schema``), ``string`` or ``bytes``.
-    :param schema: Spark DDL of the JSON value; fields marked ``NOT NULL`` are required.
+    :param parse: how records become rows (value format, schema, bad-record policy, writer tasks).
     :param transform: callable / dotted path / SQL over the ``kafka_batch`` view; None keeps the parsed columns.
-    :param on_bad_record: ``fail`` or ``dead_letter``.
-    :param write_partitions: Spark tasks (= connections, = XA branches) that write the output.
     :param kafka_options: extra Spark Kafka source options (``kafka.*`` settings for the Java client).
     """
 
     session_factory: Callable[[], SparkSession]
     kafka_config: Mapping[str, Any]
-    value_format: str = "json"
-    schema: str | None = None
+    parse: ParseConfig
     transform: Transform | str | None = None
-    on_bad_record: str = "fail"
-    write_partitions: int | None = None
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     _job_tag: str | None = field(default=None, init=False)
     _spark: Any = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        if self.value_format not in VALUE_FORMATS:
-            raise ConfigurationError(f"value_format={self.value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
-        if self.value_format == "json" and not self.schema:
-            raise ConfigurationError("value_format='json' needs a schema (Spark DDL, e.g. 'id STRING NOT NULL, n INT')")
-        if self.on_bad_record not in BAD_RECORD_POLICIES:
-            raise ConfigurationError(f"on_bad_record={self.on_bad_record!r}: use 'fail' or 'dead_letter'")
         self.transform = resolve_transform(self.transform)
 
     # ------------------------------------------------------------------ read + parse
@@ -119,18 +107,21 @@ class SparkBatchEngine:
             F.col("key").alias("kafka_key"), F.col("value").alias("kafka_value"),
         )
 
-    def parse(self, spark: SparkSession, raw: DataFrame) -> tuple[DataFrame, list[str]]:
+    def parse_records(self, spark: SparkSession, raw: DataFrame) -> tuple[DataFrame, list[str]]:
         """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
-        if self.value_format in ("string", "bytes"):
-            value = F.col("kafka_value").cast("string") if self.value_format == "string" else F.col("kafka_value")
+        if self.parse.value_format is not ValueFormat.JSON:
+            value = F.col("kafka_value")
+            if self.parse.value_format is ValueFormat.STRING:
+                value = value.cast("string")
             error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
-            columns = [value.alias("value"), *METADATA_COLUMNS, "kafka_value", error.alias("_eo_error")]
+            columns: list[Column | str] = [value.alias("value"), *METADATA_COLUMNS, "kafka_value",
+                                           error.alias("_eo_error")]
             return raw.select(*columns), ["value"]
 
-        declared = _parse_ddl(spark, self.schema or "")
+        declared = _parse_ddl(spark, self.parse.schema or "")
         required = [f.name for f in declared.fields if not f.nullable]
         parse_schema = StructType([StructField(f.name, f.dataType, True) for f in declared.fields]
                                   + [StructField("_eo_corrupt", StringType(), True)])
@@ -161,7 +152,7 @@ class SparkBatchEngine:
 
     # ------------------------------------------------------------------ execute
 
-    def execute(self, batch: BatchContext, sink: Any) -> ExecutionResult:
+    def execute(self, batch: BatchContext, sink: Sink) -> ExecutionResult:
         from pyspark.sql import functions as F
 
         spark = self._spark = self.session_factory()
@@ -170,7 +161,7 @@ class SparkBatchEngine:
         seconds: dict[str, float] = {}
         try:
             t0 = time.monotonic()
-            parsed, payload = self.parse(spark, self.read(spark, batch))
+            parsed, payload = self.parse_records(spark, self.read(spark, batch))
             parsed = parsed.persist()
             counts = {row["bad"]: row["n"] for row in
                       parsed.groupBy(F.col("_eo_error").isNotNull().alias("bad")).agg(F.count("*").alias("n")).collect()}
@@ -181,25 +172,20 @@ class SparkBatchEngine:
             seconds["read_transform"] = round(time.monotonic() - t0, 3)
 
             t1 = time.monotonic()
-            if sink.writes_from_driver:
-                xids, rows = sink.write(out, batch, os.getpid())
-                result = {"xids": xids, "rows": rows}
-            else:
-                result = self._write(out, batch, sink)
-            xids = [x for x in result["xids"] if x]
-            xids += sink.write_dead_letters(batch, dead_letters)
+            written = sink.write(out, batch, self)
+            xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
             seconds["write"] = round(time.monotonic() - t1, 3)
             parsed.unpersist()
-            return ExecutionResult(records_in=records_in, rows_out=result["rows"], dead_letters=len(dead_letters),
+            return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
                                    xids=xids, seconds=seconds)
         finally:
             spark.removeTag(self._job_tag)
 
-    def _bad_records(self, parsed: DataFrame, bad: int) -> list[dict[str, Any]]:
+    def _bad_records(self, parsed: DataFrame, bad: int) -> list[DeadLetter]:
         from pyspark.sql import functions as F
 
         rows = parsed.where(F.col("_eo_error").isNotNull()).orderBy("kafka_topic", "kafka_partition", "kafka_offset")
-        if self.on_bad_record == "fail":
+        if self.parse.on_bad_record is BadRecordPolicy.FAIL:
             first = rows.limit(1).collect()[0]
             raise BadRecordError(
                 f"{bad} bad record(s) in this batch; the first: {first['kafka_topic']}[{first['kafka_partition']}] "
@@ -210,8 +196,8 @@ class SparkBatchEngine:
             raise BadRecordError(f"{bad} bad records in one batch exceed the dead-letter limit of {MAX_DEAD_LETTERS}; "
                                  "nothing was committed: check the producer and the schema")
         return [
-            {"topic": r["kafka_topic"], "kafka_partition": r["kafka_partition"], "kafka_offset": r["kafka_offset"],
-             "record_key": r["kafka_key"], "raw_value": r["kafka_value"], "error": r["_eo_error"]}
+            DeadLetter(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["kafka_key"], r["kafka_value"],
+                       r["_eo_error"])
             for r in rows.select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_key", "kafka_value",
                                  "_eo_error").collect()
         ]
@@ -224,18 +210,19 @@ class SparkBatchEngine:
             return spark.sql(self.transform)
         return self.transform(good, batch)
 
-    def _write(self, out: DataFrame, batch: BatchContext, sink: Any) -> dict[str, Any]:
+    def run_partitions(self, out: DataFrame, writer: PartitionWriter) -> WriteResult:
+        """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows)."""
         from pyspark import TaskContext
 
-        writer = sink.partition_writer(batch, out.columns, os.getpid())
-        partitions = self.write_partitions or max(1, out.sparkSession.sparkContext.defaultParallelism)
+        partitions = self.parse.write_partitions or max(1, out.sparkSession.sparkContext.defaultParallelism)
         # One key lives in one task: two XA branches never wait on each other's row locks.
         keyed = out.repartition(partitions, *writer.key_columns)
 
-        def write_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        def write_partition(batches: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
 
             ctx = TaskContext.get()
+            assert ctx is not None, "mapInArrow runs this inside a Spark task"
             xid, rows = writer(batches, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
             if xid and fault_requested(TASK_FAILURE) and first_failure(f"{xid.split('/')[0]}-{ctx.partitionId()}"):
                 raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
@@ -243,7 +230,7 @@ class SparkBatchEngine:
                                              schema=pa.schema([("xid", pa.string()), ("rows", pa.int64())]))
 
         reports = keyed.mapInArrow(write_partition, "xid string, rows long").collect()
-        return {"xids": [r["xid"] for r in reports], "rows": sum(r["rows"] for r in reports)}
+        return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports))
 
     def cancel(self) -> None:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
@@ -251,7 +238,7 @@ class SparkBatchEngine:
             self._spark.interruptTag(self._job_tag)
 
 
-def _parse_ddl(spark: SparkSession, ddl: str):
+def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
     from pyspark.sql.types import StructType
 
     try:

@@ -37,14 +37,6 @@ class Plan:
     ranges: list[OffsetRange]
     skipped: list[OffsetRange] = field(default_factory=list)  # lost to retention, skipped by option
 
-    @property
-    def is_empty(self) -> bool:
-        return all(r.size == 0 for r in self.ranges)
-
-    @property
-    def max_records(self) -> int:
-        return sum(r.size for r in self.ranges)
-
 
 def plan_batch(
     partitions: Sequence[PartitionOffsets],

@@ -1,4 +1,4 @@
-"""The exactly-once commit protocol of one micro-batch (DESIGN §2, §5).
+"""The exactly-once commit protocol of one micro-batch (``docs/architecture.md``, "The protocol").
 
 One call of :func:`run_batch` is one task attempt:
 
@@ -28,18 +28,21 @@ different intervals never fence each other; a cleared or re-backfilled interval 
 its recorded ranges, which only replay-safe (overwriting) sinks allow.
 
 This module knows no Airflow, Spark, Kafka or MySQL: the store, the offset source,
-the engine and the sink are injected (see the Protocol classes below).
+the engine and the sink are injected (see the Protocol classes below); ``tests/core/
+test_protocol.py`` drives every branch with in-memory fakes of them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from enum import Enum
 from typing import Any, Protocol
 
+from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if
 from airflow_eo.core.planning import (
@@ -71,7 +74,7 @@ class BatchRecord:
     ranges: list[OffsetRange]
     skipped: list[OffsetRange] = field(default_factory=list)
     xids: list[str] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: BatchSummary | None = None
     interval: Interval | None = None  # interval mode: the batch's identity
 
 
@@ -85,6 +88,26 @@ class BatchContext:
     epoch: int
     ranges: tuple[OffsetRange, ...]
     interval: Interval | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record that failed to parse, kept with where it came from (``on_bad_record='dead_letter'``)."""
+
+    topic: str
+    kafka_partition: int
+    kafka_offset: int
+    record_key: bytes | None
+    raw_value: bytes | None
+    error: str
+
+
+@dataclass
+class WriteResult:
+    """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written."""
+
+    xids: list[str] = field(default_factory=list)
+    rows: int = 0
 
 
 @dataclass
@@ -109,10 +132,92 @@ class RunRequest:
     owner: str | None = None  # who declares the pipeline (``<dag_id>.<task_id>``); a second owner is refused
 
 
-# --------------------------------------------------------------------------- adapters
+class BatchStart(Enum):
+    """How an attempt came to hold the batch it executes."""
+
+    PLANNED = "planned"  # planned by this attempt
+    RESUMED = "resumed"  # left unfinished by an earlier attempt, resumed with its recorded ranges
+    REPLAY = "replay"  # interval mode: committed before, its recorded ranges run again
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What one attempt did: the task's XCom value and the batch row's ``summary``."""
+
+    pipeline_id: str
+    batch_id: int
+    run_id: str
+    epoch: int
+    ranges: tuple[OffsetRange, ...]
+    skipped: tuple[OffsetRange, ...] = ()
+    records_in: int = 0
+    rows_out: int = 0
+    dead_letters: int = 0
+    resumed: bool = False
+    replayed: bool = False
+    already_committed: bool = False  # a cleared run that had committed: nothing was done
+    rolled_forward: bool = False  # the sink had committed it; a later attempt recorded it in the store
+    interval: Interval | None = None
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.CONTINUOUS if self.interval is None else Mode.INTERVAL
+
+    @classmethod
+    def of(cls, batch: BatchRecord, run_id: str, epoch: int, result: ExecutionResult | None = None,
+           **flags: Any) -> BatchSummary:
+        result = result or ExecutionResult()
+        return cls(batch.pipeline_id, batch.batch_id, run_id, epoch, tuple(batch.ranges), tuple(batch.skipped),
+                   result.records_in, result.rows_out, result.dead_letters, interval=batch.interval,
+                   seconds=dict(result.seconds), **flags)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (XCom, the batch row, Asset event extras)."""
+        return {
+            "pipeline_id": self.pipeline_id,
+            "batch_id": self.batch_id,
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "ranges": [_range_dict(r) for r in self.ranges],
+            "skipped": [_range_dict(r) for r in self.skipped],
+            "records_in": self.records_in,
+            "rows_out": self.rows_out,
+            "dead_letters": self.dead_letters,
+            "resumed": self.resumed,
+            "replayed": self.replayed,
+            "already_committed": self.already_committed,
+            "rolled_forward": self.rolled_forward,
+            "mode": self.mode.value,
+            "interval": None if self.interval is None else {"start": self.interval.start.isoformat(),
+                                                            "end": self.interval.end.isoformat()},
+            "seconds": dict(self.seconds),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchSummary:
+        interval = data.get("interval")
+        return cls(
+            pipeline_id=data["pipeline_id"], batch_id=int(data["batch_id"]), run_id=data["run_id"],
+            epoch=int(data["epoch"]),
+            ranges=tuple(OffsetRange(**r) for r in data.get("ranges") or ()),
+            skipped=tuple(OffsetRange(**r) for r in data.get("skipped") or ()),
+            records_in=int(data.get("records_in") or 0), rows_out=int(data.get("rows_out") or 0),
+            dead_letters=int(data.get("dead_letters") or 0), resumed=bool(data.get("resumed")),
+            replayed=bool(data.get("replayed")), already_committed=bool(data.get("already_committed")),
+            rolled_forward=bool(data.get("rolled_forward")),
+            interval=None if not interval else Interval(datetime.fromisoformat(interval["start"]),
+                                                        datetime.fromisoformat(interval["end"])),
+            seconds=dict(data.get("seconds") or {}),
+        )
+
+
+# --------------------------------------------------------------------------- the roles
 
 
 class OffsetStore(Protocol):
+    """The durable batch log and committed offsets; every write after a take is fenced by its epoch."""
+
     def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int: ...
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]: ...
     def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None: ...
@@ -122,37 +227,70 @@ class OffsetStore(Protocol):
                      skipped: list[OffsetRange], interval: Interval | None = None) -> BatchRecord: ...
     def adopt_batch(self, batch: BatchRecord, epoch: int) -> BatchRecord: ...
     def mark_prepared(self, batch: BatchRecord, epoch: int, xids: list[str]) -> None: ...
-    def commit_batch(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None: ...
+    def commit_batch(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...
     def abort_batch(self, batch: BatchRecord, epoch: int) -> None: ...
     # interval mode
     def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int: ...
     def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None: ...
-    def record_replay(self, batch: BatchRecord, epoch: int, summary: dict[str, Any]) -> None: ...
+    def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...
 
 
 class OffsetSource(Protocol):
+    """What the broker says about the pipeline's partitions (planning input)."""
+
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]: ...
     def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]: ...
 
 
+class PartitionWriter(Protocol):
+    """Writes one partition of a batch's output where the data is (a Spark task); must be picklable."""
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """Rows with the same key go to the same partition (XA branches never wait on each other)."""
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int,
+                 attempt_id: int) -> tuple[str | None, int]:
+        """Write the partition's Arrow record batches; return (xid of its prepared branch or None, rows)."""
+
+
+class PartitionRunner(Protocol):
+    """The engine's service to sinks that write from the executors: run a writer on every partition."""
+
+    def run_partitions(self, out: Any, writer: PartitionWriter) -> WriteResult: ...
+
+
 class Sink(Protocol):
-    #: True when output stays invisible until the batch commits (XA, Kafka transactions);
-    #: False when the writes themselves are visible and replay-safe (upsert).
-    transactional: bool
+    """A sink's run-time adapter: everything the protocol and the engine call on it.
+
+    A sink spec (``airflow_eo.sinks``) turns itself into one with ``spec.adapter(pipeline_id)``.
+    """
+
+    name: str
     #: True when the sink's own commit is the commit point (Kafka transactions carry the
     #: offsets); the store then mirrors it. False: the store's commit is the commit point.
     owns_commit_point: bool
 
-    def check(self) -> None: ...
+    def check(self) -> None:
+        """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""
+    def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
+        """Write the batch's output (a DataFrame of the engine) invisibly (prepared) or replay-safely."""
+    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
+        """Write bad records atomically with the batch; return the xids of prepared branches."""
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord]) -> set[int]:
         """Resolve leftovers; return the ids of unfinished batches the sink already committed."""
-    def commit(self, batch: BatchRecord) -> None: ...
-    def finalize(self, pipeline_id: str, batch: BatchRecord, xids: Sequence[str]) -> None: ...
-    def discard(self, xids: Sequence[str]) -> None: ...
+    def commit(self, batch: BatchRecord) -> None:
+        """The commit point when ``owns_commit_point``; nothing otherwise."""
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
+        """After the commit point: make the prepared output visible (XA COMMIT), drop strays."""
+    def discard(self, xids: Sequence[str]) -> None:
+        """Best effort on failure: roll back what this attempt prepared or opened."""
 
 
 class Engine(Protocol):
+    """Reads a batch's exact ranges, transforms them and writes them through the sink."""
+
     def execute(self, batch: BatchContext, sink: Sink) -> ExecutionResult: ...
 
 
@@ -160,153 +298,162 @@ class Engine(Protocol):
 
 
 def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,
-              sink: Sink) -> dict[str, Any]:
-    """Run one task attempt of the pipeline's micro-batch; returns the batch summary."""
+              sink: Sink) -> BatchSummary:
+    """Run one task attempt of the pipeline's micro-batch (steps 1-6 above); returns its summary."""
     if request.interval is not None:
         return run_interval_batch(request, store, source, engine, sink)
     p = request.pipeline_id
     started = time.monotonic()
     sink.check()  # misconfiguration fails before any side effect
 
+    # 1. Take the pipeline: a new epoch fences every older attempt.
     epoch = store.take_pipeline(p, request.owner)
     log.info("pipeline %s taken with epoch %d (run %s)", p, epoch, request.run_id)
+    attempt = Attempt(request, store, engine, sink, epoch, started)
 
+    # 2. Recover: the sink's leftovers, batches the sink committed but the store did not,
+    #    this run's own committed batch (a clear), this run's unfinished batch, others'.
     unfinished = store.unfinished_batches(p)
     committed_by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
     for batch in unfinished:
         if batch.batch_id in committed_by_sink:  # the sink's commit point passed, the mirror did not
-            store.commit_batch(batch, epoch, _summary(request, batch, epoch, ExecutionResult(), False)
-                               | {"run_id": batch.run_id, "rolled_forward": True})
+            store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch, rolled_forward=True))
     done = store.batch_for_run(p, request.run_id)
     if done is not None and done.state == BatchState.COMMITTED:
         log.info("run %s already committed batch %d; nothing to do", request.run_id, done.batch_id)
-        return {**(done.summary or {}), "already_committed": True}
+        recorded = done.summary or BatchSummary.of(done, done.run_id, done.epoch)
+        return replace(recorded, already_committed=True)
 
     resumed: BatchRecord | None = None
-    for unfinished in store.unfinished_batches(p):
-        if unfinished.run_id == request.run_id:
-            resumed = unfinished
+    for unfinished_batch in store.unfinished_batches(p):
+        if unfinished_batch.run_id == request.run_id:
+            resumed = unfinished_batch
         else:
-            log.warning("aborting batch %d left unfinished by run %s", unfinished.batch_id, unfinished.run_id)
-            store.abort_batch(unfinished, epoch)
+            log.warning("aborting batch %d left unfinished by run %s", unfinished_batch.batch_id,
+                        unfinished_batch.run_id)
+            store.abort_batch(unfinished_batch, epoch)
 
+    # 3. Plan (or resume) and write the batch row before reading any data.
     if resumed is not None:
         batch = store.adopt_batch(resumed, epoch)
         log.info("resuming batch %d with its recorded ranges: %s", batch.batch_id, _fmt(batch.ranges))
-    else:
-        committed = store.committed_offsets(p)
-        plan = plan_batch(
-            source.partition_offsets(request.topics, request.starting_offsets),
-            committed,
-            max_records_per_run=request.max_records_per_run,
-            skip_lost_records=request.skip_lost_records,
-        )
-        check_contiguous(committed, plan.ranges, plan.skipped)
-        batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, plan.skipped)
-        log.info("planned batch %d: %s", batch.batch_id, _fmt(batch.ranges))
-        if plan.skipped:
-            log.warning("batch %d skips records lost to retention: %s", batch.batch_id, _fmt(plan.skipped))
-    return _execute_and_commit(request, store, engine, sink, batch, epoch, started, resumed=resumed is not None)
+        return attempt.execute_and_commit(batch, BatchStart.RESUMED)
+    committed = store.committed_offsets(p)
+    plan = plan_batch(
+        source.partition_offsets(request.topics, request.starting_offsets),
+        committed,
+        max_records_per_run=request.max_records_per_run,
+        skip_lost_records=request.skip_lost_records,
+    )
+    check_contiguous(committed, plan.ranges, plan.skipped)
+    batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, plan.skipped)
+    log.info("planned batch %d: %s", batch.batch_id, _fmt(batch.ranges))
+    if plan.skipped:
+        log.warning("batch %d skips records lost to retention: %s", batch.batch_id, _fmt(plan.skipped))
+    # 4.-6. Execute, commit point, finalize.
+    return attempt.execute_and_commit(batch, BatchStart.PLANNED)
 
 
 def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,
-                       sink: Sink) -> dict[str, Any]:
-    """Run one task attempt of the batch of ``request.interval`` (interval mode)."""
+                       sink: Sink) -> BatchSummary:
+    """Run one task attempt of the batch of ``request.interval`` (interval mode).
+
+    Only replay-safe sinks may run here; :func:`airflow_eo.core.config.check_pipeline` refuses
+    the others when the DAG is parsed.
+    """
     p, interval = request.pipeline_id, request.interval
     if interval is None:
         raise ConfigurationError("interval mode needs the run's data interval")
-    if sink.transactional:  # the operator refuses these at parse time; this guards the core itself
-        raise ConfigurationError("interval mode replays intervals: it needs a replay-safe, non-transactional sink")
     started = time.monotonic()
     sink.check()
 
-    epoch = store.take_interval(p, interval, request.owner)  # fences older attempts of THIS interval only
+    # 1. Take the interval: fences older attempts of THIS interval only.
+    epoch = store.take_interval(p, interval, request.owner)
     log.info("pipeline %s interval %s taken with epoch %d (run %s)", p, interval, epoch, request.run_id)
+    attempt = Attempt(request, store, engine, sink, epoch, started)
 
+    # 2. Recover: the interval's batch decides; committed → replay, unfinished → resume.
     existing = store.batch_for_interval(p, interval)
     if existing is not None and existing.state == BatchState.COMMITTED:
         # Cleared or backfilled again: the same ranges again; an overwriting sink ends up unchanged.
         check_replayable(source.interval_offsets(request.topics, interval), existing.ranges)
         log.info("interval %s was committed as batch %d; replaying its recorded ranges: %s",
                  interval, existing.batch_id, _fmt(existing.ranges))
-        return _execute_and_commit(request, store, engine, sink, existing, epoch, started, replay=True)
+        return attempt.execute_and_commit(existing, BatchStart.REPLAY)
     if existing is not None:  # unfinished by an earlier attempt (of any run) of this interval
         batch = store.adopt_batch(existing, epoch)
         log.info("resuming batch %d of interval %s with its recorded ranges: %s",
                  batch.batch_id, interval, _fmt(batch.ranges))
-    else:
-        plan = plan_interval(source.interval_offsets(request.topics, interval), interval,
-                             idle_timeout=request.idle_partition_timeout, now=datetime.now(timezone.utc))
-        batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, [], interval=interval)
-        log.info("planned batch %d for interval %s: %s", batch.batch_id, interval, _fmt(batch.ranges))
-    return _execute_and_commit(request, store, engine, sink, batch, epoch, started, resumed=existing is not None)
+        return attempt.execute_and_commit(batch, BatchStart.RESUMED)
+
+    # 3. Plan the interval and write the batch row before reading any data.
+    plan = plan_interval(source.interval_offsets(request.topics, interval), interval,
+                         idle_timeout=request.idle_partition_timeout, now=datetime.now(timezone.utc))
+    batch = store.insert_batch(p, epoch, request.run_id, plan.ranges, [], interval=interval)
+    log.info("planned batch %d for interval %s: %s", batch.batch_id, interval, _fmt(batch.ranges))
+    # 4.-6. Execute, commit point (or replay record), finalize.
+    return attempt.execute_and_commit(batch, BatchStart.PLANNED)
 
 
-def _execute_and_commit(request: RunRequest, store: OffsetStore, engine: Engine, sink: Sink, batch: BatchRecord,
-                        epoch: int, started: float, resumed: bool = False, replay: bool = False) -> dict[str, Any]:
-    """Steps 4-6: execute the planned batch, pass the commit point, finalize the sink."""
-    p = request.pipeline_id
-    planned = time.monotonic()
-    crash_if("after_plan")
+@dataclass
+class Attempt:
+    """One task attempt's hold on its batch: the epoch it took and the roles it runs with (steps 4-6)."""
 
-    context = BatchContext(p, batch.batch_id, request.run_id, epoch, tuple(batch.ranges), batch.interval)
-    result = ExecutionResult()
-    try:
-        if all(r.size == 0 for r in batch.ranges):
-            log.info("batch %d is empty: committing offsets without starting Spark", batch.batch_id)
-        else:
-            result = engine.execute(context, sink)
-        executed = time.monotonic()
-        if sink.transactional and result.xids:
-            store.mark_prepared(batch, epoch, result.xids)
-            crash_if("after_prepare")
-        summary = _summary(request, batch, epoch, result, resumed)
-        summary["replayed"] = replay
-        summary["seconds"].update(plan=round(planned - started, 3), execute=round(executed - planned, 3))
-        if replay:
-            store.record_replay(batch, epoch, summary)  # the batch stays committed; its summary is updated
-        else:
-            if sink.owns_commit_point:
-                sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
-            store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
-    except BaseException:
-        # Best effort, and only what this attempt made (a newer attempt's branches are not ours
-        # to touch); the next attempt's recovery resolves whatever is left.
-        sink.discard(result.xids)
-        raise
-    committed_at = time.monotonic()
-    log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,
-             "replayed" if replay else "committed", result.records_in, result.rows_out, result.dead_letters)
-    crash_if("after_commit_point")
+    request: RunRequest
+    store: OffsetStore
+    engine: Engine
+    sink: Sink
+    epoch: int
+    started: float  # monotonic clock at the attempt's start
 
-    sink.finalize(p, batch, result.xids)
-    summary["seconds"].update(commit=round(committed_at - executed, 3),
-                              finalize=round(time.monotonic() - committed_at, 3))
-    return summary
+    def execute_and_commit(self, batch: BatchRecord, start: BatchStart) -> BatchSummary:
+        """Steps 4-6: execute the batch, pass the commit point, finalize the sink."""
+        store, sink, epoch = self.store, self.sink, self.epoch
+        planned = time.monotonic()
+        crash_if("after_plan")
 
+        context = BatchContext(batch.pipeline_id, batch.batch_id, self.request.run_id, epoch, tuple(batch.ranges),
+                               batch.interval)
+        result = ExecutionResult()
+        try:
+            # 4. Execute: nothing to read, nothing to start.
+            if all(r.size == 0 for r in batch.ranges):
+                log.info("batch %d is empty: committing offsets without starting Spark", batch.batch_id)
+            else:
+                result = self.engine.execute(context, sink)
+            executed = time.monotonic()
+            if result.xids:  # prepared branches are recorded before the commit point
+                store.mark_prepared(batch, epoch, result.xids)
+                crash_if("after_prepare")
+            seconds = {**result.seconds, "plan": round(planned - self.started, 3),
+                       "execute": round(executed - planned, 3)}
+            summary = BatchSummary.of(batch, self.request.run_id, epoch, replace(result, seconds=seconds),
+                                      resumed=start is BatchStart.RESUMED, replayed=start is BatchStart.REPLAY)
+            # 5. The commit point.
+            if start is BatchStart.REPLAY:
+                store.record_replay(batch, epoch, summary)  # the batch stays committed; its summary is updated
+            else:
+                if sink.owns_commit_point:
+                    sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
+                store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
+        except BaseException:
+            # Best effort, and only what this attempt made (a newer attempt's branches are not ours
+            # to touch); the next attempt's recovery resolves whatever is left.
+            sink.discard(result.xids)
+            raise
+        committed_at = time.monotonic()
+        log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,
+                 "replayed" if start is BatchStart.REPLAY else "committed", result.records_in, result.rows_out,
+                 result.dead_letters)
+        crash_if("after_commit_point")
 
-def _summary(request: RunRequest, batch: BatchRecord, epoch: int, result: ExecutionResult,
-             resumed: bool) -> dict[str, Any]:
-    return {
-        "pipeline_id": request.pipeline_id,
-        "batch_id": batch.batch_id,
-        "run_id": request.run_id,
-        "epoch": epoch,
-        "ranges": [_range_dict(r) for r in batch.ranges],
-        "skipped": [_range_dict(r) for r in batch.skipped],
-        "records_in": result.records_in,
-        "rows_out": result.rows_out,
-        "dead_letters": result.dead_letters,
-        "resumed": resumed,
-        "already_committed": False,
-        "mode": "continuous" if batch.interval is None else "interval",
-        "interval": None if batch.interval is None else {"start": batch.interval.start.isoformat(),
-                                                         "end": batch.interval.end.isoformat()},
-        "seconds": dict(result.seconds),
-    }
+        # 6. Finalize the sink; a crash here is finished by the next attempt's recovery.
+        sink.finalize(batch, result.xids)
+        return replace(summary, seconds={**summary.seconds, "commit": round(committed_at - executed, 3),
+                                         "finalize": round(time.monotonic() - committed_at, 3)})
 
 
-def _range_dict(r: OffsetRange) -> Mapping[str, Any]:
+def _range_dict(r: OffsetRange) -> dict[str, Any]:
     return {"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset,
             "until_offset": r.until_offset}
 

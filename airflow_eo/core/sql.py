@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
-
-UpdateMode = Literal["replace", "add"]
-UPDATE_MODES: tuple[str, ...] = ("replace", "add")
-
-
-def check_updates(updates: Mapping[str, str], replay_safe_only: bool, sink_name: str) -> None:
-    """Validate per-column update modes; a replay-safe sink refuses accumulating ones."""
-    for column, mode in updates.items():
-        quote_identifier(column, "column name")
-        if mode not in UPDATE_MODES:
-            raise ConfigurationError(f"{sink_name}: update mode {mode!r} of column {column!r}: use one of "
-                                     f"{', '.join(UPDATE_MODES)}")
-        if replay_safe_only and mode == "add":
-            raise ConfigurationError(
-                f"{sink_name}: column {column!r} uses an accumulating update ('add'), which counts a "
-                "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
-                "use MySqlXaSink for accumulating updates (its writes commit atomically with the offsets)."
-            )
 
 
 def upsert_statement(
@@ -37,6 +19,7 @@ def upsert_statement(
 ) -> str:
     """Multi-row ``INSERT .. ON DUPLICATE KEY UPDATE`` for ``rows`` rows.
 
+    ``updates`` maps a column to ``"add"`` (accumulate) or ``"replace"`` (the default).
     ``row_alias``: MySQL 8.0.19+ form (``VALUES (..) AS new .. c = new.c``); otherwise the
     ``VALUES(c)`` form MariaDB wants (deprecated on MySQL 8).
     """
@@ -80,8 +63,6 @@ DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset"
 
 def parse_server_version(version: str) -> tuple[str, tuple[int, int, int]]:
     """``SELECT VERSION()`` → (``'mariadb'`` | ``'mysql'``, (major, minor, patch))."""
-    import re
-
     flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
     match = re.match(r"(?:5\.5\.5-)?(\d+)\.(\d+)\.(\d+)", version)
     if not match:

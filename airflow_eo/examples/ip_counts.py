@@ -1,4 +1,4 @@
-"""The IP-count example (DESIGN §7): requests per IP in 5-second tumbling windows, Kafka → Kafka.
+"""The IP-count example: requests per IP in 5-second tumbling windows, Kafka → Kafka.
 
 Input lines on ``ip_count_source``: ``"yyyy-MM-dd_HH:mm:ss <ip>"``. Each batch emits one
 record per (window, ip) it contributes to ``ip_count_sink``: key ``"<window_start>|<ip>"``,
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -112,45 +111,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def reset(bootstrap: str, connect_kwargs: dict, pipeline_id: str = "ip_counts_kafka") -> None:
-    """Empty both topics (delete their records), forget the pipeline's group offsets and store rows."""
-    import pymysql
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from airflow_eo.adapters.kafka_sink import group_id
-
-    leadership_not_ready = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                            KafkaError.UNKNOWN_TOPIC_OR_PART}
-    ensure_topics(bootstrap)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for topic in (SOURCE, SINK):
-        partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
-        for attempt in range(20):
-            # OFFSET_END (-1) deletes everything up to the high watermark.
-            futures = admin.delete_records([TopicPartition(topic, p, -1) for p in partitions]).values()
-            try:
-                for future in futures:
-                    future.result()
-                break
-            except KafkaException as exc:  # a just-created topic's leaders may not be in place yet
-                if attempt == 19 or exc.args[0].code() not in leadership_not_ready:
-                    raise
-                time.sleep(0.5)
-    for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
-        try:
-            future.result()
-        except Exception as exc:  # noqa: BLE001 - the group may not exist yet
-            if "GROUP_ID_NOT_FOUND" not in str(exc):
-                raise
-    conn = pymysql.connect(**connect_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            for table in ("eo_offset", "eo_batch", "eo_pipeline"):
-                cur.execute("SHOW TABLES LIKE %s", (table,))
-                if cur.fetchone():
-                    cur.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
-    finally:
-        conn.close()

@@ -1,4 +1,4 @@
-"""The page-views example (DESIGN §7): topic ``page_views`` → ``app_pv`` (XA) and ``page_view_events`` (upsert).
+"""The page-views example: topic ``page_views`` → ``app_pv`` (XA) and ``page_view_events`` (upsert).
 
 Also a producer command for the demo and the tests::
 
@@ -122,31 +122,6 @@ def create_table_like(connect_kwargs: dict[str, Any], example: str, name: str) -
     finally:
         conn.close()
     return name
-
-
-def reset(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
-    """Forget the pipelines' progress and empty the example tables: the next run starts from the earliest offset."""
-    import pymysql
-
-    from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
-    from airflow_eo.core.xid import pipeline_key
-
-    ensure_tables(connect_kwargs)
-    conn = pymysql.connect(**connect_kwargs, autocommit=True)
-    try:
-        keys = {pipeline_key(p) for p in pipelines}
-        for xid in xa_recover(conn):
-            if xid.pipeline_key in keys:
-                xa_end_of(conn, xid, "ROLLBACK")
-        with conn.cursor() as cur:
-            for table in TABLES_DDL:
-                cur.execute(f"TRUNCATE TABLE {table}")
-            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_pipeline"):
-                cur.execute("SHOW TABLES LIKE %s", (table,))
-                if cur.fetchone():
-                    cur.execute(f"DELETE FROM {table} WHERE pipeline_id IN %s", (list(pipelines),))
-    finally:
-        conn.close()
 
 
 def main() -> None:

@@ -3,21 +3,39 @@
 from __future__ import annotations
 
 import uuid
+from functools import cached_property
 from typing import NamedTuple
+
+from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
+from confluent_kafka.admin import AdminClient
+
+
+class _BootstrapAdminHook(KafkaAdminClientHook):
+    """The provider's admin hook on a bootstrap string instead of a ``kafka`` connection.
+
+    :func:`ensure_topic` takes a bootstrap string, not a connection id (the demo, the benchmark,
+    the tests and the example DAGs pass one); ``KafkaAdminClientHook.create_topic`` takes its
+    admin client from the public ``get_conn``, so only that is replaced.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__()
+        self.bootstrap = bootstrap
+
+    @cached_property
+    def get_conn(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.bootstrap})
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    """Create ``topic`` with ``partitions`` partitions (replication factor 1) unless it exists.
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if topic in admin.list_topics(timeout=10).topics:
-        return
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        try:
-            future.result()
-        except Exception as exc:  # noqa: BLE001 - a concurrent creator already made it
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+    Idempotent, and safe against a concurrent creator: ``KafkaAdminClientHook.create_topic``
+    logs ``TOPIC_ALREADY_EXISTS`` instead of raising it.
+    """
+    hook = _BootstrapAdminHook(bootstrap)
+    if topic not in hook.get_conn.list_topics(timeout=10).topics:
+        hook.create_topic([(topic, partitions, 1)])
 
 
 class TopicRecord(NamedTuple):
@@ -43,7 +61,6 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed"
     independent of Spark and of airflow_eo's pipelines: this is what ground truths use.
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
                          "isolation.level": isolation, "enable.auto.commit": False,

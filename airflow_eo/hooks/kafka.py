@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 
 from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
-from airflow_eo.sinks import KafkaTransactionalSink
+from airflow_eo.core.backlog import backlog
 
 
 class KafkaClusterHook(KafkaBaseHook):
@@ -17,13 +17,34 @@ class KafkaClusterHook(KafkaBaseHook):
     :param kafka_config_id: the connection id (default ``kafka_default``).
     """
 
+    def _get_client(self, config: dict[str, Any]) -> dict[str, Any]:
+        # No public API of KafkaBaseHook returns the resolved config: its public ``get_conn``
+        # resolves the connection's extra (allow-listed dotted-path callbacks, the Google Managed
+        # Kafka / Amazon MSK IAM ``oauth_cb``) and hands the result to ``_get_client``, the
+        # override point the provider's own KafkaConsumerHook / KafkaProducerHook use to choose
+        # what ``get_conn`` builds. Our clients (admin, consumers, transactional producers) each add
+        # their own keys to that config, so this hook's ``get_conn`` is the config itself. Unlike
+        # the private ``_build_config`` (added in a later provider release), ``get_conn`` and
+        # ``_get_client`` resolve the config the same way in every provider release we accept.
+        return config
+
     def get_config(self) -> dict[str, Any]:
-        build = getattr(self, "_build_config", None)  # resolves MSK IAM / allow-listed callbacks
-        return dict(build() if build else self.get_connection(self.kafka_config_id).extra_dejson)
+        """The connection's librdkafka config as the provider resolves it (a copy: callers add keys)."""
+        return dict(self.get_conn)
 
     def get_offset_source(self) -> KafkaOffsetSource:
         return KafkaOffsetSource(self.get_config())
 
-    def get_sink_adapter(self, sink: KafkaTransactionalSink, pipeline_id: str) -> KafkaTransactionalAdapter:
-        return KafkaTransactionalAdapter(self.get_config(), sink.topic, pipeline_id, sink.key_column,
-                                         sink.value_column, sink.transaction_timeout_ms)
+    def backlog(self, topics: Sequence[str], committed: Mapping[tuple[str, int], int],
+                starting_offsets: str | int = "earliest") -> dict[str, int]:
+        """Unprocessed offsets per ``"topic[partition]"``: the broker's last stable offset minus ``committed``.
+
+        Read ``committed`` before calling this (:meth:`OffsetStoreHook.committed_offsets
+        <airflow_eo.hooks.mysql.OffsetStoreHook.committed_offsets>`): a committed offset never
+        exceeds a last stable offset read after it, while one read after the broker could be beyond it.
+
+        :param topics: the pipeline's topics.
+        :param committed: the pipeline's committed next offset per ``(topic, partition)``.
+        :param starting_offsets: where a partition without a committed offset starts (as the operator's).
+        """
+        return backlog(self.get_offset_source().partition_offsets(topics, starting_offsets), committed)

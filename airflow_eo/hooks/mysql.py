@@ -6,9 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_eo.adapters.mysql_sink import MySqlTarget, MySqlUpsertAdapter, MySqlXaAdapter
-from airflow_eo.adapters.offset_store import OffsetStore
-from airflow_eo.sinks import MySqlUpsertSink
+from airflow_eo.adapters.offset_store import MySqlOffsetStore
 
 
 class EoMySqlHook(BaseHook):
@@ -41,14 +39,12 @@ class EoMySqlHook(BaseHook):
             kwargs["ssl"] = extra["ssl"]
         return kwargs
 
-    def get_sink_adapter(self, sink: MySqlUpsertSink) -> MySqlUpsertAdapter:
-        target = MySqlTarget(self.get_connect_kwargs(), sink.table, tuple(sink.key_columns), dict(sink.updates),
-                             sink.rows_per_statement, sink.dead_letter_table)
-        return (MySqlXaAdapter if sink.transactional else MySqlUpsertAdapter)(target)
-
 
 class OffsetStoreHook(EoMySqlHook):
-    """The durable offset store (DESIGN §2) on a ``mysql`` connection (default ``eo_offset_store``)."""
+    """The durable offset store on a ``mysql`` connection (default ``eo_offset_store``).
+
+    See ``docs/architecture.md``, "The offset store".
+    """
 
     default_conn_name = "eo_offset_store"
     hook_name = "airflow_eo offset store"
@@ -56,5 +52,35 @@ class OffsetStoreHook(EoMySqlHook):
     def __init__(self, mysql_conn_id: str = default_conn_name) -> None:
         super().__init__(mysql_conn_id)
 
-    def get_store(self) -> OffsetStore:
-        return OffsetStore(self.get_connect_kwargs())
+    def get_store(self) -> MySqlOffsetStore:
+        return MySqlOffsetStore(self.get_connect_kwargs())
+
+    def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:
+        """The next offset to process per ``(topic, partition)``, as the pipeline's committed batches left it.
+
+        :param pipeline_id: the pipeline.
+        """
+        return self.get_store().committed_offsets(pipeline_id)
+
+    def committed_batch_id(self, pipeline_id: str, after_batch_id: int = -1,
+                           interval: list[str] | None = None) -> int | None:
+        """The id of a committed batch newer than ``after_batch_id`` or, with ``interval``, of that
+        interval's batch once committed; None while there is none.
+
+        :param pipeline_id: the pipeline.
+        :param after_batch_id: only a committed batch id greater than this counts; -1 = any.
+            Not used with ``interval``.
+        :param interval: ISO-8601 start and end of an interval-mode batch (a run's data interval).
+        """
+        from datetime import datetime
+
+        from airflow_eo.core.planning import Interval
+        from airflow_eo.core.states import BatchState
+
+        store = self.get_store()
+        if interval is not None:
+            start, end = (datetime.fromisoformat(t) for t in interval)
+            batch = store.batch_for_interval(pipeline_id, Interval(start, end))
+            return batch.batch_id if batch is not None and batch.state == BatchState.COMMITTED else None
+        latest = store.latest_committed_batch_id(pipeline_id)
+        return latest if latest is not None and latest > after_batch_id else None

@@ -9,19 +9,18 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_eo.adapters.kafka_offsets import parse_starting_offsets
-from airflow_eo.adapters.spark_engine import BAD_RECORD_POLICIES, VALUE_FORMATS, SparkBatchEngine
+from airflow_eo.adapters.spark_engine import SparkBatchEngine
+from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, SinkSpec
+from airflow_eo.sinks import SinkSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-MODES = ("continuous", "interval")
 
 
 def sink_asset_alias(dag_id: str, task_id: str) -> AssetAlias:
@@ -89,13 +88,13 @@ class KafkaMicroBatchOperator(BaseOperator):
         sink: SinkSpec,
         pipeline_id: str | None = None,
         transform: Callable[..., Any] | str | None = None,
-        value_format: str = "json",
+        value_format: ValueFormat | str = ValueFormat.JSON,
         schema: str | None = None,
         starting_offsets: str | int = "earliest",
         max_records_per_run: int | None = None,
         skip_lost_records: bool = False,
-        on_bad_record: str = "fail",
-        mode: str = "continuous",
+        on_bad_record: BadRecordPolicy | str = BadRecordPolicy.FAIL,
+        mode: Mode | str = Mode.CONTINUOUS,
         idle_partition_timeout: timedelta | float | None = None,
         kafka_conn_id: str = "kafka_default",
         offset_store_conn_id: str = "eo_offset_store",
@@ -106,32 +105,21 @@ class KafkaMicroBatchOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if mode == "continuous" and self.max_active_tis_per_dag is None:  # neither given nor in default_args
-            self.max_active_tis_per_dag = 1  # one batch at a time; see the class docstring
         # Everything below is checked at DAG parse time: a bad DAG never starts a batch.
-        if mode not in MODES:
-            raise ConfigurationError(f"mode={mode!r}: supported modes are {', '.join(MODES)}")
+        mode = choice(Mode, mode, "mode", "modes")
+        if mode is Mode.CONTINUOUS and self.max_active_tis_per_dag is None:  # neither given nor in default_args
+            self.max_active_tis_per_dag = 1  # one batch at a time; see the class docstring
         if not isinstance(sink, SinkSpec):
             raise ConfigurationError(f"sink must be a sink spec such as MySqlXaSink(...), not {type(sink).__name__}")
         if isinstance(idle_partition_timeout, int | float):
             idle_partition_timeout = timedelta(seconds=idle_partition_timeout)
-        if idle_partition_timeout is not None and (mode != "interval" or idle_partition_timeout < timedelta(0)):
+        if idle_partition_timeout is not None and (mode is not Mode.INTERVAL or idle_partition_timeout < timedelta(0)):
             raise ConfigurationError("idle_partition_timeout is for mode='interval' only, and must not be negative "
                                      "(a timedelta or seconds; None waits for every partition)")
-        if mode == "interval":
-            _check_interval_mode(sink, max_records_per_run)
-            if self.has_dag():
-                _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
-        if isinstance(sink, KafkaTransactionalSink) and on_bad_record != "fail":
-            raise ConfigurationError("KafkaTransactionalSink supports on_bad_record='fail' only (no dead-letter table)")
-        if value_format not in VALUE_FORMATS:
-            raise ConfigurationError(f"value_format={value_format!r}: use one of {', '.join(VALUE_FORMATS)}")
-        if value_format == "json" and not schema:
-            raise ConfigurationError("value_format='json' needs schema= (Spark DDL, e.g. 'id STRING NOT NULL, n INT')")
-        if on_bad_record not in BAD_RECORD_POLICIES:
-            raise ConfigurationError(f"on_bad_record={on_bad_record!r}: use one of {', '.join(BAD_RECORD_POLICIES)}")
-        if max_records_per_run is not None and max_records_per_run < 1:
-            raise ConfigurationError("max_records_per_run must be a positive number of records (or None)")
+        parse = ParseConfig(value_format, schema, on_bad_record, write_partitions)  # type: ignore[arg-type]
+        check_pipeline(sink, mode, parse, max_records_per_run)
+        if mode is Mode.INTERVAL and self.has_dag():
+            _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
         parse_starting_offsets(starting_offsets)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
@@ -139,12 +127,12 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.sink = sink
         self.pipeline_id = pipeline_id  # None: "<dag_id>.<task_id>", resolved at run time
         self.transform = transform
-        self.value_format = value_format
-        self.schema = schema
+        self.value_format = parse.value_format
+        self.schema = schema  # templated: the rendered schema is parsed again when the task runs
         self.starting_offsets = starting_offsets
         self.max_records_per_run = max_records_per_run
         self.skip_lost_records = skip_lost_records
-        self.on_bad_record = on_bad_record
+        self.on_bad_record = parse.on_bad_record
         self.mode = mode
         self.idle_partition_timeout = idle_partition_timeout
         self.kafka_conn_id = kafka_conn_id
@@ -162,18 +150,15 @@ class KafkaMicroBatchOperator(BaseOperator):
         map_index = getattr(context.get("ti"), "map_index", -1)
         default_id = f"{self.dag_id}.{self.task_id}" + (f".{'+'.join(sorted(self.topics))}" if map_index >= 0 else "")
         pipeline_id = self.pipeline_id or default_id
-        interval = self._data_interval(context) if self.mode == "interval" else None
+        interval = self._data_interval(context) if self.mode is Mode.INTERVAL else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
         spark_hook = SparkSessionHook(self.spark_conn_id, self.spark_conf)
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,
             kafka_config=kafka_config,
-            value_format=self.value_format,
-            schema=self.schema,
+            parse=ParseConfig(self.value_format, self.schema, self.on_bad_record, self.write_partitions),
             transform=self.transform,
-            on_bad_record=self.on_bad_record,
-            write_partitions=self.write_partitions,
             kafka_options=self.kafka_options,
         )
         request = RunRequest(
@@ -192,19 +177,21 @@ class KafkaMicroBatchOperator(BaseOperator):
             store=OffsetStoreHook(self.offset_store_conn_id).get_store(),
             source=kafka_hook.get_offset_source(),
             engine=self._engine,
-            sink=self._sink_adapter(pipeline_id),
+            sink=self.sink.adapter(pipeline_id),
         )
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",
-            summary.get("pipeline_id"), summary.get("batch_id"), summary.get("records_in"), summary.get("rows_out"),
-            summary.get("dead_letters"), " (already committed earlier)" if summary.get("already_committed") else "",
-            summary.get("seconds"),
+            summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
+            " (already committed earlier)" if summary.already_committed else "", dict(summary.seconds),
         )
-        sink_asset = self._sink_asset(kafka_config)
-        if not summary.get("already_committed") and "outlet_events" in context:
+        result = summary.to_dict()
+        sink_asset = self.sink.asset()
+        bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
+        self._lineage = (f"kafka://{bootstrap}", sink_asset.namespace, sink_asset.name)
+        if not summary.already_committed and "outlet_events" in context:
             context["outlet_events"][sink_asset_alias(self.dag_id, self.task_id)].add(
-                sink_asset, extra={k: summary.get(k) for k in _ASSET_EXTRA_KEYS})
-        return summary
+                Asset(sink_asset.uri), extra={k: result[k] for k in _ASSET_EXTRA_KEYS})
+        return result
 
     def _data_interval(self, context: Context) -> Interval:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -215,22 +202,6 @@ class KafkaMicroBatchOperator(BaseOperator):
                 "schedule, as a backfill, or trigger it with a logical date; or use mode='continuous'."
             )
         return Interval(start, end)
-
-    def _sink_asset(self, kafka_config: Mapping[str, Any]) -> Asset:
-        """The sink as an Asset, in the URI schemes of Airflow's MySQL and Kafka providers."""
-        bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
-        if isinstance(self.sink, KafkaTransactionalSink):
-            out_bootstrap = str(KafkaClusterHook(self.sink.conn_id).get_config().get("bootstrap.servers", ""))
-            namespace, name = f"kafka://{out_bootstrap.split(',')[0]}", self.sink.topic
-            uri = f"{namespace}/{name}"
-        else:
-            assert isinstance(self.sink, MySqlUpsertSink)
-            db = EoMySqlHook(self.sink.conn_id).get_connect_kwargs()
-            database, _, table = self.sink.table.rpartition(".")
-            namespace, name = f"mysql://{db['host']}:{db['port']}", f"{database or db['database']}.{table}"
-            uri = f"{namespace}/{name.replace('.', '/')}"
-        self._lineage = (f"kafka://{bootstrap}", namespace, name)
-        return Asset(uri)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the input topics and the sink (apache-airflow-providers-openlineage stays optional)."""
@@ -243,12 +214,6 @@ class KafkaMicroBatchOperator(BaseOperator):
         return OperatorLineage(inputs=[Dataset(namespace=kafka_namespace, name=t) for t in self.topics],
                                outputs=[Dataset(namespace=sink_namespace, name=sink_name)])
 
-    def _sink_adapter(self, pipeline_id: str) -> Any:
-        if isinstance(self.sink, KafkaTransactionalSink):
-            return KafkaClusterHook(self.sink.conn_id).get_sink_adapter(self.sink, pipeline_id)
-        assert isinstance(self.sink, MySqlUpsertSink)
-        return EoMySqlHook(self.sink.conn_id).get_sink_adapter(self.sink)
-
     def on_kill(self) -> None:
         if self._engine is not None:
             self._engine.cancel()
@@ -256,20 +221,6 @@ class KafkaMicroBatchOperator(BaseOperator):
 
 _ASSET_EXTRA_KEYS = ("pipeline_id", "batch_id", "run_id", "mode", "interval", "ranges", "records_in", "rows_out",
                      "replayed")
-
-
-def _check_interval_mode(sink: SinkSpec, max_records_per_run: int | None) -> None:
-    """Interval mode replays intervals (backfills, clears): refuse sinks a replay would double count."""
-    if not isinstance(sink, MySqlUpsertSink) or sink.transactional or not sink.replay_safe:
-        raise ConfigurationError(
-            f"mode='interval' with {type(sink).__name__}: a cleared or backfilled interval is replayed, so "
-            "interval mode needs a replay-safe sink, MySqlUpsertSink with overwriting ('replace') updates. "
-            "MySqlXaSink may accumulate and KafkaTransactionalSink appends: a replay would count the interval "
-            "twice. Use mode='continuous' with them."
-        )
-    if max_records_per_run is not None:
-        raise ConfigurationError("mode='interval': the batch is the whole data interval; drop max_records_per_run "
-                                 "(or use a shorter schedule interval)")
 
 
 def _check_timetable_has_intervals(timetable: Any, dag_id: str) -> None:

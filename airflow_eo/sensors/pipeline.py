@@ -1,32 +1,39 @@
-"""Sensors that wait on a pipeline: records to process (Kafka backlog), or a committed batch."""
+"""Sensors that wait on a pipeline: records to process (Kafka backlog), or a committed batch.
+
+As in Airflow's providers: the hooks own the queries (:class:`~airflow_eo.hooks.kafka.KafkaClusterHook`,
+:class:`~airflow_eo.hooks.mysql.OffsetStoreHook`), ``poke`` calls them, and a deferrable sensor hands
+the wait to a trigger that polls the same hook methods. ``deferrable`` defaults to
+``[operators] default_deferrable``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_eo.core.backlog import backlog_reached
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.triggers.pipeline import (
-    BatchCommittedTrigger,
-    KafkaBacklogTrigger,
-    committed_batch,
-    measure_backlog,
-)
+from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
 
 
 class _DeferrableSensor(BaseSensorOperator):
-    """Pokes once; if not done and ``deferrable``, hands the wait to :meth:`trigger` on the triggerer."""
+    """Pokes once; if not done and ``deferrable``, hands the wait to :meth:`build_trigger` on the triggerer."""
 
     deferrable: bool
 
-    def trigger(self) -> Any:
+    def build_trigger(self, context: Context) -> BaseTrigger:
+        """The trigger that waits in the triggerer, built from the operator's fields and ``context``."""
         raise NotImplementedError
 
     def execute(self, context: Context) -> Any:
@@ -35,7 +42,7 @@ class _DeferrableSensor(BaseSensorOperator):
         first = self.poke(context)
         if first.is_done:
             return first.xcom_value
-        self.defer(trigger=self.trigger(), method_name="execute_complete",
+        self.defer(trigger=self.build_trigger(context), method_name="execute_complete",
                    timeout=timedelta(seconds=self.timeout) if self.timeout else None)
 
 
@@ -50,7 +57,11 @@ class KafkaBacklogSensor(_DeferrableSensor):
     :param topics: its topics. (templated)
     :param min_records: records to wait for; 1 = any new record.
     :param per_partition: compare per partition instead of the total.
-    :param deferrable: hand the wait to the triggerer (frees the worker slot).
+    :param starting_offsets: where a partition without a committed offset starts (the operator's).
+    :param kafka_conn_id: the ``kafka`` connection of the topics.
+    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param deferrable: hand the wait to the triggerer (frees the worker slot); defaults to
+        ``[operators] default_deferrable``.
     :param poll_interval: seconds between looks when deferred (``poke_interval`` otherwise).
     """
 
@@ -59,7 +70,8 @@ class KafkaBacklogSensor(_DeferrableSensor):
     def __init__(self, *, pipeline_id: str, topics: Sequence[str] | str, min_records: int = 1,
                  per_partition: bool = False, starting_offsets: str | int = "earliest",
                  kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = "eo_offset_store",
-                 deferrable: bool = False, poll_interval: float = 10.0, **kwargs: Any) -> None:
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if min_records < 1:
             raise ConfigurationError("min_records must be >= 1")
@@ -68,15 +80,23 @@ class KafkaBacklogSensor(_DeferrableSensor):
         self.kafka_conn_id, self.offset_store_conn_id = kafka_conn_id, offset_store_conn_id
         self.deferrable, self.poll_interval = deferrable, poll_interval
 
+    @cached_property
+    def kafka_hook(self) -> KafkaClusterHook:
+        return KafkaClusterHook(self.kafka_conn_id)
+
+    @cached_property
+    def store_hook(self) -> OffsetStoreHook:
+        return OffsetStoreHook(self.offset_store_conn_id)
+
     def poke(self, context: Context) -> PokeReturnValue:
-        lag = measure_backlog(self.pipeline_id, self.topics, self.starting_offsets, self.kafka_conn_id,
-                              self.offset_store_conn_id)
+        committed = self.store_hook.committed_offsets(self.pipeline_id)
+        lag = self.kafka_hook.backlog(self.topics, committed, self.starting_offsets)
         done = backlog_reached(lag, self.min_records, self.per_partition)
         self.log.info("pipeline %s: %d unprocessed records (waiting for %d)", self.pipeline_id, sum(lag.values()),
                       self.min_records)
         return PokeReturnValue(is_done=done, xcom_value={"lag": lag, "total": sum(lag.values())})
 
-    def trigger(self) -> KafkaBacklogTrigger:
+    def build_trigger(self, context: Context) -> KafkaBacklogTrigger:
         return KafkaBacklogTrigger(self.pipeline_id, self.topics, self.min_records, self.per_partition,
                                    self.starting_offsets, self.kafka_conn_id, self.offset_store_conn_id,
                                    self.poll_interval)
@@ -93,20 +113,27 @@ class BatchCommittedSensor(_DeferrableSensor):
     :param pipeline_id: the pipeline to watch. (templated)
     :param after_batch_id: wait for a committed batch id greater than this; -1 = any. (templated)
     :param for_data_interval: wait for the interval-mode batch of this run's data interval.
-    :param deferrable: hand the wait to the triggerer.
+    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param deferrable: hand the wait to the triggerer; defaults to ``[operators] default_deferrable``.
+    :param poll_interval: seconds between looks when deferred (``poke_interval`` otherwise).
     """
 
     template_fields: Sequence[str] = ("pipeline_id", "after_batch_id")
 
     def __init__(self, *, pipeline_id: str, after_batch_id: int | str = -1, for_data_interval: bool = False,
-                 offset_store_conn_id: str = "eo_offset_store", deferrable: bool = False,
+                 offset_store_conn_id: str = "eo_offset_store",
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline_id, self.after_batch_id, self.for_data_interval = pipeline_id, after_batch_id, for_data_interval
         self.offset_store_conn_id, self.deferrable, self.poll_interval = offset_store_conn_id, deferrable, poll_interval
-        self._interval: list[str] | None = None
+
+    @cached_property
+    def hook(self) -> OffsetStoreHook:
+        return OffsetStoreHook(self.offset_store_conn_id)
 
     def _resolve_interval(self, context: Context) -> list[str] | None:
+        """This run's data interval as ISO-8601 start and end with ``for_data_interval``; else None."""
         if not self.for_data_interval:
             return None
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -116,13 +143,13 @@ class BatchCommittedSensor(_DeferrableSensor):
         return [start.isoformat(), end.isoformat()]
 
     def poke(self, context: Context) -> PokeReturnValue:
-        self._interval = self._resolve_interval(context)
-        found = committed_batch(self.pipeline_id, self.offset_store_conn_id, int(self.after_batch_id), self._interval)
+        found = self.hook.committed_batch_id(self.pipeline_id, int(self.after_batch_id),
+                                             self._resolve_interval(context))
         return PokeReturnValue(is_done=found is not None, xcom_value=found)
 
-    def trigger(self) -> BatchCommittedTrigger:
+    def build_trigger(self, context: Context) -> BatchCommittedTrigger:
         return BatchCommittedTrigger(self.pipeline_id, int(self.after_batch_id), self.offset_store_conn_id,
-                                     self.poll_interval, self._interval)
+                                     self.poll_interval, self._resolve_interval(context))
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
         return int(event["batch_id"])

@@ -1,4 +1,8 @@
-"""Deferrable waits on a pipeline: Kafka backlog, committed batches. No side effects."""
+"""Deferrable waits on a pipeline: Kafka backlog, committed batches. No side effects.
+
+Each trigger holds the hooks that own the queries and polls them; the hooks' methods are
+blocking, so they run in a thread (``asyncio.to_thread``) off the triggerer's event loop.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +12,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-
-def measure_backlog(pipeline_id: str, topics: Sequence[str], starting_offsets: str | int, kafka_conn_id: str,
-                    offset_store_conn_id: str) -> dict[str, int]:
-    """Lag per partition from the broker's last stable offsets and the store's committed offsets (blocking)."""
-    from airflow_eo.core.backlog import backlog
-    from airflow_eo.hooks.kafka import KafkaClusterHook
-    from airflow_eo.hooks.mysql import OffsetStoreHook
-
-    partitions = KafkaClusterHook(kafka_conn_id).get_offset_source().partition_offsets(topics, starting_offsets)
-    committed = OffsetStoreHook(offset_store_conn_id).get_store().committed_offsets(pipeline_id)
-    return backlog(partitions, committed)
-
-
-def committed_batch(pipeline_id: str, offset_store_conn_id: str, after_batch_id: int = -1,
-                    interval: Sequence[str] | None = None) -> int | None:
-    """The id of a committed batch newer than ``after_batch_id``, or of the interval's committed batch; else None."""
-    from datetime import datetime
-
-    from airflow_eo.core.planning import Interval
-    from airflow_eo.core.states import BatchState
-    from airflow_eo.hooks.mysql import OffsetStoreHook
-
-    store = OffsetStoreHook(offset_store_conn_id).get_store()
-    if interval is not None:
-        batch = store.batch_for_interval(pipeline_id, Interval(*(datetime.fromisoformat(t) for t in interval)))
-        return batch.batch_id if batch is not None and batch.state == BatchState.COMMITTED else None
-    latest = store.latest_committed_batch_id(pipeline_id)
-    return latest if latest is not None and latest > after_batch_id else None
+from airflow_eo.core.backlog import backlog_reached
+from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
 
 
 class KafkaBacklogTrigger(BaseTrigger):
@@ -45,6 +24,9 @@ class KafkaBacklogTrigger(BaseTrigger):
     :param topics: the pipeline's topics.
     :param min_records: records to wait for (in total, or in one partition with ``per_partition``).
     :param per_partition: compare ``min_records`` with each partition's lag instead of the sum.
+    :param starting_offsets: where a partition without a committed offset starts (as the operator's).
+    :param kafka_conn_id: the ``kafka`` connection of the topics.
+    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
     :param poll_interval: seconds between two looks.
     """
 
@@ -56,6 +38,8 @@ class KafkaBacklogTrigger(BaseTrigger):
         self.per_partition, self.starting_offsets = per_partition, starting_offsets
         self.kafka_conn_id, self.offset_store_conn_id = kafka_conn_id, offset_store_conn_id
         self.poll_interval = poll_interval
+        self.kafka_hook = KafkaClusterHook(kafka_conn_id)
+        self.store_hook = OffsetStoreHook(offset_store_conn_id)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -66,11 +50,9 @@ class KafkaBacklogTrigger(BaseTrigger):
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_eo.core.backlog import backlog_reached
-
         while True:
-            lag = await asyncio.to_thread(measure_backlog, self.pipeline_id, self.topics, self.starting_offsets,
-                                          self.kafka_conn_id, self.offset_store_conn_id)
+            committed = await asyncio.to_thread(self.store_hook.committed_offsets, self.pipeline_id)
+            lag = await asyncio.to_thread(self.kafka_hook.backlog, self.topics, committed, self.starting_offsets)
             if backlog_reached(lag, self.min_records, self.per_partition):
                 yield TriggerEvent({"status": "ready", "lag": lag, "total": sum(lag.values())})
                 return
@@ -81,7 +63,14 @@ class KafkaBacklogTrigger(BaseTrigger):
 
 class BatchCommittedTrigger(BaseTrigger):
     """Fires when the pipeline has committed a batch newer than ``after_batch_id`` (continuous mode),
-    or the batch of ``interval`` (interval mode: ISO-8601 start and end)."""
+    or the batch of ``interval`` (interval mode).
+
+    :param pipeline_id: the pipeline to watch.
+    :param after_batch_id: wait for a committed batch id greater than this; -1 = any.
+    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param poll_interval: seconds between two looks.
+    :param interval: ISO-8601 start and end of the interval-mode batch to wait for; None = continuous mode.
+    """
 
     def __init__(self, pipeline_id: str, after_batch_id: int = -1, offset_store_conn_id: str = "eo_offset_store",
                  poll_interval: float = 10.0, interval: Sequence[str] | None = None) -> None:
@@ -89,6 +78,7 @@ class BatchCommittedTrigger(BaseTrigger):
         self.pipeline_id, self.after_batch_id = pipeline_id, after_batch_id
         self.offset_store_conn_id, self.poll_interval = offset_store_conn_id, poll_interval
         self.interval = list(interval) if interval is not None else None
+        self.hook = OffsetStoreHook(offset_store_conn_id)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -99,8 +89,8 @@ class BatchCommittedTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
-            found = await asyncio.to_thread(committed_batch, self.pipeline_id, self.offset_store_conn_id,
-                                            self.after_batch_id, self.interval)
+            found = await asyncio.to_thread(self.hook.committed_batch_id, self.pipeline_id, self.after_batch_id,
+                                            self.interval)
             if found is not None:
                 yield TriggerEvent({"status": "committed", "batch_id": found})
                 return

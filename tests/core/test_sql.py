@@ -1,9 +1,9 @@
 import pytest
 
+from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.sql import (
-    check_updates,
     keeps_prepared_xa,
     parse_server_version,
     supports_row_alias,
@@ -33,12 +33,13 @@ def test_bad_identifiers_are_refused(bad):
 def test_upsert_sink_refuses_accumulating_updates_pointing_to_xa():
     with pytest.raises(ConfigurationError, match="MySqlXaSink"):
         MySqlUpsertSink(table="app_pv", key_columns=["app_id"], updates={"pv": "add"})
-    assert MySqlXaSink(table="app_pv", key_columns=["app_id"], updates={"pv": "add"}).transactional
+    xa = MySqlXaSink(table="app_pv", key_columns=["app_id"], updates={"pv": "add"})
+    assert xa.updates == {"pv": UpdateMode.ADD} and not xa.replay_safe
 
 
 def test_unknown_update_mode_is_refused():
     with pytest.raises(ConfigurationError, match="replace, add"):
-        check_updates({"pv": "multiply"}, replay_safe_only=False, sink_name="s")
+        MySqlXaSink(table="app_pv", key_columns=["app_id"], updates={"pv": "multiply"})
 
 
 @pytest.mark.parametrize(("version", "flavor", "parsed", "alias", "keeps"), [

@@ -9,10 +9,11 @@ from typing import Any
 import pymysql
 
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
+from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.protocol import RunRequest
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
@@ -46,15 +47,15 @@ def run(op: KafkaMicroBatchOperator, run_id: str | None = None,
     return op.execute(context)
 
 
-def adapters(sink: MySqlUpsertSink, transform: Any = None) -> dict[str, Any]:
+def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None) -> dict[str, Any]:
     """The operator's real adapters, for tests that drive ``run_batch`` step by step."""
     kafka = KafkaClusterHook("kafka_default")
     return {
         "store": OffsetStoreHook().get_store(),
         "source": kafka.get_offset_source(),
-        "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), schema=page_views.SCHEMA,
-                                   transform=transform),
-        "sink": EoMySqlHook().get_sink_adapter(sink),
+        "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(),
+                                   ParseConfig(schema=page_views.SCHEMA), transform=transform),
+        "sink": sink.adapter(pipeline_id),
     }
 
 

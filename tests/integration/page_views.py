@@ -17,6 +17,7 @@ from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
 from tests.integration.operator_harness import rows
+from tests.support.example_state import reset_page_views
 
 REPO = Path(__file__).resolve().parents[2]
 XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
@@ -35,7 +36,7 @@ def topic_truth(bootstrap: str, topic: str = page_views.TOPIC) -> Truth:
 
 
 def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
-    page_views.reset(mysql_kwargs, *pipelines)
+    reset_page_views(mysql_kwargs, *pipelines)
 
 
 def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,

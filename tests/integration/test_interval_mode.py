@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotReadyError, PipelineConflictError
 from airflow_eo.core.planning import Interval
+from airflow_eo.core.protocol import BatchSummary
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.examples import page_views
 from airflow_eo.examples.topics import read_records
@@ -139,9 +140,11 @@ def test_concurrent_intervals_fence_only_their_own_attempts(topic_name):
     batch_b = store.insert_batch(pipeline, epoch_b, "run-b", [OffsetRange("t", 0, 5, 9)], [], interval=b)
     new_a = store.take_interval(pipeline, a)  # a newer attempt of interval a (a retry or a zombie's successor)
     with pytest.raises(FencedError, match="interval"):
-        store.commit_batch(batch_a, old_a, {})
-    store.commit_batch(batch_b, epoch_b, {})  # interval b is not fenced by interval a's attempts
-    store.commit_batch(store.adopt_batch(batch_a, new_a), new_a, {})
+        store.commit_batch(batch_a, old_a, BatchSummary.of(batch_a, batch_a.run_id, old_a))
+    # Interval b is not fenced by interval a's attempts.
+    store.commit_batch(batch_b, epoch_b, BatchSummary.of(batch_b, batch_b.run_id, epoch_b))
+    adopted_a = store.adopt_batch(batch_a, new_a)
+    store.commit_batch(adopted_a, new_a, BatchSummary.of(adopted_a, adopted_a.run_id, new_a))
     assert store.batch_for_interval(pipeline, a).state.value == "committed"
     assert store.committed_offsets(pipeline) == {}  # interval batches move no running position
 

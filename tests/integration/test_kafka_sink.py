@@ -16,12 +16,15 @@ from airflow_eo.sinks import KafkaTransactionalSink
 from tests.conftest import create_topic
 from tests.integration.operator_harness import rows, run
 from tests.integration.page_views import run_dag
+from tests.support.example_state import reset_ip_counts
 
 PIPELINE = "ip_counts_kafka"
 
 
 def group_offsets(bootstrap: str, pipeline: str) -> dict[tuple[str, int], int]:
-    return KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, "unused", pipeline).group_offsets()
+    sink = KafkaTransactionalSink(topic="unused")
+    adapter = KafkaTransactionalAdapter(sink, {"bootstrap.servers": bootstrap}, pipeline)
+    return adapter.group_offsets()
 
 
 def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
@@ -35,7 +38,7 @@ def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
 
 
 def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db):
-    ip_counts.reset(bootstrap, mysql_kwargs)
+    reset_ip_counts(bootstrap, mysql_kwargs)
     ip_counts.produce_lines(bootstrap, 2000)
     for more in (1500, 0, 500):
         done = run_dag("ip_counts_kafka")
@@ -50,7 +53,7 @@ def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db
 
 @pytest.mark.parametrize("point", ["before_produce", "mid_produce", "after_last_send", "after_kafka_commit"])
 def test_sigkill_at_each_step_keeps_the_output_exact(point, bootstrap, mysql_kwargs, airflow_db):
-    ip_counts.reset(bootstrap, mysql_kwargs)
+    reset_ip_counts(bootstrap, mysql_kwargs)
     ip_counts.produce_lines(bootstrap, 4000)
     logical_date = datetime.now(timezone.utc)
     crashed = run_dag("ip_counts_kafka", logical_date, fault=point)
@@ -73,12 +76,12 @@ def test_sigkill_at_each_step_keeps_the_output_exact(point, bootstrap, mysql_kwa
 def test_an_old_producer_that_wakes_up_is_fenced_and_never_visible(bootstrap, topic_name):
     out = create_topic(bootstrap, f"{topic_name}_out", 1)
     pipeline = f"fence_{topic_name}"
-    old = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, pipeline)
+    old = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap}, pipeline)
     old_producer = old.producer()
     old_producer.begin_transaction()
     old_producer.produce(out, b"zombie-1")
     old_producer.flush(30)
-    newer = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, pipeline)
+    newer = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap}, pipeline)
     newer.producer()  # init_transactions with the same transactional.id fences the old producer
     with pytest.raises(KafkaException):
         old_producer.produce(out, b"zombie-2")
@@ -115,7 +118,8 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
 
 def test_transaction_timeout_beyond_the_brokers_maximum_is_refused(bootstrap, topic_name):
     out = create_topic(bootstrap, topic_name, 1)
-    adapter = KafkaTransactionalAdapter({"bootstrap.servers": bootstrap}, out, "p", transaction_timeout_ms=3_600_000)
+    sink = KafkaTransactionalSink(topic=out, transaction_timeout_ms=3_600_000)
+    adapter = KafkaTransactionalAdapter(sink, {"bootstrap.servers": bootstrap}, "p")
     with pytest.raises(Exception, match="transaction.max.timeout.ms=900000"):
         adapter.check()
     assert group_id("p") == "airflow_eo.p"

@@ -11,12 +11,24 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from confluent_kafka import Producer
 
-from airflow_eo.adapters.offset_store import OffsetStore
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.protocol import BatchSummary
 from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sensors import BatchCommittedSensor, KafkaBacklogSensor
 from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
 from tests.conftest import create_topic
+
+
+@pytest.fixture
+def store():
+    """The offset store the sensors read (connection ``eo_offset_store``)."""
+    return OffsetStoreHook().get_store()
+
+
+def commit(store, batch, epoch) -> None:
+    """Commit ``batch`` in the store, as a run that processed it would (empty summary)."""
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch))
 
 
 def produce(bootstrap: str, topic: str, n: int, partition: int = 0) -> None:
@@ -26,7 +38,7 @@ def produce(bootstrap: str, topic: str, n: int, partition: int = 0) -> None:
     producer.flush(30)
 
 
-def test_poke_reports_the_lag_against_committed_offsets(bootstrap, mysql_kwargs, topic_name):
+def test_poke_reports_the_lag_against_committed_offsets(bootstrap, store, topic_name):
     create_topic(bootstrap, topic_name, 2)
     produce(bootstrap, topic_name, 6, partition=0)
     produce(bootstrap, topic_name, 4, partition=1)
@@ -35,10 +47,9 @@ def test_poke_reports_the_lag_against_committed_offsets(bootstrap, mysql_kwargs,
     first = sensor.poke({})
     assert first.is_done and first.xcom_value == {"lag": {f"{topic_name}[0]": 6, f"{topic_name}[1]": 4}, "total": 10}
 
-    store = OffsetStore(mysql_kwargs)
     epoch = store.take_pipeline(pipeline)
     batch = store.insert_batch(pipeline, epoch, "r1", [OffsetRange(topic_name, 0, 0, 5)], [])
-    store.commit_batch(batch, epoch, {})
+    commit(store, batch, epoch)
     after = sensor.poke({})
     assert not after.is_done and after.xcom_value["total"] == 5
     per_partition = KafkaBacklogSensor(task_id="w2", pipeline_id=pipeline, topics=[topic_name], min_records=4,
@@ -56,6 +67,7 @@ def test_deferrable_sensor_defers_to_a_serializable_trigger_that_fires_on_new_re
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_eo.triggers.pipeline.KafkaBacklogTrigger"
     rebuilt = KafkaBacklogTrigger(**kwargs)  # what the triggerer does
+    assert rebuilt.serialize() == (classpath, kwargs)
 
     threading.Timer(2.0, produce, (bootstrap, topic_name, 3)).start()
     started = time.monotonic()
@@ -69,25 +81,24 @@ def test_deferrable_sensor_defers_to_a_serializable_trigger_that_fires_on_new_re
     assert sensor.execute_complete({}, event.payload) == {"lag": {f"{topic_name}[0]": 3}, "total": 3}
 
 
-def test_batch_committed_sensor_and_trigger(mysql_kwargs):
+def test_batch_committed_sensor_and_trigger(store):
     pipeline = f"p_{uuid.uuid4().hex[:8]}"
     sensor = BatchCommittedSensor(task_id="wait", pipeline_id=pipeline, after_batch_id=0, deferrable=True,
                                   poll_interval=0.5)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute({})
     trigger = BatchCommittedTrigger(**deferred.value.trigger.serialize()[1])
-    store = OffsetStore(mysql_kwargs)
     epoch = store.take_pipeline(pipeline)
     for run_id in ("r0", "r1"):
         batch = store.insert_batch(pipeline, epoch, run_id, [], [])
-        store.commit_batch(batch, epoch, {})
+        commit(store, batch, epoch)
     event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=30))
     assert event.payload == {"status": "committed", "batch_id": 1}
     assert sensor.execute_complete({}, event.payload) == 1
     assert not BatchCommittedSensor(task_id="w", pipeline_id=pipeline, after_batch_id=1).poke({}).is_done
 
 
-def test_batch_committed_sensor_waits_for_its_data_interval(mysql_kwargs):
+def test_batch_committed_sensor_waits_for_its_data_interval(store):
     from datetime import datetime, timedelta, timezone
 
     from airflow_eo.core.planning import Interval
@@ -100,15 +111,16 @@ def test_batch_committed_sensor_waits_for_its_data_interval(mysql_kwargs):
                                   poll_interval=0.5)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(context)
+    assert deferred.value.trigger.interval == [hours[1].start.isoformat(), hours[1].end.isoformat()]
+    assert not hasattr(sensor, "_interval")  # what the trigger needs comes from the context, not from poke
     trigger = BatchCommittedTrigger(**deferred.value.trigger.serialize()[1])
-    store = OffsetStore(mysql_kwargs)
     batches = {}
     for interval in hours:
         epoch = store.take_interval(pipeline, interval)
         batches[interval] = (store.insert_batch(pipeline, epoch, "r", [], [], interval=interval), epoch)
-    store.commit_batch(*batches[hours[0]], {})  # another hour committed: not ours
+    commit(store, *batches[hours[0]])  # another hour committed: not ours
     assert not sensor.poke(context).is_done
-    store.commit_batch(*batches[hours[1]], {})
+    commit(store, *batches[hours[1]])
     event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=30))
     assert event.payload == {"status": "committed", "batch_id": batches[hours[1]][0].batch_id}
     with pytest.raises(ConfigurationError, match="no data interval"):

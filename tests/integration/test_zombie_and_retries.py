@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.errors import FencedError
-from airflow_eo.core.protocol import run_batch
+from airflow_eo.core.protocol import BatchSummary, run_batch
 from airflow_eo.examples.page_views import count_per_app, produce_page_views
 from airflow_eo.sinks import MySqlXaSink
 from tests.conftest import create_topic
@@ -27,7 +27,7 @@ class EngineThatOutlivesItsAttempt:
 
     def __init__(self, real: Any, newer_attempt) -> None:
         self.real, self.newer_attempt = real, newer_attempt
-        self.newer_summary: dict[str, Any] = {}
+        self.newer_summary: BatchSummary | None = None
 
     def execute(self, batch, sink):
         result = self.real.execute(batch, sink)
@@ -45,17 +45,18 @@ def test_only_the_newer_of_two_overlapping_attempts_commits(newer_run, bootstrap
     pipeline = f"zombie_{topic_name}"
     newer_run_id = "run-1" if newer_run.startswith("same") else "run-2"
 
-    def newer_attempt() -> dict[str, Any]:
-        return run_batch(request(pipeline, topic_name, newer_run_id), **adapters(sink, transform=count_per_app))
+    def newer_attempt() -> BatchSummary:
+        return run_batch(request(pipeline, topic_name, newer_run_id),
+                         **adapters(sink, pipeline, transform=count_per_app))
 
-    old = adapters(sink, transform=count_per_app)
+    old = adapters(sink, pipeline, transform=count_per_app)
     old["engine"] = zombie = EngineThatOutlivesItsAttempt(old["engine"], newer_attempt)
     with pytest.raises(FencedError, match="newer attempt"):
         run_batch(request(pipeline, topic_name, "run-1"), **old)
 
     truth = topic_truth(bootstrap, topic_name)
     assert dict(rows(mysql_kwargs, f"SELECT app_id, pv FROM {table}")) == truth.pv_per_app
-    assert zombie.newer_summary["records_in"] == 400
+    assert zombie.newer_summary is not None and zombie.newer_summary.records_in == 400
     assert our_prepared_branches(mysql_kwargs, pipeline) == []
     committed = dict(rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                           (pipeline,)))

@@ -1,0 +1,114 @@
+"""The pipeline's options as validated value objects: every option check lives here, once.
+
+A DAG builds these at parse time (the operator), so a misconfigured pipeline never
+starts a batch; the engine and the protocol take them as already valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol, TypeVar
+
+from airflow_eo.core.errors import ConfigurationError
+
+
+class Mode(str, Enum):
+    """How a run's batch is chosen (see ``docs/architecture.md``)."""
+
+    CONTINUOUS = "continuous"  # each batch starts where the last committed one ended
+    INTERVAL = "interval"  # the batch is the run's data interval; clears and backfills replay it
+
+
+class ValueFormat(str, Enum):
+    """How a Kafka record's value is parsed."""
+
+    JSON = "json"  # with a Spark DDL schema
+    STRING = "string"
+    BYTES = "bytes"
+
+
+class BadRecordPolicy(str, Enum):
+    """What a record that fails to parse does to its batch."""
+
+    FAIL = "fail"  # the batch fails naming the record; nothing is committed
+    DEAD_LETTER = "dead_letter"  # written to the dead-letter table, atomically with the batch
+
+
+class UpdateMode(str, Enum):
+    """How a MySQL sink updates a non-key column of an existing row."""
+
+    REPLACE = "replace"  # c = new c: replay-safe
+    ADD = "add"  # c = c + new c: accumulating, transactional sinks only
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def choice(enum: type[E], value: E | str, option: str, label: str) -> E:
+    """``value`` as a member of ``enum``; a clear error naming the option and its choices otherwise."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except ValueError:
+        names = ", ".join(str(m.value) for m in enum)
+        raise ConfigurationError(f"{option}={value!r}: supported {label} are {names}") from None
+
+
+@dataclass(frozen=True)
+class ParseConfig:
+    """How the engine turns Kafka records into rows.
+
+    :param value_format: ``json`` (needs ``schema``), ``string`` or ``bytes``.
+    :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required.
+    :param on_bad_record: ``fail`` (default) or ``dead_letter``.
+    :param write_partitions: Spark tasks (connections, XA branches) writing the output; None: the
+        cluster's default parallelism.
+    """
+
+    value_format: ValueFormat = ValueFormat.JSON
+    schema: str | None = None
+    on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
+    write_partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
+        object.__setattr__(self, "value_format", value_format)
+        object.__setattr__(self, "on_bad_record", choice(BadRecordPolicy, self.on_bad_record, "on_bad_record",
+                                                         "policies"))
+        if self.value_format is ValueFormat.JSON and not self.schema:
+            raise ConfigurationError("value_format='json' needs schema= (Spark DDL, e.g. 'id STRING NOT NULL, n INT')")
+        if self.write_partitions is not None and self.write_partitions < 1:
+            raise ConfigurationError("write_partitions must be a positive number of Spark tasks (or None)")
+
+
+class SinkTraits(Protocol):
+    """What the pipeline rules need to know of a sink (its spec or its adapter)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def replay_safe(self) -> bool: ...
+    @property
+    def keeps_dead_letters(self) -> bool: ...
+
+
+def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records_per_run: int | None) -> None:
+    """The rules that tie a sink to the pipeline's mode and options (checked at DAG parse time)."""
+    if max_records_per_run is not None and max_records_per_run < 1:
+        raise ConfigurationError("max_records_per_run must be a positive number of records (or None)")
+    if parse.on_bad_record is BadRecordPolicy.DEAD_LETTER and not sink.keeps_dead_letters:
+        raise ConfigurationError(f"{sink.name} supports on_bad_record='fail' only (no dead-letter table)")
+    if mode is Mode.INTERVAL:
+        # Interval mode replays intervals (backfills, clears): refuse what a replay would double count.
+        if not sink.replay_safe:
+            raise ConfigurationError(
+                f"mode='interval' with {sink.name}: a cleared or backfilled interval is replayed, so "
+                "interval mode needs a replay-safe sink, MySqlUpsertSink with overwriting ('replace') updates. "
+                "MySqlXaSink may accumulate and KafkaTransactionalSink appends: a replay would count the interval "
+                "twice. Use mode='continuous' with them."
+            )
+        if max_records_per_run is not None:
+            raise ConfigurationError("mode='interval': the batch is the whole data interval; drop max_records_per_run "
+                                     "(or use a shorter schedule interval)")
