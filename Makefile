@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo test lint clean postgres java maven
+.PHONY: venv up down status demo test lint clean postgres java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -44,6 +44,14 @@ down:
 status:
 	@$(PYTHON) scripts/stack.py status
 
+# A standalone Spark cluster (master + 2 workers) and two Spark Connect servers on loopback, from the
+# installed pyspark; the executors' Python is a second venv, .stack/spark-worker-venv. Settings: .stack/spark/env.
+spark-cluster: venv maven
+	$(PY) scripts/spark_cluster.py up
+
+spark-cluster-down:
+	@test -x $(PY) && $(PY) scripts/spark_cluster.py down || $(PYTHON) scripts/spark_cluster.py down
+
 demo: up
 	. .stack/env && $(PY) scripts/demo.py
 
@@ -57,10 +65,13 @@ postgres:
 
 test: up postgres
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts
+	. .stack/env && $(PY) -m mypy
 	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
+# mypy's files and strictness are in pyproject.toml ([tool.mypy]).
 lint: venv
 	$(PY) -m ruff check airflow_eo dags tests scripts
+	$(PY) -m mypy
 
-clean: down
+clean: down spark-cluster-down
 	rm -rf .stack

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 
-def get_provider_info() -> dict:
+def get_provider_info() -> dict[str, Any]:
     """Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``)."""
     return {
         "package-name": "airflow-eo",

@@ -51,8 +51,12 @@ class SinkSpec(ABC):
         return False
 
     @abstractmethod
-    def adapter(self, pipeline_id: str) -> Sink:
-        """The run-time adapter of this sink for ``pipeline_id``, connected through ``conn_id``."""
+    def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
+        """The run-time adapter of this sink for ``pipeline_id``, connected through ``conn_id``.
+
+        :param offset_store_conn_id: the pipeline's offset store, for sinks whose writes are fenced by
+            its epochs (an upsert sink on the store's server).
+        """
 
     @abstractmethod
     def asset(self) -> SinkAsset:
@@ -115,11 +119,12 @@ class MySqlUpsertSink(SinkSpec):
     def replay_safe(self) -> bool:
         return not self.allows_accumulating and all(m is UpdateMode.REPLACE for m in self.updates.values())
 
-    def adapter(self, pipeline_id: str) -> Sink:
+    def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
         from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
-        from airflow_eo.hooks.mysql import EoMySqlHook
+        from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 
-        return MySqlUpsertAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs())
+        store = OffsetStoreHook(offset_store_conn_id).get_connect_kwargs() if offset_store_conn_id else None
+        return MySqlUpsertAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs(), store)
 
     def asset(self) -> SinkAsset:
         """``mysql://host:port/database/table``, the scheme of Airflow's MySQL provider."""
@@ -141,7 +146,8 @@ class MySqlXaSink(MySqlUpsertSink):
 
     allows_accumulating: ClassVar[bool] = True
 
-    def adapter(self, pipeline_id: str) -> Sink:
+    def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
+        # Prepared branches of an older attempt are never committed: no epoch fence needed.
         from airflow_eo.adapters.mysql_sink import MySqlXaAdapter
         from airflow_eo.hooks.mysql import EoMySqlHook
 
@@ -178,7 +184,8 @@ class KafkaTransactionalSink(SinkSpec):
         if not 1_000 <= self.transaction_timeout_ms <= 3_600_000:
             raise ConfigurationError("KafkaTransactionalSink: transaction_timeout_ms must be 1000..3600000")
 
-    def adapter(self, pipeline_id: str) -> Sink:
+    def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
+        # init_transactions fences an older attempt's producer: no store epoch needed.
         from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
         from airflow_eo.hooks.kafka import KafkaClusterHook
 

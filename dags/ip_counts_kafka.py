@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 from airflow_eo.examples import ip_counts
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -24,6 +24,8 @@ with DAG(
     max_active_runs=1,
     tags=["airflow_eo", "example"],
     doc_md=__doc__,
+    # Where Spark runs: "" = local[*] in the task; a run's conf may name a spark / spark_connect connection.
+    params={"spark_conn_id": Param("", type="string", description="spark or spark_connect connection id")},
 ):
 
     @task
@@ -37,6 +39,7 @@ with DAG(
         value_format="string",
         transform=ip_counts.count_per_window_and_ip,
         sink=KafkaTransactionalSink(topic=ip_counts.SINK),
+        spark_conn_id="{{ params.spark_conn_id }}",
         retries=2,
         retry_delay=timedelta(seconds=10),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
@@ -23,6 +23,8 @@ with DAG(
     max_active_runs=1,
     tags=["airflow_eo", "example"],
     doc_md=__doc__,
+    # Where Spark runs: "" = local[*] in the task; a run's conf may name a spark / spark_connect connection.
+    params={"spark_conn_id": Param("", type="string", description="spark or spark_connect connection id")},
 ):
 
     @task
@@ -36,6 +38,7 @@ with DAG(
         value_format="json",
         schema=page_views.SCHEMA,
         sink=MySqlUpsertSink(table="page_view_events", key_columns=["event_id"]),
+        spark_conn_id="{{ params.spark_conn_id }}",
         retries=2,
         retry_delay=timedelta(seconds=10),
     )

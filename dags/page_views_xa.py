@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
@@ -24,6 +24,8 @@ with DAG(
     max_active_runs=1,  # continuous mode: one batch at a time per pipeline
     tags=["airflow_eo", "example"],
     doc_md=__doc__,
+    # Where Spark runs: "" = local[*] in the task; a run's conf may name a spark / spark_connect connection.
+    params={"spark_conn_id": Param("", type="string", description="spark or spark_connect connection id")},
 ):
 
     @task
@@ -40,6 +42,7 @@ with DAG(
         sink=MySqlXaSink(table="app_pv", key_columns=["app_id"], updates={"pv": "add"}),
         kafka_conn_id="kafka_default",
         offset_store_conn_id="eo_offset_store",
+        spark_conn_id="{{ params.spark_conn_id }}",
         retries=2,
         retry_delay=timedelta(seconds=10),
     )

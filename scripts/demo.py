@@ -22,7 +22,7 @@ from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: the demo resets with the tests' helpers
-from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
+from tests.support.example_state import reset_ip_counts, reset_page_views
 
 PIPELINES = ("page_views_xa", "page_view_events_upsert")
 

@@ -190,7 +190,7 @@ class KafkaTransactionalAdapter:
         assert not records, f"{self.name} keeps no dead letters"
         return []
 
-    def discard(self, xids: Sequence[str]) -> None:
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         if self._producer is not None and self._in_txn:
             self._in_txn = False
             try:
@@ -206,7 +206,9 @@ def _rows(df: DataFrame) -> Iterator[tuple[Any, Any]]:
 
 
 def _bytes(value: Any) -> bytes | None:
-    if value is None or isinstance(value, bytes | bytearray):
+    if value is None or isinstance(value, bytes):
         return value
+    if isinstance(value, bytearray):  # a BINARY column's value; the producer takes only read-only bytes
+        return bytes(value)
     return str(value).encode()
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pymysql
 
+from airflow_eo.adapters.offset_store import EpochFence
 from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.faults import crash_if
+from airflow_eo.core.faults import HOLD_WRITE, crash_if, hold_if, kill_executor_if_requested
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
 from airflow_eo.core.sql import (
     DEAD_LETTER_COLUMNS,
@@ -89,6 +90,8 @@ class PartitionWriter:
     batch_id: int
     epoch: int
     driver_pid: int
+    #: upsert sink on the offset store's server: each transaction first checks the attempt's epoch
+    fence: EpochFence | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int,
                  attempt_id: int) -> tuple[str | None, int]:
@@ -96,7 +99,8 @@ class PartitionWriter:
         first = next(rows, None)
         if first is None:
             return None, 0  # nothing to write: no branch at all
-        conn = connect(self.connect_kwargs, autocommit=not self.xa)
+        # XA: one branch; fenced upsert: explicit transactions (the epoch's shared lock lasts until commit).
+        conn = connect(self.connect_kwargs, autocommit=not self.xa and self.fence is None)
         try:
             xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
             if self.xa:
@@ -127,6 +131,10 @@ class PartitionWriter:
         written = 0
         chunk: list[tuple] = []
         with conn.cursor() as cur:
+            hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
+            kill_executor_if_requested()  # ... or lost mid-write
+            if self.fence is not None:
+                self.fence.check(cur, "LOCK IN SHARE MODE")
             for row in rows:
                 chunk.append(row)
                 if len(chunk) == self.rows_per_statement:
@@ -136,6 +144,8 @@ class PartitionWriter:
                     if not self.xa:
                         conn.commit()
                     crash_if("during_write", self.driver_pid)
+                    if self.fence is not None:
+                        self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
             if chunk:
                 sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates, len(chunk),
                                        self.row_alias)
@@ -170,16 +180,26 @@ def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
 class MySqlUpsertAdapter:
     """Idempotent upsert: each Spark task commits its own statements; replays rewrite the same rows.
 
+    Writes are visible at once, so a late write of an older attempt (an executor that outlived its
+    SIGKILLed driver) could overwrite a newer row of the same key. When the offset store lives on
+    the same server (same host and port), every write transaction first reads the pipeline's epoch
+    with a shared lock (:class:`~airflow_eo.adapters.offset_store.EpochFence`): a newer attempt's
+    take waits for the writes in flight, and the older attempt's later writes abort. On another
+    server there is no such fence: stop a dead attempt's Spark application before re-running it.
+
     :param spec: the validated sink spec (table, key columns, updates, statement size).
     :param connect_kwargs: pymysql arguments from the spec's Airflow ``mysql`` connection.
+    :param store_kwargs: pymysql arguments of the offset store's connection (None: not fenced).
     """
 
     owns_commit_point = False
     xa = False  # one XA branch per Spark task, prepared, committed after the commit point
 
-    def __init__(self, spec: MySqlUpsertSink, connect_kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, spec: MySqlUpsertSink, connect_kwargs: Mapping[str, Any],
+                 store_kwargs: Mapping[str, Any] | None = None) -> None:
         self.spec, self.connect_kwargs = spec, dict(connect_kwargs)
         self.name = spec.name
+        self.store_kwargs = dict(store_kwargs) if store_kwargs else None
         self.row_alias = False
         self.table_columns: list[str] = []
 
@@ -267,6 +287,28 @@ class MySqlUpsertAdapter:
         """Every Spark task writes its partition (one XA branch each in XA mode)."""
         return runner.run_partitions(out, self.partition_writer(batch, out.columns))
 
+    def epoch_fence(self, batch: BatchContext) -> EpochFence | None:
+        """The fence of this attempt's writes, checked once here on the driver (which also tells a sink
+        user that may not read the store's table what to grant, before anything is written)."""
+        store = self.store_kwargs
+        if self.xa or store is None or (store.get("host"), store.get("port")) != (
+                self.connect_kwargs.get("host"), self.connect_kwargs.get("port")):
+            return None
+        fence = EpochFence(batch.pipeline_id, batch.epoch, batch.interval, store.get("database"))
+        conn = connect(self.connect_kwargs)
+        try:
+            with conn.cursor() as cur:
+                fence.check(cur, "")
+        except pymysql.err.MySQLError as exc:
+            raise ConfigurationError(
+                f"{self.name}: the sink's user {self.connect_kwargs.get('user')!r} cannot read the offset store's "
+                f"epoch ({exc.args[-1]}); writes of an upsert sink on the store's server are fenced by it: "
+                f"GRANT SELECT ON {store.get('database')}.eo_pipeline and .eo_interval to that user"
+            ) from exc
+        finally:
+            conn.close()
+        return fence
+
     def partition_writer(self, batch: BatchContext, columns: Sequence[str]) -> PartitionWriter:
         self.check_columns(columns)
         spec = self.spec
@@ -277,6 +319,7 @@ class MySqlUpsertAdapter:
             row_alias=self.row_alias, rows_per_statement=spec.rows_per_statement, xa=self.xa,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             driver_pid=os.getpid(),  # the during_write crash point kills the driver, not the executor
+            fence=self.epoch_fence(batch),
         )
 
     def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
@@ -288,6 +331,7 @@ class MySqlUpsertAdapter:
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
             row_alias=self.row_alias, rows_per_statement=self.spec.rows_per_statement, xa=self.xa,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch, driver_pid=0,
+            fence=self.epoch_fence(batch),
         )
         table = pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
                                              "batch_id": batch.batch_id} for r in records])
@@ -306,7 +350,7 @@ class MySqlUpsertAdapter:
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None
 
-    def discard(self, xids: Sequence[str]) -> None:
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         return None
 
 
@@ -372,18 +416,24 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
         finally:
             conn.close()
 
-    def discard(self, xids: Sequence[str]) -> None:
-        if not xids:
-            return
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
+        """Roll back this attempt's branches of the batch: the reported ones, and those its Spark tasks
+        prepared before the job failed (same batch and epoch: no other attempt's branch matches)."""
         try:
             conn = connect(self.connect_kwargs)
         except pymysql.err.MySQLError:
             return  # the next attempt's recovery rolls them back
         try:
-            for text in xids:
+            key = pipeline_key(batch.pipeline_id)
+            ours = {Xid.decode(text) for text in xids}
+            ours.update(x for x in xa_recover(conn)
+                        if (x.pipeline_key, x.batch_id, x.epoch) == (key, batch.batch_id, batch.epoch))
+            for xid in sorted(ours):
                 try:
-                    xa_end_of(conn, Xid.decode(text), "ROLLBACK")
+                    xa_end_of(conn, xid, "ROLLBACK")
                 except pymysql.err.MySQLError:
                     pass
+        except pymysql.err.MySQLError:
+            pass  # best effort: the next attempt's recovery rolls them back
         finally:
             conn.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +21,7 @@ import pymysql.cursors
 from pymysql.constants import CLIENT
 
 from airflow_eo.core.errors import CommitConflictError, FencedError, PipelineConflictError
+from airflow_eo.core.identifiers import quote_identifier
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchRecord, BatchSummary
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
@@ -86,6 +88,45 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     ]),
 ]
 
+@dataclass(frozen=True)
+class EpochFence:
+    """The row that holds a pipeline's fencing epoch (in interval mode: the interval's), and the
+    check that an attempt's epoch still holds it.
+
+    The store's own writes lock it ``FOR UPDATE``. An upsert sink on the same server reads it
+    with a shared lock at the start of each of its transactions (``LOCK IN SHARE MODE``): a take
+    (``epoch += 1``) then waits for the writes in flight, and every later write of an older
+    attempt, such as a zombie executor's, aborts. Picklable: it travels to the executors.
+
+    :param database: qualifies the table, for a connection whose default database is another.
+    """
+
+    pipeline_id: str
+    epoch: int
+    interval: Interval | None = None
+    database: str | None = None
+
+    def query(self, lock: str) -> tuple[str, tuple[Any, ...]]:
+        prefix = f"{quote_identifier(self.database, 'database name')}." if self.database else ""
+        if self.interval is None:
+            return (f"SELECT epoch FROM {prefix}eo_pipeline WHERE pipeline_id = %s {lock}", (self.pipeline_id,))
+        return (f"SELECT epoch FROM {prefix}eo_interval WHERE pipeline_id = %s AND interval_start = %s "
+                f"AND interval_end = %s {lock}", (self.pipeline_id, *_utc_bounds(self.interval)))
+
+    def check(self, cur: Any, lock: str) -> None:
+        """Lock the epoch row (``lock``: ``FOR UPDATE`` or ``LOCK IN SHARE MODE``); FencedError unless it holds ours."""
+        cur.execute(*self.query(lock))
+        row = cur.fetchone()
+        current = None if row is None else (row["epoch"] if isinstance(row, dict) else row[0])
+        if current != self.epoch:
+            holder = f"pipeline {self.pipeline_id!r}" + (f" interval {self.interval}" if self.interval else "")
+            taker = "took the pipeline" if self.interval is None else "of the same interval took it"
+            raise FencedError(
+                f"{holder}: this attempt holds epoch {self.epoch} but a newer attempt {taker} "
+                f"(epoch {current}); this attempt stops without committing"
+            )
+
+
 # A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
 _ALREADY_APPLIED = {1050, 1060}  # table exists, duplicate column
 
@@ -151,20 +192,7 @@ class MySqlOffsetStore:
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
         """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)
         and check it still carries ours."""
-        if interval is None:
-            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
-            holder, taker = f"pipeline {pipeline_id!r}", "took the pipeline"
-        else:
-            cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
-                        "AND interval_end = %s FOR UPDATE", (pipeline_id, *_utc_bounds(interval)))
-            holder, taker = f"pipeline {pipeline_id!r} interval {interval}", "of the same interval took it"
-        row = cur.fetchone()
-        current = row["epoch"] if row else None
-        if current != epoch:
-            raise FencedError(
-                f"{holder}: this attempt holds epoch {epoch} but a newer attempt {taker} "
-                f"(epoch {current}); this attempt stops without committing"
-            )
+        EpochFence(pipeline_id, epoch, interval).check(cur, "FOR UPDATE")
 
     def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str) -> None:
         """Lock (creating it if new) the pipeline row; refuse a second owner or another mode."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_eo.adapters.spark_session import is_connect
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
@@ -69,6 +70,9 @@ class SparkBatchEngine:
     :param parse: how records become rows (value format, schema, bad-record policy, writer tasks).
     :param transform: callable / dotted path / SQL over the ``kafka_batch`` view; None keeps the parsed columns.
     :param kafka_options: extra Spark Kafka source options (``kafka.*`` settings for the Java client).
+    :param connect_early: open the session in :meth:`check`, before the attempt's first side effect
+        (cheap for Spark Connect: a wrong URL or token fails there; a classic session starts a JVM,
+        which an empty batch must not pay for).
     """
 
     session_factory: Callable[[], SparkSession]
@@ -76,11 +80,16 @@ class SparkBatchEngine:
     parse: ParseConfig
     transform: Transform | str | None = None
     kafka_options: Mapping[str, str] = field(default_factory=dict)
+    connect_early: bool = False
     _job_tag: str | None = field(default=None, init=False)
     _spark: Any = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.transform = resolve_transform(self.transform)
+
+    def check(self) -> None:
+        if self.connect_early:
+            self._spark = self.session_factory()
 
     # ------------------------------------------------------------------ read + parse
 
@@ -214,7 +223,7 @@ class SparkBatchEngine:
         """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows)."""
         from pyspark import TaskContext
 
-        partitions = self.parse.write_partitions or max(1, out.sparkSession.sparkContext.defaultParallelism)
+        partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks.
         keyed = out.repartition(partitions, *writer.key_columns)
 
@@ -238,12 +247,21 @@ class SparkBatchEngine:
             self._spark.interruptTag(self._job_tag)
 
 
+def _default_parallelism(spark: SparkSession) -> int:
+    """The cluster's task slots (classic session), or the shuffle partitions (Spark Connect has no SparkContext)."""
+    if is_connect(spark):
+        return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
+    return max(1, spark.sparkContext.defaultParallelism)
+
+
 def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
     from pyspark.sql.types import StructType
 
     try:
         parsed = StructType.fromDDL(ddl)  # needs the active session: parsing happens in the JVM
-    except Exception as exc:  # noqa: BLE001 - Spark raises several parse error types
+    except Exception as exc:  # Spark raises several parse error types
         raise ConfigurationError(f"schema {ddl!r} is not valid Spark DDL ('name TYPE [NOT NULL], ...'): {exc}") from exc
+    if not isinstance(parsed, StructType):  # a lone type ('INT') parses too, but has no fields
+        raise ConfigurationError(f"schema {ddl!r} is a single type, not a list of fields ('name TYPE [NOT NULL], ...')")
     return parsed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -11,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.faults import executor_env
+
+log = logging.getLogger(__name__)
 
 SCALA_BINARY = "2.13"  # Spark 4.x is built for Scala 2.13 only
 
@@ -80,9 +84,16 @@ def kafka_connector_jars(resolve: bool = True) -> list[str] | None:
     return sorted(str(j) for j in (folder / "jars").glob("*.jar"))
 
 
-def session_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Our defaults + the user's conf, with the Kafka connector added unless the user configured it."""
-    merged = {**DEFAULT_CONF, **{k: str(v) for k, v in (conf or {}).items()}}
+def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) -> dict[str, str]:
+    """Our defaults + the user's conf, with the Kafka connector added unless the user configured it.
+
+    ``remote`` (Spark Connect): the server owns its static conf and jars; only our SQL defaults
+    and the user's conf are sent.
+    """
+    user = {k: str(v) for k, v in (conf or {}).items()}
+    if remote:
+        return {**{k: v for k, v in DEFAULT_CONF.items() if k.startswith("spark.sql.")}, **user}
+    merged = {**DEFAULT_CONF, **user}
     packages, jars = merged.get("spark.jars.packages", ""), merged.get("spark.jars", "")
     if "spark-sql-kafka" in packages or "spark-sql-kafka" in jars:
         return merged
@@ -95,36 +106,105 @@ def session_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
 
 
 def get_session(master: str | None = None, remote: str | None = None, conf: Mapping[str, Any] | None = None,
-                app_name: str = "airflow_eo"):
-    """Get (or create) the Spark session. ``remote`` selects Spark Connect (``sc://host:port``).
+                app_name: str = "airflow_eo") -> Any:
+    """Get (or create) the Spark session, with this package shipped to where its code runs.
 
-    The session is reused across batches of one process; conf of an existing session
-    is not changed (Spark cannot change static conf at run time).
+    ``remote`` selects Spark Connect (``sc://host:port/;token=...``), else ``master`` a classic
+    session in client mode (``local[*]``, ``spark://``, ``yarn``, ``k8s://``). The session is
+    reused across batches of one process; conf of an existing session is not changed (Spark
+    cannot change static conf at run time). Executors need pyspark, pyarrow and pymysql, never
+    ``airflow_eo``: the partition writers reach them with the session (:func:`ship_package`).
     """
     from pyspark.sql import SparkSession
 
-    # Executors' Python must be the driver's (same packages: pyarrow, pymysql, airflow_eo).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    merged = session_conf(conf, remote=remote is not None)
+    if not remote:
+        merged.update(executor_env())  # crash tests only: a requested fault reaches a cluster's executors
     builder = SparkSession.builder.appName(app_name)
+    local = not remote and (master or "local").startswith("local")
     if remote:
         builder = builder.remote(remote)
     else:
         builder = builder.master(master or "local[*]")
-        # Local mode: bind the driver to loopback, never to a public interface.
-        if (master or "local").startswith("local"):
+        if local:
+            # Local executors run this very Python (with airflow_eo installed), bound to loopback.
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        elif "spark.pyspark.python" in merged:
+            # A classic session started from a running Python tells executors PYSPARK_PYTHON, never
+            # the conf (which only spark-submit's launcher reads): the cluster's Python must go there.
+            os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-    for key, value in session_conf(conf).items():
-        if remote and key == "spark.jars.packages":
-            continue  # a Spark Connect server brings its own jars
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    for key, value in merged.items():
         builder = builder.config(key, value)
     try:
-        return builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001 - surface a message that says what to fix
+        session = builder.getOrCreate()
+        if remote:
+            session.version  # noqa: B018 - one round trip: a wrong URL or token fails here, not mid-batch
+    except Exception as exc:  # surface a message that says what to fix
         if "spark-sql-kafka" in str(exc) or "unresolved dependency" in str(exc):
             raise ConfigurationError(
                 f"could not resolve Spark's Kafka connector {kafka_connector_coordinates()} from Maven "
                 "Central; install a pyspark version whose connector is published, or put the connector "
                 "jar in spark.jars"
             ) from exc
+        if remote:
+            raise ConfigurationError(f"cannot open a Spark Connect session at {_without_secrets(remote)}: "
+                                     f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         raise
+    if not local:
+        ship_package(session, remote=remote is not None)
+    log.info("Spark session on %s (%s)", _without_secrets(remote) if remote else master or "local[*]",
+             "Spark Connect" if remote else "classic, client mode")
+    return session
+
+
+def _without_secrets(url: str) -> str:
+    """A Spark Connect URL without its parameters (the token must not reach logs)."""
+    return url.split(";", 1)[0]
+
+
+def is_connect(session: Any) -> bool:
+    """True for a Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+_SHIPPED: set[str] = set()  # sessions of this process that already have the package
+
+
+def package_archive() -> Path:
+    """A zip of the ``airflow_eo`` package as installed here, cached by content (for executors' ``sys.path``)."""
+    import hashlib
+    import zipfile
+
+    import airflow_eo
+
+    root = Path(airflow_eo.__file__).resolve().parent
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    archive = connector_cache_dir() / f"airflow_eo-{digest.hexdigest()[:16]}.zip"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for path in files:
+                zipped.write(path, Path("airflow_eo") / path.relative_to(root))
+        partial.replace(archive)  # atomic: concurrent tasks never see half a zip
+    return archive
+
+
+def ship_package(session: Any, remote: bool) -> None:
+    """Put this package on the executors' ``sys.path``: a py-file of the classic session, or an
+    artifact of the Spark Connect session (the server's Python workers get it)."""
+    key = str(getattr(session, "session_id", None) or id(session))
+    if key in _SHIPPED:
+        return
+    archive = str(package_archive())
+    if remote:
+        session.addArtifacts(archive, pyfile=True)
+    else:
+        session.sparkContext.addPyFile(archive)
+    _SHIPPED.add(key)

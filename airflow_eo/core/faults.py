@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 
 FAULT_ENV = "AIRFLOW_EO_FAULT"
+FAULT_DIR_ENV = "AIRFLOW_EO_FAULT_DIR"  # where faults that fire once keep their markers
 
 POINTS = (
     "after_plan",  # batch row written, no data read
@@ -25,6 +27,12 @@ POINTS = (
     "after_last_send",  # all output flushed, offsets not sent, not committed
     "after_kafka_commit",  # Kafka committed output + offsets, the store did not mirror it yet
 )
+# Not a kill: the first upsert writer to get here blocks (no lock held) until the test releases it,
+# as an executor that outlives its SIGKILLed driver would write late.
+HOLD_WRITE = "hold_write"
+# The first Spark task to write SIGKILLs its executor's JVM (a lost executor: Spark retries the
+# task on another one). Only on a cluster, where executors are JVMs of their own.
+KILL_EXECUTOR = "kill_executor"
 # Not a kill: the first attempt of each Spark write task raises after XA PREPARE, so Spark
 # retries the task while the failed attempt's prepared branch still holds its row locks.
 TASK_FAILURE = "fail_task_after_prepare"
@@ -40,10 +48,49 @@ def crash_if(point: str, pid: int | None = None) -> None:
         os.kill(pid or os.getpid(), signal.SIGKILL)
 
 
+def fault_dir() -> str:
+    return os.environ.get(FAULT_DIR_ENV, tempfile.gettempdir())
+
+
+def executor_env() -> dict[str, str]:
+    """The requested fault as Spark conf for the executors (a cluster's executors do not inherit
+    the driver's environment). Empty in production."""
+    return {f"spark.executorEnv.{name}": os.environ[name] for name in (FAULT_ENV, FAULT_DIR_ENV)
+            if name in os.environ}
+
+
+def kill_executor_if_requested() -> None:
+    """SIGKILL the executor JVM this Spark task runs in, the first time (see ``KILL_EXECUTOR``)."""
+    if not fault_requested(KILL_EXECUTOR) or not first_failure(KILL_EXECUTOR):
+        return
+    pid = os.getpid()
+    while pid > 1:  # up from the Python worker to the JVM that forked its daemon
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"CoarseGrainedExecutorBackend" in cmdline.read():
+                os.kill(pid, signal.SIGKILL)
+                return
+        with open(f"/proc/{pid}/status") as status:
+            pid = next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+    raise RuntimeError("kill_executor fault: this Spark task does not run in an executor JVM of its own")
+
+
+def hold_if(point: str, timeout_s: float = 600.0) -> None:
+    """Block the first caller of ``point`` (if requested) until a ``release-<point>`` file appears.
+
+    It announces itself with a ``held-<point>`` file in :func:`fault_dir`.
+    """
+    if not fault_requested(point) or not first_failure(f"hold-{point}"):
+        return
+    held, release = (os.path.join(fault_dir(), f"airflow_eo-{what}-{point}") for what in ("held", "release"))
+    open(held, "w").close()
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def first_failure(key: str) -> bool:
     """True the first time ``key`` is seen on this machine (a marker file), so a fault fires once."""
-    folder = os.environ.get("AIRFLOW_EO_FAULT_DIR", tempfile.gettempdir())
-    marker = os.path.join(folder, f"airflow_eo-fault-{key.replace('/', '_').replace(':', '_')}")
+    marker = os.path.join(fault_dir(), f"airflow_eo-fault-{key.replace('/', '_').replace(':', '_')}")
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
         return True

@@ -284,13 +284,17 @@ class Sink(Protocol):
         """The commit point when ``owns_commit_point``; nothing otherwise."""
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         """After the commit point: make the prepared output visible (XA COMMIT), drop strays."""
-    def discard(self, xids: Sequence[str]) -> None:
-        """Best effort on failure: roll back what this attempt prepared or opened."""
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
+        """Best effort on failure before the commit point: roll back what this attempt (``batch.epoch``)
+        prepared or opened, reported in ``xids`` or not (a failed Spark job reports nothing)."""
 
 
 class Engine(Protocol):
     """Reads a batch's exact ranges, transforms them and writes them through the sink."""
 
+    def check(self) -> None:
+        """Fail before any side effect when the engine cannot be reached (cheap checks only: an empty
+        batch must not pay for starting Spark)."""
     def execute(self, batch: BatchContext, sink: Sink) -> ExecutionResult: ...
 
 
@@ -304,7 +308,8 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
         return run_interval_batch(request, store, source, engine, sink)
     p = request.pipeline_id
     started = time.monotonic()
-    sink.check()  # misconfiguration fails before any side effect
+    engine.check()  # misconfiguration fails before any side effect
+    sink.check()
 
     # 1. Take the pipeline: a new epoch fences every older attempt.
     epoch = store.take_pipeline(p, request.owner)
@@ -365,6 +370,7 @@ def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSo
     if interval is None:
         raise ConfigurationError("interval mode needs the run's data interval")
     started = time.monotonic()
+    engine.check()
     sink.check()
 
     # 1. Take the interval: fences older attempts of THIS interval only.
@@ -415,6 +421,7 @@ class Attempt:
         context = BatchContext(batch.pipeline_id, batch.batch_id, self.request.run_id, epoch, tuple(batch.ranges),
                                batch.interval)
         result = ExecutionResult()
+        storing = False  # set once the store's commit point is called: its outcome may then be unknown
         try:
             # 4. Execute: nothing to read, nothing to start.
             if all(r.size == 0 for r in batch.ranges):
@@ -431,15 +438,20 @@ class Attempt:
                                       resumed=start is BatchStart.RESUMED, replayed=start is BatchStart.REPLAY)
             # 5. The commit point.
             if start is BatchStart.REPLAY:
+                storing = True
                 store.record_replay(batch, epoch, summary)  # the batch stays committed; its summary is updated
             else:
                 if sink.owns_commit_point:
                     sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
+                storing = True
                 store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
         except BaseException:
             # Best effort, and only what this attempt made (a newer attempt's branches are not ours
-            # to touch); the next attempt's recovery resolves whatever is left.
-            sink.discard(result.xids)
+            # to touch); the next attempt's recovery resolves whatever is left. Not once the store's
+            # commit was called: an error there (a lost acknowledgement) may follow a commit that took
+            # effect, and rolling back the branches of a committed batch would lose it.
+            if not storing:
+                sink.discard(context, result.xids)
             raise
         committed_at = time.monotonic()
         log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,

@@ -17,7 +17,7 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from airflow_eo.examples.topics import ensure_topic, read_topic
+from airflow_eo.examples.topics import ensure_topic, not_null, read_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -89,14 +89,14 @@ def window_key(line: str) -> str:
 
 def true_counts(bootstrap: str) -> dict[str, int]:
     """Requests per ``window_start|ip`` computed from the input topic (not from our pipeline)."""
-    return dict(Counter(window_key(value.decode()) for _, value in read_topic(bootstrap, SOURCE)[0]))
+    return dict(Counter(window_key(not_null(value).decode()) for _, value in read_topic(bootstrap, SOURCE)[0]))
 
 
 def output_counts(bootstrap: str, isolation: str = "read_committed") -> dict[str, int]:
     """The committed output summed per key, as a downstream read_committed consumer sees it."""
     sums: Counter[str] = Counter()
     for key, value in read_topic(bootstrap, SINK, isolation)[0]:
-        sums[key.decode()] += json.loads(value)["count"]
+        sums[not_null(key).decode()] += json.loads(not_null(value))["count"]
     return dict(sums)
 
 

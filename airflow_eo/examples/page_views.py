@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.examples.topics import ensure_topic, read_topic
+from airflow_eo.examples.topics import ensure_topic, not_null, read_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -87,10 +87,11 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
         at = timestamps[i] if timestamps else None
         event = page_view(at=at)
         events.append(event)
-        record_time = {"timestamp": int(at.timestamp() * 1000)} if at else {}
+        timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
         while True:
             try:
-                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode(), **record_time)
+                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode(),
+                                 timestamp=timestamp_ms)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -107,7 +108,7 @@ def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], se
     from collections import Counter
 
     records, ends = read_topic(bootstrap, topic)
-    events = [json.loads(value) for _, value in records]
+    events = [json.loads(not_null(value)) for _, value in records]
     return dict(Counter(e["app_id"] for e in events)), {e["event_id"] for e in events}, ends
 
 

@@ -22,8 +22,10 @@ class _BootstrapAdminHook(KafkaAdminClientHook):
         super().__init__()
         self.bootstrap = bootstrap
 
+    # KafkaBaseHook already turns BaseHook's get_conn method into a cached_property, and
+    # create_topic reads it as one; mypy checks this override against BaseHook's method.
     @cached_property
-    def get_conn(self) -> AdminClient:
+    def get_conn(self) -> AdminClient:  # type: ignore[override]
         return AdminClient({"bootstrap.servers": self.bootstrap})
 
 
@@ -43,11 +45,11 @@ class TopicRecord(NamedTuple):
     offset: int
     timestamp_ms: int  # the record's Kafka timestamp (producer's CreateTime or broker's LogAppendTime)
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a record without a value (a tombstone)
 
 
 def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed"
-               ) -> tuple[list[tuple[bytes | None, bytes]], dict[int, int]]:
+               ) -> tuple[list[tuple[bytes | None, bytes | None]], dict[int, int]]:
     """Every record of the topic as (key, value), and the end offset of each partition (see :func:`read_records`)."""
     records, ends = read_records(bootstrap, topic, isolation)
     return [(r.key, r.value) for r in records], ends
@@ -70,7 +72,7 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed"
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     records: list[TopicRecord] = []
-    done = {p for p, end in ends.items() if end == 0}
+    done: set[int | None] = {p for p, end in ends.items() if end == 0}
     try:
         while len(done) < len(partitions):
             msg = consumer.poll(10)
@@ -79,7 +81,18 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed"
             if msg.error():
                 done.add(msg.partition())
                 continue
-            records.append(TopicRecord(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None, "a record that is no error event has both"
+            records.append(TopicRecord(partition, offset, msg.timestamp()[1], msg.key(), msg.value()))
     finally:
         consumer.close()
     return records, ends
+
+
+def not_null(data: bytes | None) -> bytes:
+    """A record's key or value that the topic's producer always sets (the examples' ground truths).
+
+    :param data: a key or value as :func:`read_topic` returns it.
+    """
+    assert data is not None, "a null key or value where the producer always writes one"
+    return data

@@ -9,15 +9,22 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_eo.adapters.spark_session import get_session
+from airflow_eo.core.errors import ConfigurationError
 
 
 class SparkSessionHook(BaseHook):
     """Builds the SparkSession for a micro-batch.
 
-    :param spark_conn_id: a ``spark`` connection (host = master URL such as ``local[4]``,
-        ``spark://host:7077``, ``yarn``; extra ``{"conf": {...}}``) or a ``spark_connect``
-        one (host and port of the Spark Connect server). None: ``AIRFLOW_EO_SPARK_MASTER``
-        or ``local[*]``.
+    The Airflow task is the Spark driver (client mode) or a thin Spark Connect client; what the
+    executors run of ours is shipped with the session (see ``spark_session.get_session``).
+
+    :param spark_conn_id: a ``spark`` connection, as apache-airflow-providers-apache-spark
+        defines it (host = master: ``spark://host`` with the port in ``port``, ``yarn``,
+        ``k8s://https://host``, ``local[4]``; extra ``deploy-mode`` must be ``client`` — Spark 4
+        refuses cluster deploy mode for Python on standalone, and the task must be the driver —
+        and ``{"conf": {...}}`` for Spark conf), or a ``spark_connect`` connection (host, port,
+        login = user id, password = token, extra ``use_ssl``), turned into its URL by the Spark
+        provider's ``SparkConnectHook``. None: ``AIRFLOW_EO_SPARK_MASTER`` or ``local[*]``.
     :param conf: Spark conf that overrides the connection's.
     """
 
@@ -35,14 +42,29 @@ class SparkSessionHook(BaseHook):
         if not self.spark_conn_id:
             return {"master": os.environ.get("AIRFLOW_EO_SPARK_MASTER", "local[*]"), "conf": self.conf}
         conn = self.get_connection(self.spark_conn_id)
-        conf = {**conn.extra_dejson.get("conf", {}), **self.conf}
+        extra = conn.extra_dejson
+        conf = {**extra.get("conf", {}), **self.conf}
         if conn.conn_type == "spark_connect":
-            host = (conn.host or "localhost").removeprefix("sc://")
-            return {"remote": f"sc://{host}:{conn.port or 15002}", "conf": conf}
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            # Token, user id and TLS as the Spark provider encodes them (sc://host:port/;token=...).
+            return {"remote": SparkConnectHook(self.spark_conn_id).get_connection_url(), "conf": conf}
+        deploy_mode = extra.get("deploy-mode") or extra.get("deploy_mode") or "client"
+        if deploy_mode != "client":
+            raise ConfigurationError(
+                f"spark connection {self.spark_conn_id!r} has deploy-mode={deploy_mode!r}: a micro-batch runs its "
+                "Spark driver inside the Airflow task (client mode), and Spark 4 refuses cluster deploy mode for "
+                "Python applications on standalone clusters. Set deploy-mode to 'client', or use a spark_connect "
+                "connection to run the driver elsewhere."
+            )
         master = conn.host or "local[*]"
         if conn.port and "://" in master:
             master = f"{master}:{conn.port}"
         return {"master": master, "conf": conf}
+
+    def is_connect(self) -> bool:
+        """True when the connection is a Spark Connect server (its session is cheap to open)."""
+        return "remote" in self.get_session_args()
 
     def get_conn(self):
         return get_session(**self.get_session_args())

@@ -65,7 +65,10 @@ class KafkaMicroBatchOperator(BaseOperator):
         keeps the interval waiting. None (default): every partition must move past the end.
     :param kafka_conn_id: Airflow ``kafka`` connection.
     :param offset_store_conn_id: Airflow ``mysql`` connection of the offset store.
-    :param spark_conn_id: ``spark`` / ``spark_connect`` connection; None runs ``local[*]``.
+    :param spark_conn_id: ``spark`` connection (host = master: ``spark://``, ``yarn``, ``k8s://``; client
+        deploy mode) or ``spark_connect`` connection (a Spark Connect server); None or ``""`` runs
+        ``local[*]`` inside the task. (templated: e.g. ``"{{ params.spark_conn_id }}"`` lets a run's conf
+        choose the cluster)
     :param spark_conf: extra Spark conf.
     :param write_partitions: Spark tasks (connections, XA branches) writing the output.
 
@@ -78,7 +81,7 @@ class KafkaMicroBatchOperator(BaseOperator):
     """
 
     # transform is not templated: Airflow would call a callable template field with the context.
-    template_fields: Sequence[str] = ("topics", "pipeline_id", "schema")
+    template_fields: Sequence[str] = ("topics", "pipeline_id", "schema", "spark_conn_id")
     ui_color = "#e8f4ea"
 
     def __init__(
@@ -153,13 +156,14 @@ class KafkaMicroBatchOperator(BaseOperator):
         interval = self._data_interval(context) if self.mode is Mode.INTERVAL else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
-        spark_hook = SparkSessionHook(self.spark_conn_id, self.spark_conf)
+        spark_hook = SparkSessionHook(self.spark_conn_id or None, self.spark_conf)
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,
             kafka_config=kafka_config,
             parse=ParseConfig(self.value_format, self.schema, self.on_bad_record, self.write_partitions),
             transform=self.transform,
             kafka_options=self.kafka_options,
+            connect_early=spark_hook.is_connect(),
         )
         request = RunRequest(
             pipeline_id=pipeline_id,
@@ -177,7 +181,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             store=OffsetStoreHook(self.offset_store_conn_id).get_store(),
             source=kafka_hook.get_offset_source(),
             engine=self._engine,
-            sink=self.sink.adapter(pipeline_id),
+            sink=self.sink.adapter(pipeline_id, self.offset_store_conn_id),
         )
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",

@@ -36,6 +36,10 @@ class _DeferrableSensor(BaseSensorOperator):
         """The trigger that waits in the triggerer, built from the operator's fields and ``context``."""
         raise NotImplementedError
 
+    def poke(self, context: Context) -> PokeReturnValue:
+        """One check: done or not, and the XCom value (:meth:`execute` reads both, not a bare bool)."""
+        raise NotImplementedError
+
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)

@@ -55,7 +55,7 @@ def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None) -> 
         "source": kafka.get_offset_source(),
         "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(),
                                    ParseConfig(schema=page_views.SCHEMA), transform=transform),
-        "sink": sink.adapter(pipeline_id),
+        "sink": sink.adapter(pipeline_id, "eo_offset_store"),
     }
 
 

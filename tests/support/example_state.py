@@ -71,7 +71,7 @@ def reset_ip_counts(bootstrap: str, connect_kwargs: dict[str, Any], pipeline_id:
     for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
         try:
             future.result()
-        except Exception as exc:  # noqa: BLE001 - the group may not exist yet
+        except Exception as exc:  # the group may not exist yet
             if "GROUP_ID_NOT_FOUND" not in str(exc):
                 raise
     MySqlOffsetStore(connect_kwargs).forget_pipeline(pipeline_id)

@@ -1,0 +1,93 @@
+"""The local Spark cluster of ``scripts/spark_cluster.py`` (``make spark-cluster``), once per test session.
+
+The fixture starts the cluster unless it already runs (then it reuses it and leaves it running), exports
+``.stack/spark/env`` into ``os.environ`` for the session and restores the environment at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
+SCRIPT = REPO / "scripts" / "spark_cluster.py"
+PARTS = ("master", "worker1", "worker2", "connect", "connect-token")
+
+
+@dataclass(frozen=True)
+class SparkCluster:
+    master: str  # spark://127.0.0.1:37077
+    connect: str  # sc://127.0.0.1:35002
+    connect_token_url: str  # sc://localhost:35003 (a token needs the host spelled "localhost": see spark_cluster.py)
+    token: str
+    worker_python: str  # the executors' Python (no airflow_eo, no Airflow)
+    started_here: bool  # this test session started the cluster (and stops it at the end)
+    up_seconds: float
+
+    def token_url(self, token: str | None) -> str:
+        return f"{self.connect_token_url}/;token={token}" if token else self.connect_token_url
+
+
+def _running_parts() -> list[str]:
+    running = []
+    for name in PARTS:
+        try:
+            os.kill(int((SPARK_DIR / f"{name}.pid").read_text().strip()), 0)
+            running.append(name)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            pass
+    return running
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            values[key] = value
+    return values
+
+
+def _run_script(command: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), command], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    # Anything already running belongs to someone else (make spark-cluster): reuse it, never stop it.
+    started_here = not _running_parts()
+    started = time.monotonic()
+    done = _run_script("up", timeout=420)
+    up_seconds = time.monotonic() - started
+    if done.returncode != 0:
+        if started_here:
+            _run_script("down", timeout=120)
+        pytest.fail(f"spark_cluster.py up failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    values = read_env_file(SPARK_DIR / "env")
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield SparkCluster(
+            master=values["EO_SPARK_MASTER"], connect=values["EO_SPARK_CONNECT"],
+            connect_token_url=values["EO_SPARK_CONNECT_TOKEN_URL"], token=values["EO_SPARK_CONNECT_TOKEN"],
+            worker_python=values["EO_SPARK_WORKER_PYTHON"], started_here=started_here, up_seconds=up_seconds,
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if started_here:
+            _run_script("down", timeout=180)

@@ -1,0 +1,142 @@
+"""The example DAGs on a real Spark cluster and over Spark Connect, chosen only by ``spark_conn_id``.
+
+The cluster's executors (and the Connect server's Python workers) run a Python without
+``airflow_eo``: every batch below works only because the session ships the package. Each sink
+ends equal to the ground truth read independently from the topics, after SIGKILLs of the
+Airflow task while executors write, of an executor JVM, and of the Spark Connect server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_eo.examples import ip_counts
+from airflow_eo.examples.page_views import produce_page_views
+from tests.integration.page_views import (
+    REPO,
+    UPSERT_PIPELINE,
+    XA_PIPELINE,
+    assert_exactly_once,
+    batch_rows,
+    reset,
+    run_dag,
+)
+from tests.support.example_state import reset_ip_counts
+
+SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
+
+
+def run_on(conn_id: str, dag_id: str, logical_date: datetime | None = None, fault: str | None = None,
+           env: dict[str, str] | None = None) -> str:
+    """Run the DAG with ``spark_conn_id=conn_id``; the output, after checking how the run ended."""
+    done = run_dag(dag_id, logical_date, fault=fault, env=env, conf={"spark_conn_id": conn_id})
+    output = done.stdout + done.stderr
+    expected = -signal.SIGKILL if fault in ("during_write", "mid_produce") else 0
+    assert done.returncode == expected, output[-4000:]
+    return output
+
+
+def assert_kafka_output_exact(bootstrap: str) -> None:
+    assert ip_counts.output_counts(bootstrap) == ip_counts.true_counts(bootstrap)
+    assert ip_counts.output_counts(bootstrap, "read_committed") == ip_counts.true_counts(bootstrap)
+
+
+def test_on_a_standalone_cluster_with_task_and_executor_kills(spark_cluster, bootstrap, mysql_kwargs, airflow_db,
+                                                               tmp_path):
+    conn = "spark_cluster"
+    reset(mysql_kwargs, XA_PIPELINE, UPSERT_PIPELINE)
+    produce_page_views(bootstrap, 3000)
+
+    # XA: the Airflow task (the driver) is SIGKILLed by an executor mid-write; its retry resumes the batch.
+    when = datetime.now(timezone.utc)
+    run_on(conn, "page_views_xa", when, fault="during_write")
+    output = run_on(conn, "page_views_xa", when)
+    assert f"Spark session on {spark_cluster.master}" in output
+    assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
+
+    # Upsert: an executor JVM is SIGKILLed mid-write; Spark reruns its task on the other worker.
+    fault_env = {"AIRFLOW_EO_FAULT_DIR": str(tmp_path)}
+    run_on(conn, "page_view_events_upsert", fault="kill_executor", env=fault_env)
+    assert (tmp_path / "airflow_eo-fault-kill_executor").exists(), "no executor was killed"
+    # ... and the driver killed mid-write, then the retry.
+    produce_page_views(bootstrap, 1000)
+    when = datetime.now(timezone.utc)
+    run_on(conn, "page_view_events_upsert", when, fault="during_write")
+    run_on(conn, "page_view_events_upsert", when)
+    assert_exactly_once(mysql_kwargs, bootstrap, UPSERT_PIPELINE)
+
+    # Kafka transactional sink: the task killed with part of the output in its open transaction.
+    reset_ip_counts(bootstrap, mysql_kwargs)
+    ip_counts.produce_lines(bootstrap, 3000)
+    when = datetime.now(timezone.utc)
+    run_on(conn, "ip_counts_kafka", when, fault="mid_produce")
+    run_on(conn, "ip_counts_kafka", when)
+    assert_kafka_output_exact(bootstrap)
+
+
+def test_over_spark_connect_with_a_server_restart_mid_batch(spark_cluster, bootstrap, mysql_kwargs, airflow_db):
+    conn = "spark_connect"
+    reset(mysql_kwargs, XA_PIPELINE, UPSERT_PIPELINE)
+    produce_page_views(bootstrap, 3000)
+    output = run_on(conn, "page_views_xa")
+    assert f"Spark session on {spark_cluster.connect}" in output
+    run_on(conn, "page_view_events_upsert")
+    assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
+    assert_exactly_once(mysql_kwargs, bootstrap, UPSERT_PIPELINE)
+
+    reset_ip_counts(bootstrap, mysql_kwargs)
+    ip_counts.produce_lines(bootstrap, 3000)
+    run_on(conn, "ip_counts_kafka")
+    assert_kafka_output_exact(bootstrap)
+
+    # The Connect server dies (SIGKILL) while a batch runs on it, and comes back.
+    produce_page_views(bootstrap, 30_000)
+    when = datetime.now(timezone.utc)
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    args = [sys.executable, str(REPO / "scripts" / "run_dag.py"), "page_views_xa", when.isoformat(),
+            '{"spark_conn_id": "spark_connect"}']
+    running = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(b["state"] == "planned" for b in batch_rows(mysql_kwargs, XA_PIPELINE)):
+            assert running.poll() is None and time.monotonic() < deadline, "the batch was never planned"
+            time.sleep(0.2)
+        os.kill(int((SPARK_DIR / "connect.pid").read_text()), signal.SIGKILL)
+        restarted = subprocess.run([sys.executable, str(REPO / "scripts" / "spark_cluster.py"), "up"],
+                                   capture_output=True, text=True, timeout=300)
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        running.communicate(timeout=600)  # failed, or its task retry went through on the new server
+    finally:
+        if running.poll() is None:
+            running.kill()
+    run_on(conn, "page_views_xa", when)  # the same run again: resumes, or returns its committed summary
+    run_on(conn, "page_views_xa")  # a later run: nothing left over
+    assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
+
+
+@pytest.mark.parametrize(("token", "works"), [("right", True), ("wrong", False)])
+def test_a_spark_connect_connection_passes_its_token(spark_cluster, token, works, monkeypatch):
+    """The connection's password is the token (the Spark provider's SparkConnectHook builds the URL)."""
+    from airflow_eo.core.errors import ConfigurationError
+
+    host, port = spark_cluster.connect_token_url.removeprefix("sc://").rsplit(":", 1)
+    secret = spark_cluster.token if token == "right" else "not-the-token"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_TOKEN_TEST",
+                       f'{{"conn_type": "spark_connect", "host": "{host}", "port": {port}, "password": "{secret}"}}')
+    code = ("from airflow_eo.hooks.spark import SparkSessionHook\n"
+            "print('count', SparkSessionHook('spark_token_test').get_conn().range(7).count())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    output = done.stdout + done.stderr
+    if works:
+        assert done.returncode == 0 and "count 7" in output, output[-3000:]
+    else:
+        assert done.returncode != 0 and ConfigurationError.__name__ in output, output[-3000:]
+        assert "cannot open a Spark Connect session" in output and secret not in output, output[-3000:]
