@@ -29,6 +29,9 @@ class EngineThatOutlivesItsAttempt:
         self.real, self.newer_attempt = real, newer_attempt
         self.newer_summary: BatchSummary | None = None
 
+    def check(self) -> None:
+        self.real.check()
+
     def execute(self, batch, sink):
         result = self.real.execute(batch, sink)
         assert result.xids, "the old attempt must hold prepared branches when the newer one starts"
