@@ -32,4 +32,6 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.triggers.pipeline"]},
         ],
         "connection-types": [],  # reuses kafka / mysql / spark connection types of their providers
+        # `airflow eo ...` (Airflow >= 3.2 loads provider CLI commands from here)
+        "cli": ["airflow_eo.cli.definition.get_eo_cli_commands"],
     }

@@ -9,12 +9,13 @@ subclass and its adapter: the operator and the engine need no change
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_eo.core.config import UpdateMode, choice
+from airflow_eo.core.config import SinkRecord, UpdateMode, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table, validate_identifier
 
@@ -49,6 +50,23 @@ class SinkSpec(ABC):
     def replay_safe(self) -> bool:
         """True when running a batch twice leaves the same result (interval-mode replays need it)."""
         return False
+
+    @property
+    def accumulating(self) -> bool:
+        """True when processing a record twice changes the result (adds to a row, appends): a rewind that
+        reprocesses offsets counts them twice."""
+        return True
+
+    @property
+    def target(self) -> str:
+        """The table or topic written."""
+        return ""
+
+    def record(self) -> SinkRecord:
+        """What the offset store records of this sink at each take (``airflow eo`` reads it)."""
+        options = {f.name: _json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return SinkRecord(kind=type(self).__name__, accumulating=self.accumulating, conn_id=self.conn_id,
+                          target=self.target, dead_letter_table=options.get("dead_letter_table"), options=options)
 
     @abstractmethod
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
@@ -119,6 +137,14 @@ class MySqlUpsertSink(SinkSpec):
     def replay_safe(self) -> bool:
         return not self.allows_accumulating and all(m is UpdateMode.REPLACE for m in self.updates.values())
 
+    @property
+    def accumulating(self) -> bool:
+        return any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def target(self) -> str:
+        return self.table
+
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
         from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
         from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
@@ -184,6 +210,10 @@ class KafkaTransactionalSink(SinkSpec):
         if not 1_000 <= self.transaction_timeout_ms <= 3_600_000:
             raise ConfigurationError("KafkaTransactionalSink: transaction_timeout_ms must be 1000..3600000")
 
+    @property
+    def target(self) -> str:
+        return self.topic
+
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
         # init_transactions fences an older attempt's producer: no store epoch needed.
         from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
@@ -197,3 +227,36 @@ class KafkaTransactionalSink(SinkSpec):
 
         bootstrap = str(KafkaClusterHook(self.conn_id).get_config().get("bootstrap.servers", ""))
         return SinkAsset(f"kafka://{bootstrap.split(',')[0]}", self.topic)
+
+
+#: The sink specs ``airflow eo`` can rebuild from what the store recorded (:func:`spec_from_record`).
+SINK_KINDS: dict[str, type[SinkSpec]] = {cls.__name__: cls for cls in (MySqlUpsertSink, MySqlXaSink,
+                                                                         KafkaTransactionalSink)}
+
+
+def spec_from_record(record: SinkRecord, conn_id: str | None = None) -> SinkSpec:
+    """The sink spec the store recorded (validated again), e.g. to run its adapter's recovery outside the DAG.
+
+    :param record: what the store recorded at the pipeline's last take.
+    :param conn_id: another Airflow connection of the same sink (default: the recorded one).
+    """
+    cls = SINK_KINDS.get(record.kind)
+    if cls is None:
+        raise ConfigurationError(f"sink kind {record.kind!r} is not one airflow_eo can rebuild "
+                                 f"({', '.join(SINK_KINDS)}); its pipeline's next run recovers it")
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    options = {k: v for k, v in record.options.items() if k in names}
+    if conn_id:
+        options["conn_id"] = conn_id
+    return cls(**options)
+
+
+def _json_value(value: Any) -> Any:
+    """A spec field as a JSON value (tuples as lists, enums as their values)."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, UpdateMode):
+        return value.value
+    return value

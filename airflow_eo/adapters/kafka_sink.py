@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if, fault_requested
+from airflow_eo.core.operations import committed_by_kafka
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
 
 if TYPE_CHECKING:
@@ -118,15 +119,24 @@ class KafkaTransactionalAdapter:
         self.producer()  # init_transactions: an older producer's open transaction is aborted now
         if not unfinished:
             return set()
-        offsets = self.group_offsets()
-        committed = set()
-        for batch in unfinished:
-            moved = [r for r in batch.ranges if r.size > 0]
-            if moved and all(offsets.get(r.key) == r.until_offset for r in moved):
-                log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
-                            self.name, batch.batch_id)
-                committed.add(batch.batch_id)
+        committed = committed_by_kafka(unfinished, self.group_offsets())
+        for batch_id in sorted(committed):
+            log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
+                        self.name, batch_id)
         return committed
+
+    def move_group_offsets(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Set the pipeline's consumer-group offsets (``airflow eo rewind``): recovery compares unfinished batches
+        with them, so they must follow the store's committed offsets when those are moved by hand.
+
+        :param positions: the new offset per ``(topic, partition)``.
+        """
+        if not positions:
+            return
+        request = ConsumerGroupTopicPartitions(group_id(self.pipeline_id),
+                                               [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
+        for future in self._admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S).values():
+            future.result()
 
     def write(self, out: DataFrame, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
         """Stream the output from Spark into one open transaction (one partition in driver memory at a time).

@@ -23,6 +23,8 @@ from airflow_eo.adapters.offset_store import EpochFence
 from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.faults import HOLD_WRITE, crash_if, hold_if, kill_executor_if_requested
+from airflow_eo.core.identifiers import quote_table
+from airflow_eo.core.operations import BranchAction, decide_branch
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
 from airflow_eo.core.sql import (
     DEAD_LETTER_COLUMNS,
@@ -32,7 +34,6 @@ from airflow_eo.core.sql import (
     supports_row_alias,
     upsert_statement,
 )
-from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ER_XAER_NOTA = 1397  # unknown xid: already committed / rolled back
 ER_SPECIFIC_ACCESS_DENIED = 1227
+ER_NO_SUCH_TABLE = 1146
 
 
 def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True) -> pymysql.connections.Connection:
@@ -57,6 +59,50 @@ def xa_recover(conn: pymysql.connections.Connection) -> list[Xid]:
         cur.execute("XA RECOVER")
         rows = cur.fetchall()
     return [x for x in (parse_recover_row(*row[:4]) for row in rows) if x is not None]
+
+
+def prepared_branches(connect_kwargs: Mapping[str, Any], pipeline_id: str) -> list[Xid]:
+    """The pipeline's prepared (in-doubt) branches on a server, sorted; read-only.
+
+    :param connect_kwargs: pymysql arguments of the sink's database.
+    :param pipeline_id: the pipeline.
+    """
+    conn = connect(connect_kwargs)
+    try:
+        return sorted(x for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline_id))
+    finally:
+        conn.close()
+
+
+def read_dead_letters(connect_kwargs: Mapping[str, Any], table: str, pipeline_id: str, batch_id: int | None,
+                      limit: int) -> list[dict[str, Any]] | None:
+    """The pipeline's dead letters (oldest offsets first); None when the table does not exist.
+
+    :param connect_kwargs: pymysql arguments of the sink's database.
+    :param table: the dead-letter table (``table`` or ``database.table``).
+    :param pipeline_id: the pipeline.
+    :param batch_id: only this batch's.
+    :param limit: at most this many.
+    """
+    where, args = "pipeline_id = %s", list[Any]([pipeline_id])
+    if batch_id is not None:
+        where += " AND batch_id = %s"
+        args.append(batch_id)
+    conn = pymysql.connect(**connect_kwargs, autocommit=True, charset="utf8mb4", cursorclass=pymysql.cursors.DictCursor)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET time_zone = '+00:00'")  # created_at (TIMESTAMP) in UTC
+            try:
+                cur.execute(f"SELECT batch_id, topic, kafka_partition, kafka_offset, record_key, raw_value, error, "
+                            f"created_at FROM {quote_table(table)} WHERE {where} "
+                            "ORDER BY batch_id, topic, kafka_partition, kafka_offset LIMIT %s", (*args, limit))
+            except pymysql.err.ProgrammingError as exc:
+                if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:
+                    return None
+                raise
+            return list(cur.fetchall())
+    finally:
+        conn.close()
 
 
 def xa_end_of(conn: pymysql.connections.Connection, xid: Xid, verb: str) -> bool:
@@ -376,9 +422,14 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
                 ) from exc
             raise
 
+    def prepared_branches(self, pipeline_id: str) -> list[Xid]:
+        """The pipeline's in-doubt branches on the sink's server (read-only)."""
+        return prepared_branches(self.connect_kwargs, pipeline_id)
+
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> set[int]:
-        """Resolve every prepared branch of this pipeline: commit if its batch committed, else roll back."""
+        """Resolve every prepared branch of this pipeline: commit if its batch committed and lists it, else roll
+        back (:func:`~airflow_eo.core.operations.decide_branch`)."""
         key = pipeline_key(pipeline_id)
         conn = connect(self.connect_kwargs)
         try:
@@ -391,12 +442,10 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
             for xid in sorted(ours):
                 if xid.batch_id not in records:
                     records[xid.batch_id] = batch_lookup(xid.batch_id)
-                record = records[xid.batch_id]
-                commit = (record is not None and record.state == BatchState.COMMITTED
-                          and xid.encode() in record.xids)
-                xa_end_of(conn, xid, "COMMIT" if commit else "ROLLBACK")
-                log.info("recovered branch %s of batch %d: %s", xid.encode(), xid.batch_id,
-                         "committed" if commit else "rolled back")
+                decision = decide_branch(xid, records[xid.batch_id])
+                xa_end_of(conn, xid, "COMMIT" if decision.action is BranchAction.COMMIT else "ROLLBACK")
+                log.info("recovered branch %s of batch %d: %s (%s)", xid.encode(), xid.batch_id,
+                         decision.action.value, decision.reason)
             return set()  # the store's commit is the commit point: nothing to roll forward
         finally:
             conn.close()

@@ -4,13 +4,15 @@ Three tables: ``eo_pipeline`` (fencing epoch), ``eo_batch`` (the batch log: Spar
 offset log and commit log in one) and ``eo_offset`` (committed position per
 partition). Every write after :meth:`take_pipeline` checks the caller's epoch under
 a lock on the pipeline row, and the commit point is one local transaction of
-compare-and-sets (:meth:`commit_batch`).
+compare-and-sets (:meth:`commit_batch`). ``eo_interval`` fences interval-mode
+batches; ``eo_audit`` records what people did to a pipeline (``airflow eo rewind``,
+``recover``), and the reads at the end serve those operations (``airflow_eo/operations.py``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,8 +22,16 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT
 
-from airflow_eo.core.errors import CommitConflictError, FencedError, PipelineConflictError
+from airflow_eo.core.config import Mode, SinkRecord
+from airflow_eo.core.errors import (
+    CommitConflictError,
+    FencedError,
+    OperationError,
+    PipelineConflictError,
+    UnknownPipelineError,
+)
 from airflow_eo.core.identifiers import quote_identifier
+from airflow_eo.core.operations import AuditEntry, BatchInfo, PipelineInfo, RewindPlan
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchRecord, BatchSummary
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
@@ -84,6 +94,26 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             epoch BIGINT NOT NULL,
             taken_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
             PRIMARY KEY (pipeline_id, interval_start, interval_end)
+        ) ENGINE=InnoDB""",
+    ]),
+    (3, [
+        # The sink, recorded at every take, so that operations (``airflow eo``) know it without the DAG:
+        # whether a rewind would double count, where dead letters go, how to rebuild it for recovery.
+        "ALTER TABLE eo_pipeline ADD COLUMN sink_kind VARCHAR(64) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN sink_accumulating BOOLEAN NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN dead_letter_table VARCHAR(130) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN sink JSON NULL",
+        # What people did to a pipeline (rewinds, recoveries): who, when, why, and what changed.
+        """CREATE TABLE IF NOT EXISTS eo_audit (
+            audit_id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+            pipeline_id VARCHAR(190) NOT NULL,
+            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            actor VARCHAR(250) NOT NULL,
+            action VARCHAR(32) NOT NULL,
+            reason TEXT NULL,
+            epoch BIGINT NULL,
+            details JSON NULL,
+            KEY eo_audit_pipeline (pipeline_id, audit_id)
         ) ENGINE=InnoDB""",
     ]),
 ]
@@ -194,8 +224,8 @@ class MySqlOffsetStore:
         and check it still carries ours."""
         EpochFence(pipeline_id, epoch, interval).check(cur, "FOR UPDATE")
 
-    def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str) -> None:
-        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode."""
+    def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> None:
+        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink."""
         cur.execute("INSERT IGNORE INTO eo_pipeline (pipeline_id, epoch) VALUES (%s, 0)", (pipeline_id,))
         cur.execute("SELECT owner, mode FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
         row = cur.fetchone()
@@ -215,13 +245,17 @@ class MySqlOffsetStore:
         if (owner and not row["owner"]) or not row["mode"]:
             cur.execute("UPDATE eo_pipeline SET owner = COALESCE(owner, %s), mode = COALESCE(mode, %s) "
                         "WHERE pipeline_id = %s", (owner, mode, pipeline_id))
+        if sink is not None:  # the latest take's sink: a DAG may change its sink between runs
+            cur.execute("UPDATE eo_pipeline SET sink_kind = %s, sink_accumulating = %s, dead_letter_table = %s, "
+                        "sink = %s WHERE pipeline_id = %s",
+                        (sink.kind, sink.accumulating, sink.dead_letter_table, sink.to_json(), pipeline_id))
 
     # ------------------------------------------------------------------ reads
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int:
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:
-            self._claim(cur, pipeline_id, owner, "continuous")  # refused: no epoch moved, nobody fenced
+            self._claim(cur, pipeline_id, owner, "continuous", sink)  # refused: no epoch moved, nobody fenced
             cur.execute(
                 "UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s",
                 (pipeline_id,),
@@ -229,10 +263,11 @@ class MySqlOffsetStore:
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
             return int(_one_row(cur)["epoch"])
 
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int:
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+                      sink: SinkRecord | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:
-            self._claim(cur, pipeline_id, owner, "interval")
+            self._claim(cur, pipeline_id, owner, "interval", sink)
             bounds = _utc_bounds(interval)
             cur.execute(
                 "INSERT INTO eo_interval (pipeline_id, interval_start, interval_end, epoch) VALUES (%s, %s, %s, 1) "
@@ -415,8 +450,168 @@ class MySqlOffsetStore:
         """
         self.migrate()
         with self.transaction() as cur:
-            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_pipeline"):
+            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
                 cur.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
+
+
+    # ------------------------------------------------------------------ operations (``airflow eo``)
+
+    @contextmanager
+    def _utc_reads(self) -> Iterator[pymysql.cursors.DictCursor]:
+        """A transaction whose TIMESTAMP columns read as UTC (the session's time zone converts them)."""
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SET time_zone = '+00:00'")
+            yield cur
+
+    def pipelines(self, pipeline_id: str | None = None) -> list[PipelineInfo]:
+        """Every pipeline in the store (or the one named), sorted by id.
+
+        :param pipeline_id: only this pipeline.
+        """
+        where, args = ("WHERE pipeline_id = %s", (pipeline_id,)) if pipeline_id is not None else ("", ())
+        with self._utc_reads() as cur:
+            cur.execute(f"SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline {where} "
+                        "ORDER BY pipeline_id", args)
+            return [PipelineInfo(r["pipeline_id"], int(r["epoch"]), r["owner"], Mode(r["mode"]) if r["mode"] else None,
+                                 _utc(r["taken_at"]), SinkRecord.from_json(r["sink"]) if r["sink"] else None)
+                    for r in cur.fetchall()]
+
+    def pipeline(self, pipeline_id: str) -> PipelineInfo:
+        """The pipeline's row; :class:`UnknownPipelineError` (naming the known ones) when there is none.
+
+        :param pipeline_id: the pipeline.
+        """
+        found = self.pipelines(pipeline_id)
+        if found:
+            return found[0]
+        known = [p.pipeline_id for p in self.pipelines()]
+        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        raise UnknownPipelineError(f"the offset store has no pipeline {pipeline_id!r}; "
+                                   + (f"its pipelines are: {listed}" if known else "it holds no pipeline yet"))
+
+    def all_committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """Every pipeline's committed offsets, in one query."""
+        with self._utc_reads() as cur:
+            cur.execute("SELECT pipeline_id, topic, kafka_partition, next_offset FROM eo_offset")
+            found: dict[str, dict[TopicPartition, int]] = {}
+            for r in cur.fetchall():
+                found.setdefault(r["pipeline_id"], {})[(r["topic"], r["kafka_partition"])] = int(r["next_offset"])
+            return found
+
+    def latest_batches(self) -> dict[str, BatchInfo]:
+        """Each pipeline's newest batch, in one query."""
+        with self._utc_reads() as cur:
+            cur.execute("SELECT b.* FROM eo_batch b JOIN (SELECT pipeline_id, MAX(batch_id) AS batch_id FROM eo_batch "
+                        "GROUP BY pipeline_id) newest USING (pipeline_id, batch_id)")
+            return {r["pipeline_id"]: _batch_info(r) for r in cur.fetchall()}
+
+    def batch_history(self, pipeline_id: str, limit: int, batch_ids: list[int] | None = None) -> list[BatchInfo]:
+        """The pipeline's batches, newest first.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many.
+        :param batch_ids: only these batches.
+        """
+        where, args = "pipeline_id = %s", list[Any]([pipeline_id])
+        if batch_ids is not None:
+            if not batch_ids:
+                return []
+            where += f" AND batch_id IN ({', '.join(['%s'] * len(batch_ids))})"
+            args.extend(batch_ids)
+        with self._utc_reads() as cur:
+            cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id DESC LIMIT %s", (*args, limit))
+            return [_batch_info(r) for r in cur.fetchall()]
+
+    def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]:
+        """What people did to the pipeline (``eo_audit``), newest first.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many.
+        """
+        with self._utc_reads() as cur:
+            cur.execute("SELECT * FROM eo_audit WHERE pipeline_id = %s ORDER BY audit_id DESC LIMIT %s",
+                        (pipeline_id, limit))
+            return [AuditEntry(int(r["audit_id"]), r["pipeline_id"], _utc(r["created_at"]), r["actor"], r["action"],
+                               r["reason"], None if r["epoch"] is None else int(r["epoch"]),
+                               json.loads(r["details"]) if r["details"] else {})
+                    for r in cur.fetchall()]
+
+    def record_audit(self, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
+                     details: dict[str, Any]) -> None:
+        """Append an audit row (an operation that changed the pipeline, e.g. a recovery).
+
+        :param pipeline_id: the pipeline.
+        :param epoch: the epoch the operation took.
+        :param actor: who ran it.
+        :param action: what (``recover``, ``rewind``).
+        :param reason: why, in the operator's words.
+        :param details: what changed (JSON).
+        """
+        with self.transaction() as cur:
+            _insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+
+    def rewind(self, plan: RewindPlan, actor: str, reason: str,
+               check: Callable[[PipelineInfo, list[BatchRecord]], None]) -> int:
+        """Move the pipeline's committed offsets as planned, in one transaction with the take and the audit row.
+
+        Under the pipeline row's lock (which every fenced write of an attempt takes too): ``check`` sees the
+        pipeline and its unfinished batches and may refuse; every moved offset must still be where the plan
+        found it (else nothing changes); the epoch moves on (fencing any running attempt); the audit row
+        records who, why, and old and new offsets. Any failure rolls all of it back.
+
+        :param plan: the rewind (old -> new per partition).
+        :param actor: who runs it.
+        :param reason: why.
+        :param check: the refusal rules (:func:`airflow_eo.core.operations.check_rewind`), run under the lock.
+        :return: the epoch taken.
+        """
+        p = plan.pipeline_id
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline "
+                        "WHERE pipeline_id = %s FOR UPDATE", (p,))
+            row = cur.fetchone()
+            if row is None:
+                raise UnknownPipelineError(f"the offset store has no pipeline {p!r}")
+            info = PipelineInfo(p, int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
+                                row["taken_at"], SinkRecord.from_json(row["sink"]) if row["sink"] else None)
+            cur.execute("SELECT * FROM eo_batch WHERE pipeline_id = %s AND state IN (%s, %s) ORDER BY batch_id",
+                        (p, *[s.value for s in UNFINISHED]))
+            check(info, [_record(r) for r in cur.fetchall()])
+            for change in plan.moved:
+                if change.old is None:  # never committed: the next batch would start at starting_offsets
+                    cur.execute("INSERT IGNORE INTO eo_offset (pipeline_id, topic, kafka_partition, next_offset, "
+                                "batch_id) VALUES (%s, %s, %s, %s, -1)",
+                                (p, change.topic, change.partition, change.new))
+                else:
+                    cur.execute("UPDATE eo_offset SET next_offset = %s WHERE pipeline_id = %s AND topic = %s AND "
+                                "kafka_partition = %s AND next_offset = %s",
+                                (change.new, p, change.topic, change.partition, change.old))
+                if cur.rowcount != 1:
+                    raise OperationError(f"{change.topic}[{change.partition}] of pipeline {p!r} moved since the "
+                                         "rewind was planned (a batch committed meanwhile); nothing was changed: "
+                                         "run the command again")
+            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+                        "WHERE pipeline_id = %s", (p,))
+            epoch = info.epoch + 1
+            _insert_audit(cur, p, epoch, actor, "rewind", reason, plan.to_dict())
+            return epoch
+
+
+def _insert_audit(cur: Any, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
+                  details: dict[str, Any]) -> None:
+    cur.execute("INSERT INTO eo_audit (pipeline_id, actor, action, reason, epoch, details) "
+                "VALUES (%s, %s, %s, %s, %s, %s)", (pipeline_id, actor, action, reason, epoch, json.dumps(details)))
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """A TIMESTAMP read in a UTC session, as an aware datetime."""
+    return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+def _batch_info(row: dict[str, Any]) -> BatchInfo:
+    return BatchInfo(_record(row), _utc(row["created_at"]), _utc(row["updated_at"]), _utc(row["committed_at"]))
 
 
 def _one_row(cur: pymysql.cursors.DictCursor) -> dict[str, Any]:

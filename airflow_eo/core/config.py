@@ -6,9 +6,11 @@ starts a batch; the engine and the protocol take them as already valid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from airflow_eo.core.errors import ConfigurationError
 
@@ -112,3 +114,38 @@ def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records
         if max_records_per_run is not None:
             raise ConfigurationError("mode='interval': the batch is the whole data interval; drop max_records_per_run "
                                      "(or use a shorter schedule interval)")
+
+
+@dataclass(frozen=True)
+class SinkRecord:
+    """What the offset store records of a pipeline's sink at each take (``eo_pipeline``), so that operations
+    (``airflow eo``) know what they deal with without the DAG: which sink, whether reprocessing double counts,
+    where dead letters go, and the spec's options to rebuild its adapter for recovery.
+
+    :param kind: the sink spec's class name (``MySqlXaSink``, ``MySqlUpsertSink``, ``KafkaTransactionalSink``).
+    :param accumulating: True when processing a record twice changes the result (XA ``add`` updates, Kafka
+        appends): reprocessing offsets again (a rewind) counts them twice.
+    :param conn_id: the sink's Airflow connection id (an id, never a secret).
+    :param target: the table or topic written.
+    :param dead_letter_table: where bad records go; None when the sink keeps none.
+    :param options: the spec's fields (JSON values), enough to rebuild it.
+    """
+
+    kind: str
+    accumulating: bool
+    conn_id: str | None = None
+    target: str | None = None
+    dead_letter_table: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "accumulating": self.accumulating, "conn_id": self.conn_id,
+                           "target": self.target, "dead_letter_table": self.dead_letter_table,
+                           "options": dict(self.options)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> SinkRecord:
+        data = json.loads(text)
+        return cls(kind=str(data["kind"]), accumulating=bool(data["accumulating"]), conn_id=data.get("conn_id"),
+                   target=data.get("target"), dead_letter_table=data.get("dead_letter_table"),
+                   options=dict(data.get("options") or {}))

@@ -37,3 +37,11 @@ class IntervalNotReadyError(AirflowEoError):
 
 class PipelineConflictError(ConfigurationError):
     """A pipeline id is declared by two DAGs/tasks (or in two modes); refused before any side effect."""
+
+
+class OperationError(AirflowEoError):
+    """An operations command (``airflow eo ...``) refused or failed before changing anything."""
+
+
+class UnknownPipelineError(OperationError):
+    """The offset store has no pipeline of that id."""

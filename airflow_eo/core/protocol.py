@@ -5,10 +5,11 @@ One call of :func:`run_batch` is one task attempt:
 1. **Take** the pipeline: ``epoch += 1``. Every later store write of this attempt is
    conditional on that epoch, so an older attempt still running (a zombie) can no
    longer commit.
-2. **Recover**: resolve the sink's leftovers (prepared XA branches: commit those of
-   committed batches, roll back the rest) and unfinished batches: this run's own
-   unfinished batch is resumed with its recorded ranges; another run's is aborted.
-   A run that already committed returns its recorded summary and does nothing.
+2. **Recover** (:func:`recover_pipeline`, also what ``airflow eo recover`` runs): resolve
+   the sink's leftovers (prepared XA branches: commit those of committed batches, roll
+   back the rest) and unfinished batches: this run's own unfinished batch is resumed with
+   its recorded ranges; another run's is aborted. A run that already committed returns
+   its recorded summary and does nothing.
 3. **Plan** the ranges and write the batch row (``planned``) BEFORE reading data.
 4. **Execute** on the engine (Spark): read exactly the ranges, transform, write.
    Transactional sinks prepare their branches and report xids; the store records
@@ -42,7 +43,7 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any, Protocol
 
-from airflow_eo.core.config import Mode
+from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if
 from airflow_eo.core.planning import (
@@ -130,6 +131,7 @@ class RunRequest:
     interval: Interval | None = None  # set: interval mode (the run's data interval)
     idle_partition_timeout: timedelta | None = None  # interval mode: when an idle partition's end may be closed
     owner: str | None = None  # who declares the pipeline (``<dag_id>.<task_id>``); a second owner is refused
+    sink: SinkRecord | None = None  # what the store records of the sink at the take (for ``airflow eo``)
 
 
 class BatchStart(Enum):
@@ -218,7 +220,7 @@ class BatchSummary:
 class OffsetStore(Protocol):
     """The durable batch log and committed offsets; every write after a take is fenced by its epoch."""
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int: ...
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int: ...
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]: ...
     def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None: ...
     def unfinished_batches(self, pipeline_id: str) -> list[BatchRecord]: ...
@@ -230,7 +232,8 @@ class OffsetStore(Protocol):
     def commit_batch(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...
     def abort_batch(self, batch: BatchRecord, epoch: int) -> None: ...
     # interval mode
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int: ...
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+                      sink: SinkRecord | None = None) -> int: ...
     def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None: ...
     def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...
 
@@ -312,31 +315,18 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     sink.check()
 
     # 1. Take the pipeline: a new epoch fences every older attempt.
-    epoch = store.take_pipeline(p, request.owner)
+    epoch = store.take_pipeline(p, request.owner, sink=request.sink)
     log.info("pipeline %s taken with epoch %d (run %s)", p, epoch, request.run_id)
     attempt = Attempt(request, store, engine, sink, epoch, started)
 
-    # 2. Recover: the sink's leftovers, batches the sink committed but the store did not,
-    #    this run's own committed batch (a clear), this run's unfinished batch, others'.
-    unfinished = store.unfinished_batches(p)
-    committed_by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
-    for batch in unfinished:
-        if batch.batch_id in committed_by_sink:  # the sink's commit point passed, the mirror did not
-            store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch, rolled_forward=True))
-    done = store.batch_for_run(p, request.run_id)
-    if done is not None and done.state == BatchState.COMMITTED:
+    # 2. Recover (``airflow eo recover`` runs the same function, with no run of its own).
+    recovery = recover_pipeline(store, sink, p, epoch, request.run_id)
+    if recovery.already_committed is not None:
+        done = recovery.already_committed
         log.info("run %s already committed batch %d; nothing to do", request.run_id, done.batch_id)
         recorded = done.summary or BatchSummary.of(done, done.run_id, done.epoch)
         return replace(recorded, already_committed=True)
-
-    resumed: BatchRecord | None = None
-    for unfinished_batch in store.unfinished_batches(p):
-        if unfinished_batch.run_id == request.run_id:
-            resumed = unfinished_batch
-        else:
-            log.warning("aborting batch %d left unfinished by run %s", unfinished_batch.batch_id,
-                        unfinished_batch.run_id)
-            store.abort_batch(unfinished_batch, epoch)
+    resumed = recovery.resume
 
     # 3. Plan (or resume) and write the batch row before reading any data.
     if resumed is not None:
@@ -359,6 +349,59 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
     return attempt.execute_and_commit(batch, BatchStart.PLANNED)
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What step 2 (:func:`recover_pipeline`) did and found."""
+
+    rolled_forward: tuple[int, ...] = ()  # batches the sink had committed, now recorded by the store
+    aborted: tuple[int, ...] = ()  # other runs' unfinished batches, aborted (their branches rolled back)
+    already_committed: BatchRecord | None = None  # the run's own batch, committed before (a clear)
+    resume: BatchRecord | None = None  # the run's own unfinished batch, to resume with its recorded ranges
+
+
+def recover_pipeline(store: OffsetStore, sink: Sink, pipeline_id: str, epoch: int,
+                     run_id: str | None = None) -> Recovery:
+    """Step 2 of :func:`run_batch`: resolve what earlier attempts left, under the caller's freshly taken epoch.
+
+    The sink resolves its leftovers (XA branches: committed when their batch committed and recorded them,
+    else rolled back, see :func:`airflow_eo.core.operations.decide_branch`; a Kafka sink names the unfinished
+    batches it committed, which the store then records: rolled forward). Then, for a task attempt of run
+    ``run_id``: if the run already committed, stop there (a clear: nothing else is touched); the run's own
+    unfinished batch is to be resumed; every other unfinished batch is aborted. ``airflow eo recover`` calls
+    this with ``run_id=None``: every unfinished batch is then another run's, and aborted.
+
+    :param store: the offset store.
+    :param sink: the pipeline's sink adapter.
+    :param pipeline_id: the pipeline.
+    :param epoch: the epoch the caller took (every store write here is fenced by it).
+    :param run_id: the run of the calling task attempt; None for ``airflow eo recover`` (no run of its own).
+    """
+    p = pipeline_id
+    unfinished = store.unfinished_batches(p)
+    committed_by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
+    rolled_forward = []
+    for batch in unfinished:
+        if batch.batch_id in committed_by_sink:  # the sink's commit point passed, the mirror did not
+            store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch, rolled_forward=True))
+            rolled_forward.append(batch.batch_id)
+    if run_id is not None:
+        done = store.batch_for_run(p, run_id)
+        if done is not None and done.state == BatchState.COMMITTED:
+            return Recovery(tuple(rolled_forward), already_committed=done)
+
+    resumed: BatchRecord | None = None
+    aborted = []
+    for unfinished_batch in store.unfinished_batches(p):
+        if run_id is not None and unfinished_batch.run_id == run_id:
+            resumed = unfinished_batch
+        else:
+            log.warning("aborting batch %d left unfinished by run %s", unfinished_batch.batch_id,
+                        unfinished_batch.run_id)
+            store.abort_batch(unfinished_batch, epoch)
+            aborted.append(unfinished_batch.batch_id)
+    return Recovery(tuple(rolled_forward), tuple(aborted), resume=resumed)
+
+
 def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,
                        sink: Sink) -> BatchSummary:
     """Run one task attempt of the batch of ``request.interval`` (interval mode).
@@ -374,7 +417,7 @@ def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSo
     sink.check()
 
     # 1. Take the interval: fences older attempts of THIS interval only.
-    epoch = store.take_interval(p, interval, request.owner)
+    epoch = store.take_interval(p, interval, request.owner, sink=request.sink)
     log.info("pipeline %s interval %s taken with epoch %d (run %s)", p, interval, epoch, request.run_id)
     attempt = Attempt(request, store, engine, sink, epoch, started)
 

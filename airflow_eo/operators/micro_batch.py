@@ -9,14 +9,16 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_eo.adapters.kafka_offsets import parse_starting_offsets
+from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
+from airflow_eo.operators.metrics import emit_batch_metrics
 from airflow_eo.sinks import SinkSpec
 
 if TYPE_CHECKING:
@@ -175,14 +177,17 @@ class KafkaMicroBatchOperator(BaseOperator):
             interval=interval,
             idle_partition_timeout=self.idle_partition_timeout,
             owner=f"{self.dag_id}.{self.task_id}",
+            sink=self.sink.record(),  # for `airflow eo`: the sink's kind, whether a rewind double counts
         )
+        store = OffsetStoreHook(self.offset_store_conn_id).get_store()
         summary = run_batch(
             request,
-            store=OffsetStoreHook(self.offset_store_conn_id).get_store(),
+            store=store,
             source=kafka_hook.get_offset_source(),
             engine=self._engine,
             sink=self.sink.adapter(pipeline_id, self.offset_store_conn_id),
         )
+        self._emit_metrics(summary, store, kafka_hook)
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
@@ -196,6 +201,18 @@ class KafkaMicroBatchOperator(BaseOperator):
             context["outlet_events"][sink_asset_alias(self.dag_id, self.task_id)].add(
                 Asset(sink_asset.uri), extra={k: result[k] for k in _ASSET_EXTRA_KEYS})
         return result
+
+    def _emit_metrics(self, summary: BatchSummary, store: MySqlOffsetStore, kafka_hook: KafkaClusterHook) -> None:
+        """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""
+        try:
+            lag = None
+            if self.mode is Mode.CONTINUOUS and not summary.already_committed:
+                # Committed offsets first: a last stable offset read after them is never below them.
+                lag = kafka_hook.backlog(self.topics, store.committed_offsets(summary.pipeline_id),
+                                         self.starting_offsets)
+            emit_batch_metrics(summary, lag)
+        except Exception:  # the batch is committed: a metrics hiccup must not turn it into a failed task
+            self.log.warning("could not emit the batch's metrics", exc_info=True)
 
     def _data_interval(self, context: Context) -> Interval:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")

@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
+from airflow_eo.core.operations import BranchAction, committed_by_kafka, decide_branch
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
 from airflow_eo.core.protocol import (
     BatchContext,
@@ -216,13 +218,14 @@ class FakeStore:
             raise FencedError(f"{holder}: this attempt holds epoch {epoch} but a newer attempt took it "
                               f"(epoch {current}); this attempt stops without committing")
 
-    def _claim(self, pipeline_id: str, owner: str | None, mode: str) -> dict[str, Any]:
-        row = self.pipelines.get(pipeline_id) or {"epoch": 0, "owner": None, "mode": None}
+    def _claim(self, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> dict[str, Any]:
+        row = self.pipelines.get(pipeline_id) or {"epoch": 0, "owner": None, "mode": None, "sink": None}
         if owner and row["owner"] and row["owner"] != owner:
             raise PipelineConflictError(f"pipeline id {pipeline_id!r} belongs to {row['owner']}, not {owner}")
         if row["mode"] and row["mode"] != mode:
             raise PipelineConflictError(f"pipeline id {pipeline_id!r} ran in {row['mode']} mode, not {mode}")
         row["owner"], row["mode"] = row["owner"] or owner, row["mode"] or mode
+        row["sink"] = sink or row.get("sink")  # the latest take's sink
         self.pipelines[pipeline_id] = row
         return row
 
@@ -243,13 +246,14 @@ class FakeStore:
 
     # ------------------------------------------------------------------ takes
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None) -> int:
-        row = self._claim(pipeline_id, owner, "continuous")
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int:
+        row = self._claim(pipeline_id, owner, "continuous", sink)
         row["epoch"] += 1
         return int(row["epoch"])
 
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None) -> int:
-        self._claim(pipeline_id, owner, "interval")
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+                      sink: SinkRecord | None = None) -> int:
+        self._claim(pipeline_id, owner, "interval", sink)
         key = (pipeline_id, interval)
         self.intervals[key] = self.intervals.get(key, 0) + 1
         return self.intervals[key]
@@ -587,8 +591,8 @@ class FakeXaSink(_SinkBase):
         for text, xid in self._ours(pipeline_id):
             if xid.batch_id not in records:
                 records[xid.batch_id] = batch_lookup(xid.batch_id)
-            record = records[xid.batch_id]
-            commit = record is not None and record.state == BatchState.COMMITTED and text in record.xids
+            # The real adapter's decision (MySqlXaAdapter.recover): the same function, not a copy.
+            commit = decide_branch(xid, records[xid.batch_id]).action is BranchAction.COMMIT
             self.proc.step("xa.recover")
             self.server.end(text, commit)
         return set()  # the store's commit is the commit point: nothing to roll forward
@@ -768,13 +772,7 @@ class FakeKafkaSink(_SinkBase):
         self._producer()  # fences older producers of the pipeline, aborts their open transaction
         if not unfinished:
             return set()
-        offsets = dict(self.cluster.group_offsets)
-        committed = set()
-        for batch in unfinished:
-            moved = [r for r in batch.ranges if r.size > 0]
-            if moved and all(offsets.get(r.key) == r.until_offset for r in moved):
-                committed.add(batch.batch_id)
-        return committed
+        return committed_by_kafka(unfinished, dict(self.cluster.group_offsets))  # the real adapter's decision
 
     def write(self, out: list[Record], batch: BatchContext, runner: FakeEngine) -> WriteResult:
         self.writes.append(batch)

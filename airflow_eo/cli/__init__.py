@@ -1,0 +1,1 @@
+"""``airflow eo ...``: operating pipelines from Airflow's own CLI (see ``definition.py``)."""

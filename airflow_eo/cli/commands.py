@@ -1,0 +1,292 @@
+"""``airflow eo`` commands: arguments in, :class:`~airflow_eo.operations.PipelineOperations` call, output out.
+
+Tables for people (``--output table``, the default, or ``plain``), one JSON/YAML document for scripts
+(``--output json|yaml``), as Airflow's own commands print them (``AirflowConsole``). A command that
+fails exits non-zero with the reason on stderr and has changed nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from airflow.cli.simple_table import AirflowConsole
+from airflow.utils.cli import suppress_logs_and_warning
+from airflow.utils.providers_configuration_loader import providers_configuration_loaded
+from rich.markup import escape
+
+from airflow_eo.cli.definition import DOUBLE_COUNT_FLAG
+from airflow_eo.core.errors import AirflowEoError, OperationError
+from airflow_eo.core.operations import RewindKind, RewindTarget, parse_offsets
+from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.operations import PipelineOperations, audit_dict, batch_dict
+
+F = TypeVar("F", bound=Callable[..., Any])
+Rows = list[dict[str, Any]]
+
+
+def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
+    """Run a command with the operations of the connections it was given, after ``check`` of its arguments
+    (bad arguments fail before anything is connected); known failures become a clear message and a non-zero
+    exit (``SystemExit``), not a traceback."""
+
+    def decorate(func: F) -> F:
+        command = f"airflow eo {func.__name__.replace('_', '-')}"
+
+        @functools.wraps(func)
+        def wrapper(args: Any) -> None:
+            import pymysql
+            from airflow.exceptions import AirflowNotFoundException
+            from confluent_kafka import KafkaException
+
+            # An admin command of Airflow's own CLI: connections come from the metadata database too (and env
+            # vars, secrets backends), as for `airflow connections get`, which sets the same server context.
+            os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"
+            try:
+                if check is not None:
+                    check(args)
+                ops = pipeline_operations(args.offset_store_conn_id, args.kafka_conn_id, args.mysql_conn_id)
+                func(args, ops)
+            except (AirflowEoError, AirflowNotFoundException, KafkaException) as exc:
+                raise SystemExit(f"{command}: {exc}") from None
+            except pymysql.err.MySQLError as exc:
+                raise SystemExit(f"{command}: database error: {exc.args[-1]}") from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _check_rewind_args(args: Any) -> None:
+    _rewind_target(args)
+    if args.apply and args.dry_run:
+        raise OperationError("--apply and --dry-run contradict each other (a rewind is a dry run unless --apply)")
+    if args.apply and not (args.reason or "").strip():
+        raise OperationError("--apply needs --reason TEXT (recorded in the audit log)")
+
+
+def _rewind_target(args: Any) -> RewindTarget:
+    given = [name for name, value in (("--to-earliest", args.to_earliest), ("--to-latest", args.to_latest),
+                                      ("--to-datetime", args.to_datetime), ("--to-offsets", args.to_offsets))
+             if value]
+    if len(given) != 1:
+        raise OperationError("give exactly one of --to-earliest, --to-latest, --to-datetime TIME, --to-offsets JSON"
+                             + (f" (got {', '.join(given)})" if given else ""))
+    if args.to_earliest:
+        return RewindTarget(RewindKind.EARLIEST)
+    if args.to_latest:
+        return RewindTarget(RewindKind.LATEST)
+    if args.to_offsets:
+        return RewindTarget(RewindKind.OFFSETS, offsets=parse_offsets(args.to_offsets))
+    try:
+        at = datetime.fromisoformat(args.to_datetime)
+    except ValueError:
+        raise OperationError(f"--to-datetime {args.to_datetime!r} is not an ISO 8601 time, e.g. "
+                             "2026-11-20T08:00:00+00:00") from None
+    return RewindTarget(RewindKind.DATETIME, at=at if at.tzinfo else at.replace(tzinfo=timezone.utc))
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def pipelines(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo pipelines``."""
+    found = [p.to_dict() for p in ops.pipelines()]
+    rows = [{"pipeline": p["pipeline_id"], "owner": p["owner"], "mode": p["mode"], "epoch": p["epoch"],
+             "sink": p["sink"], "last batch": p["last_batch_id"], "state": p["last_state"],
+             "when (UTC)": _when(p["last_at"]), "lag": "-" if p["mode"] == "interval" else _unknown(p["lag"])}
+            for p in found]
+    _show(args.output, found, [("pipelines", rows)])
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def status(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo status PIPELINE``."""
+    found = ops.status(args.pipeline_id)
+    doc = found.to_dict()
+    head = [{"pipeline": doc["pipeline_id"], "owner": doc["owner"], "mode": doc["mode"], "epoch": doc["epoch"],
+             "sink": _sink(doc["sink"]), "lag": _unknown(doc["lag"])}]
+    partitions = [{"topic": p["topic"], "partition": p["partition"], "committed": _unknown(p["committed"], "-"),
+                   "last stable": _unknown(p["last_stable"]), "log start": _unknown(p["log_start"]),
+                   "lag": _unknown(p["lag"]), **({"lost": p["lost"]} if p["lost"] else {})}
+                  for p in doc["partitions"]]
+    unfinished = [{"batch": u["batch_id"], "run": u["run_id"], "state": u["state"], "epoch": u["epoch"],
+                   "ranges": _ranges(u["ranges"]), "since (UTC)": _when(u["updated_at"]),
+                   "recover would": u["recover"], "why": u["reason"]} for u in doc["unfinished"]]
+    notes = list(doc["notes"])
+    if doc["unfinished"]:
+        notes.append("a retry of the batch's own run resumes it; any other run (or `airflow eo recover`) aborts "
+                     "or rolls it forward as shown. It may belong to an attempt that is running right now.")
+    if doc["in_doubt"]:
+        notes.append(f"in-doubt XA branches hold row locks until resolved: let the next run resolve them, or now: "
+                     f"airflow eo recover {args.pipeline_id} --dry-run, then without --dry-run")
+    _show(args.output, doc, [("pipeline", head), ("partitions", partitions), ("unfinished batch", unfinished),
+                             ("in-doubt XA branches", _branches(doc["in_doubt"]))], notes)
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def history(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo history PIPELINE [--limit N]``."""
+    found = ops.history(args.pipeline_id, args.limit)
+    batches = [batch_dict(b) for b in found.batches]
+    audit = [audit_dict(a) for a in found.audit]
+    batch_rows = [{"batch": b["batch_id"], "run": b["run_id"], "state": b["state"],
+                   **({"interval": b["interval"]} if b["interval"] else {}), "ranges": _ranges(b["ranges"]),
+                   "in": _unknown(b["records_in"], "-"), "out": _unknown(b["rows_out"], "-"),
+                   "dead": _unknown(b["dead_letters"], "-"),
+                   "seconds": " ".join(f"{k}={v:g}" for k, v in b["seconds"].items()),
+                   "skipped (lost)": _ranges(b["skipped"]) or "-", "notes": _flags(b),
+                   "at (UTC)": _when(b["committed_at"] or b["created_at"])} for b in batches]
+    audit_rows = [{"at (UTC)": _when(a["at"]), "who": a["actor"], "action": a["action"], "epoch": a["epoch"],
+                   "reason": a["reason"] or "", "change": _change(a)} for a in audit]
+    _show(args.output, found.to_dict(), [("batches (newest first)", batch_rows), ("audit log", audit_rows)])
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def recover(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo recover PIPELINE [--dry-run]``."""
+    report = ops.recover(args.pipeline_id, dry_run=args.dry_run, reason=args.reason)
+    doc = report.to_dict()
+    batches = [{"batch": b["batch_id"], "run": b["run_id"], "state": b["state"], "action": b["recover"],
+                "why": b["reason"]} for b in doc["batches"]]
+    if report.dry_run:
+        notes = ["dry run: nothing was changed"]
+    elif report.epoch is None:
+        notes = ["nothing to recover: no in-doubt branch, no unfinished batch; nothing was changed"]
+    else:
+        notes = [f"done under epoch {report.epoch} (any running attempt is fenced); recorded in the audit log"]
+    _show(args.output, doc, [("in-doubt XA branches", _branches(doc["branches"])), ("unfinished batches", batches)],
+          notes)
+    if report.left:
+        raise SystemExit(f"airflow eo recover: branches still in doubt after recovery (prepared meanwhile by a "
+                         f"fenced attempt's Spark task?): {', '.join(report.left)}; run it again")
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation(check=_check_rewind_args)
+def rewind(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo rewind PIPELINE --to-... [--apply --reason TEXT]``."""
+    target = _rewind_target(args)
+    report = ops.rewind(args.pipeline_id, target, apply=args.apply, reason=args.reason,
+                        allow_double_count=args.allow_double_count)
+    doc = report.to_dict()
+    rows = [{"topic": c["topic"], "partition": c["partition"], "old": _unknown(c["old"], "-"), "new": c["new"],
+             "reprocessed": c["reprocessed"], "skipped": c["skipped"]} for c in doc["partitions"]]
+    notes = list(report.notes)
+    notes.append(f"in total {doc['reprocessed']} offsets will be reprocessed and {doc['skipped']} skipped by the "
+                 "next run (offsets: an upper bound of records)" if not report.applied else
+                 f"applied under epoch {report.epoch} (any running attempt is fenced); recorded in the audit log: "
+                 f"the next run reprocesses {doc['reprocessed']} and skips {doc['skipped']} offsets")
+    if not args.apply:
+        if report.refusal:
+            notes.append(f"--apply would be refused: {report.refusal}")
+        notes.append("dry run: nothing was changed; add --apply --reason TEXT to move the offsets")
+    _show(args.output, doc, [(f"rewind of {args.pipeline_id} to {doc['target']}", rows)], notes)
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def dead_letters(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo dead-letters PIPELINE [--batch N]``."""
+    found = ops.dead_letters(args.pipeline_id, args.batch, args.limit)
+    rows = [{"batch": d["batch_id"], "topic": d["topic"], "partition": d["partition"], "offset": d["offset"],
+             "key": _cut(d["key"], 30), "value": _cut(d["value"], 60), "error": _cut(d["error"], 80),
+             "at (UTC)": _when(d["created_at"])} for d in found]
+    _show(args.output, found, [("dead letters", rows)])
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _show(output: str, document: Any, sections: Sequence[tuple[str, Rows]], notes: Sequence[str] = ()) -> None:
+    """JSON/YAML: the whole document; table/plain: each section as a table, then the notes."""
+    console = AirflowConsole()
+    if output == "json":
+        console.print_as_json(document)
+        return
+    if output == "yaml":
+        console.print_as_yaml(document)
+        return
+    for title, rows in sections:
+        console.print(escape(title), style="bold")
+        if rows:
+            # Cells are data, not rich markup (a pipeline id or an error may hold brackets).
+            console.print_as([{k: escape(str(v)) for k, v in r.items()} for r in rows] if output == "table" else rows,
+                             output)
+        else:
+            console.print("  (none)")
+    for note in notes:
+        console.print(escape(f"note: {note}"), soft_wrap=True)
+
+
+def _branches(branches: Rows) -> Rows:
+    return [{"xid": b["xid"], "batch": b["batch_id"], "epoch": b["epoch"], "age": _age(b["age_seconds"]),
+             "recover will": b["action"], "why": b["reason"]} for b in branches]
+
+
+def _sink(sink: Mapping[str, Any] | None) -> str:
+    if not sink:
+        return "unknown"
+    return f"{sink['kind']} {sink['target']}" + (" (accumulating)" if sink["accumulating"] else "")
+
+
+def _ranges(ranges: Rows) -> str:
+    return ", ".join(f"{r['topic']}[{r['partition']}] {r['from_offset']}..{r['until_offset']}" for r in ranges)
+
+
+def _flags(batch: Mapping[str, Any]) -> str:
+    return ", ".join(name.replace("_", " ") for name in ("resumed", "replayed", "rolled_forward") if batch[name])
+
+
+def _change(entry: Mapping[str, Any]) -> str:
+    details = entry["details"]
+    if entry["action"] == "rewind":
+        return "; ".join(f"{p['topic']}[{p['partition']}] {p['old']} -> {p['new']}"
+                         for p in details.get("partitions", []) if p["old"] != p["new"])
+    if entry["action"] == "recover":
+        branches = [f"{b['xid']} {b['action']}" for b in details.get("branches", [])]
+        batches = [f"batch {b['batch_id']} {b['recover']}" for b in details.get("batches", [])]
+        return "; ".join(branches + batches)
+    return ""
+
+
+def _when(iso: str | None) -> str:
+    return "-" if not iso else iso.replace("T", " ")[:23]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m {whole % 60}s"
+    return f"{whole // 3600}h {whole % 3600 // 60}m"
+
+
+def _unknown(value: Any, placeholder: str = "?") -> Any:
+    return placeholder if value is None else value
+
+
+def _cut(text: str | None, width: int) -> str:
+    if text is None:
+        return "-"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+__all__ = ["DOUBLE_COUNT_FLAG", "dead_letters", "history", "pipelines", "recover", "rewind", "status"]

@@ -1,0 +1,132 @@
+"""The ``airflow eo`` command group, registered through the provider info's ``"cli"`` entry (Airflow >= 3.2).
+
+Airflow imports this module whenever its CLI starts, so it imports only ``airflow.cli.cli_config``;
+the commands themselves (``airflow_eo/cli/commands.py``) load when one runs.
+"""
+
+from __future__ import annotations
+
+from airflow.cli.cli_config import (
+    ARG_OUTPUT,
+    ARG_VERBOSE,
+    ActionCommand,
+    Arg,
+    GroupCommand,
+    lazy_load_command,
+    positive_int,
+)
+
+DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
+
+ARG_PIPELINE = Arg(("pipeline_id",), help="The pipeline's id in the offset store (`airflow eo pipelines` lists them)")
+ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default="eo_offset_store",
+                            help="Airflow mysql connection of the offset store (default: eo_offset_store)")
+ARG_KAFKA_CONN = Arg(("--kafka-conn-id",), default="kafka_default",
+                     help="Airflow kafka connection of the source cluster (default: kafka_default)")
+ARG_MYSQL_CONN = Arg(("--mysql-conn-id",), default=None,
+                     help="Airflow mysql connection of the sink's database, for XA branches and dead letters "
+                          "(default: the connection the pipeline's sink declared, as recorded in the store; "
+                          "mysql_default when none is recorded)")
+ARG_HISTORY_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=20,
+                        help="Show at most this many batches and audit entries (default: 20)")
+ARG_DEAD_LETTER_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=100,
+                            help="Show at most this many dead letters (default: 100)")
+ARG_BATCH = Arg(("--batch",), type=positive_int(allow_zero=True), default=None, metavar="BATCH_ID",
+                help="Only this batch's dead letters")
+ARG_RECOVER_DRY_RUN = Arg(("--dry-run",), action="store_true",
+                          help="Only show what recovery would do; change nothing")
+ARG_REASON = Arg(("--reason",), default=None, help="Why (recorded in the audit log; required by `rewind --apply`)")
+ARG_TO_EARLIEST = Arg(("--to-earliest",), action="store_true",
+                      help="Move every partition to its log-start offset (the oldest record still stored)")
+ARG_TO_LATEST = Arg(("--to-latest",), action="store_true",
+                    help="Move every partition to its last stable offset (skip everything not processed yet)")
+ARG_TO_DATETIME = Arg(("--to-datetime",), metavar="TIME",
+                      help="Move every partition to its first record at or after TIME (ISO 8601, e.g. "
+                           "2026-11-20T08:00:00+00:00; without a time zone: UTC)")
+ARG_TO_OFFSETS = Arg(("--to-offsets",), metavar="JSON",
+                     help='Move the partitions named to these offsets: \'{"topic": {"0": 42, "1": 7}}\'')
+ARG_APPLY = Arg(("--apply",), action="store_true",
+                help="Change the offsets. Without it the command is a dry run: it shows old -> new per partition "
+                     "and what will be reprocessed or skipped, and changes nothing")
+ARG_REWIND_DRY_RUN = Arg(("--dry-run",), action="store_true", help="Show the plan only (the default)")
+ARG_DOUBLE_COUNT = Arg((DOUBLE_COUNT_FLAG,), action="store_true", dest="allow_double_count",
+                       help="Rewind a pipeline whose sink accumulates (XA sink with 'add' updates, Kafka sink) "
+                            "although reprocessing counts the rewound records twice")
+
+CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_MYSQL_CONN)
+COMMANDS_PATH = "airflow_eo.cli.commands"
+
+EO_COMMANDS = (
+    ActionCommand(
+        name="pipelines",
+        help="List every pipeline in the offset store",
+        description="Every pipeline in the offset store: owner (DAG.task), mode, fencing epoch, sink, newest "
+                    "batch (id, state, when) and total lag (offsets not processed yet).",
+        func=lazy_load_command(f"{COMMANDS_PATH}.pipelines"),
+        args=(*CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="status",
+        help="Show a pipeline's partitions, unfinished batch and in-doubt XA branches",
+        description="Per partition: committed offset, last stable offset, log-start offset and lag. The unfinished "
+                    "batch, if any, and the pipeline's in-doubt (prepared) XA branches with their age and what "
+                    "recovery does with each: commit or roll back, and why.",
+        func=lazy_load_command(f"{COMMANDS_PATH}.status"),
+        args=(ARG_PIPELINE, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="history",
+        help="Show a pipeline's batches and audit log",
+        description="The newest batches (id, run id, state, ranges, records in, rows out, dead letters, seconds "
+                    "per phase, skipped ranges, resumed/replayed) and what people did to the pipeline (rewinds, "
+                    "recoveries: who, when, why).",
+        func=lazy_load_command(f"{COMMANDS_PATH}.history"),
+        args=(ARG_PIPELINE, ARG_HISTORY_LIMIT, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="recover",
+        help="Resolve a pipeline's in-doubt branches and unfinished batches now",
+        description="Does now, exactly, what the pipeline's next task attempt does first: takes the pipeline's "
+                    "epoch (fencing any running attempt), commits the XA branches of committed batches, rolls back "
+                    "the others, rolls forward batches a Kafka sink committed and aborts every other unfinished "
+                    "batch. --dry-run shows it without doing it.",
+        func=lazy_load_command(f"{COMMANDS_PATH}.recover"),
+        args=(ARG_PIPELINE, ARG_RECOVER_DRY_RUN, ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="rewind",
+        help="Move a pipeline's committed offsets (a dry run unless --apply)",
+        description="Moves the committed offsets to the earliest, the latest, a time or given offsets, so that "
+                    "the next run reprocesses (moved back) or skips (moved forward) records. A DRY RUN unless "
+                    "--apply: it shows old -> new per partition and what will be reprocessed or skipped. --apply "
+                    "needs --reason, takes the pipeline's epoch (fencing any running attempt), refuses while a "
+                    "batch is unfinished and, when it reprocesses, for sinks that accumulate (XA 'add' updates, "
+                    f"Kafka appends) unless {DOUBLE_COUNT_FLAG}; it is recorded in the audit log.",
+        func=lazy_load_command(f"{COMMANDS_PATH}.rewind"),
+        args=(ARG_PIPELINE, ARG_TO_EARLIEST, ARG_TO_LATEST, ARG_TO_DATETIME, ARG_TO_OFFSETS, ARG_APPLY,
+              ARG_REWIND_DRY_RUN, ARG_REASON, ARG_DOUBLE_COUNT, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="dead-letters",
+        help="List a pipeline's dead letters",
+        description="The records a pipeline with on_bad_record='dead_letter' could not parse, from its sink's "
+                    "dead-letter table (eo_dead_letter unless the sink names another).",
+        func=lazy_load_command(f"{COMMANDS_PATH}.dead_letters"),
+        args=(ARG_PIPELINE, ARG_BATCH, ARG_DEAD_LETTER_LIMIT, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+)
+
+EO_CLI_COMMANDS = [
+    GroupCommand(
+        name="eo",
+        help="Operate airflow_eo pipelines (offsets, batches, recovery)",
+        description="Inspect and repair the exactly-once Kafka micro-batch pipelines of airflow_eo: their "
+                    "offsets and lag, batches, in-doubt XA transactions, recovery, rewinds and dead letters.",
+        subcommands=EO_COMMANDS,
+    ),
+]
+
+
+def get_eo_cli_commands() -> list[GroupCommand]:
+    """The provider's CLI commands (provider info ``"cli"``)."""
+    return EO_CLI_COMMANDS

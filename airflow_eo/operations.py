@@ -1,0 +1,514 @@
+"""Operating pipelines: the read models and repair actions over the offset store, Kafka and the sinks.
+
+The one place for operations: ``airflow eo`` (``airflow_eo/cli``) is a thin layer over
+:class:`PipelineOperations`, and a UI would be another. Every decision comes from the core
+(``airflow_eo/core/operations.py``: what happens to an in-doubt branch, lag, what a rewind moves and
+when it is refused), and :meth:`PipelineOperations.recover` runs the very step 2 of a task attempt
+(:func:`airflow_eo.core.protocol.recover_pipeline`). This module does the I/O through the adapters and
+imports nothing of Airflow: where the connections come from is :class:`Connections`' business
+(``airflow_eo/hooks/operations.py`` reads Airflow connections).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
+from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
+from airflow_eo.adapters.mysql_sink import prepared_branches, read_dead_letters
+from airflow_eo.adapters.offset_store import MySqlOffsetStore
+from airflow_eo.core.config import Mode, SinkRecord
+from airflow_eo.core.errors import ConfigurationError, OperationError
+from airflow_eo.core.operations import (
+    AuditEntry,
+    BatchAction,
+    BatchInfo,
+    BranchDecision,
+    PartitionStatus,
+    PipelineInfo,
+    RewindKind,
+    RewindPlan,
+    RewindTarget,
+    check_rewind,
+    committed_by_kafka,
+    decide_branch,
+    decide_unfinished,
+    partition_status,
+    plan_rewind,
+)
+from airflow_eo.core.planning import PartitionOffsets
+from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
+from airflow_eo.core.ranges import OffsetRange, TopicPartition
+from airflow_eo.core.xid import Xid
+
+log = logging.getLogger(__name__)
+
+XA_SINK, KAFKA_SINK = "MySqlXaSink", "KafkaTransactionalSink"
+DEFAULT_DEAD_LETTER_TABLE = "eo_dead_letter"
+
+
+class Connections(Protocol):
+    """Where the offset store, the source cluster and a pipeline's sink are (Airflow connections, for the CLI)."""
+
+    def store(self) -> MySqlOffsetStore: ...
+    def offset_source(self) -> KafkaOffsetSource: ...
+    def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
+        """The adapter of the recorded sink (its recovery is the one a task attempt runs)."""
+    def sink_database(self, record: SinkRecord | None) -> dict[str, Any]:
+        """pymysql arguments of a MySQL sink's database (XA branches, dead letters)."""
+
+
+# --------------------------------------------------------------------------- read models
+
+
+@dataclass(frozen=True)
+class InDoubtBranch:
+    """A prepared XA branch of the pipeline, and what recovery does with it."""
+
+    decision: BranchDecision
+    age_seconds: float | None  # since its batch row was last written by the attempt that prepared it
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.decision
+        return {"xid": d.xid, "batch_id": d.batch_id, "epoch": d.epoch, "partition": d.partition,
+                "age_seconds": None if self.age_seconds is None else round(self.age_seconds, 1),
+                "action": d.action.value, "reason": d.reason}
+
+
+@dataclass(frozen=True)
+class UnfinishedBatch:
+    """A batch that did not reach its end (a running attempt, or one that died), and what recovery does."""
+
+    record: BatchRecord
+    updated_at: datetime | None
+    action: BatchAction
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.record
+        return {"batch_id": b.batch_id, "run_id": b.run_id, "state": b.state.value, "epoch": b.epoch,
+                "ranges": [_range(r) for r in b.ranges], "updated_at": _iso(self.updated_at),
+                "recover": self.action.value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PipelineOverview:
+    """One line of ``airflow eo pipelines``."""
+
+    info: PipelineInfo
+    last_batch: BatchInfo | None
+    lag: int | None  # total over the partitions; None when unknown
+
+    def to_dict(self) -> dict[str, Any]:
+        last = self.last_batch
+        return {"pipeline_id": self.info.pipeline_id, "owner": self.info.owner,
+                "mode": self.info.mode.value if self.info.mode else None, "epoch": self.info.epoch,
+                "sink": self.info.sink.kind if self.info.sink else None,
+                "last_batch_id": last.record.batch_id if last else None,
+                "last_state": last.record.state.value if last else None,
+                "last_at": _iso(last.last_change) if last else None, "lag": self.lag}
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    """``airflow eo status``: partitions, the unfinished batch, in-doubt branches."""
+
+    info: PipelineInfo
+    partitions: list[PartitionStatus]
+    unfinished: list[UnfinishedBatch]
+    in_doubt: list[InDoubtBranch]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_pipeline(self.info), "partitions": [p.to_dict() for p in self.partitions],
+                "lag": _total(self.partitions), "unfinished": [u.to_dict() for u in self.unfinished],
+                "in_doubt": [b.to_dict() for b in self.in_doubt], "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class History:
+    """``airflow eo history``: batches and what people did, newest first."""
+
+    info: PipelineInfo
+    batches: list[BatchInfo]
+    audit: list[AuditEntry]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_pipeline(self.info), "batches": [batch_dict(b) for b in self.batches],
+                "audit": [audit_dict(a) for a in self.audit]}
+
+
+@dataclass(frozen=True)
+class RecoverReport:
+    """``airflow eo recover``: what recovery did (or, in a dry run, would do)."""
+
+    pipeline_id: str
+    dry_run: bool
+    epoch: int | None  # the epoch taken; None in a dry run
+    branches: list[InDoubtBranch]
+    batches: list[UnfinishedBatch]
+    left: list[str] = field(default_factory=list)  # branches still in doubt afterwards (xids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pipeline_id": self.pipeline_id, "dry_run": self.dry_run, "epoch": self.epoch,
+                "branches": [b.to_dict() for b in self.branches], "batches": [b.to_dict() for b in self.batches],
+                "left_in_doubt": list(self.left)}
+
+
+@dataclass(frozen=True)
+class RewindReport:
+    """``airflow eo rewind``: the plan, whether it is refused, whether it was applied."""
+
+    plan: RewindPlan
+    applied: bool
+    refusal: str | None = None
+    epoch: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "applied": self.applied, "refused": self.refusal, "epoch": self.epoch,
+                "notes": list(self.notes)}
+
+
+# --------------------------------------------------------------------------- operations
+
+
+class PipelineOperations:
+    """Read models and repair actions of the pipelines in one offset store.
+
+    :param connections: the store, the source cluster and the sinks.
+    :param actor: who runs the operations (recorded in ``eo_audit``): an OS user, an Airflow user.
+    """
+
+    def __init__(self, connections: Connections, actor: str) -> None:
+        self.connections = connections
+        self.actor = actor
+        self.store = connections.store()
+        self._source: KafkaOffsetSource | None = None
+
+    def source(self) -> KafkaOffsetSource:
+        """The source cluster's offsets (connected on first use: not every command needs Kafka)."""
+        if self._source is None:
+            self._source = self.connections.offset_source()
+        return self._source
+
+    # ------------------------------------------------------------------ reads
+
+    def pipelines(self) -> list[PipelineOverview]:
+        """Every pipeline in the store, with its newest batch and its total lag."""
+        infos = self.store.pipelines()
+        committed = self.store.all_committed_offsets()
+        latest = self.store.latest_batches()
+        topics = {p.pipeline_id: _topics(committed.get(p.pipeline_id, {}), latest.get(p.pipeline_id))
+                  for p in infos if p.mode is not Mode.INTERVAL}
+        broker, _ = self._broker_offsets(sorted({t for ts in topics.values() for t in ts}))
+        overview = []
+        for info in infos:
+            lag = None
+            if info.pipeline_id in topics and broker is not None:
+                parts = [p for p in broker.values() if p.topic in topics[info.pipeline_id]]
+                lag = _total(partition_status(parts, committed.get(info.pipeline_id, {})))
+            overview.append(PipelineOverview(info, latest.get(info.pipeline_id), lag))
+        return overview
+
+    def status(self, pipeline_id: str) -> PipelineStatus:
+        """Partitions (committed, last stable and log-start offsets, lag), unfinished batches and in-doubt branches.
+
+        :param pipeline_id: the pipeline.
+        """
+        info = self.store.pipeline(pipeline_id)
+        notes: list[str] = []
+        committed = self.store.committed_offsets(pipeline_id)
+        partitions: list[PartitionStatus] = []
+        if info.mode is Mode.INTERVAL:
+            notes.append("interval mode: each batch is a data interval, there is no committed position (see history)")
+        else:
+            latest = self.store.batch_history(pipeline_id, 1)
+            topics = _topics(committed, latest[0] if latest else None)
+            if not topics:
+                notes.append("no batch planned yet: the store does not know the pipeline's topics")
+            broker, note = self._broker_offsets(topics)
+            notes.extend([note] if note else [])
+            partitions = partition_status(None if broker is None else list(broker.values()), committed)
+            lost = [p for p in partitions if p.lost]
+            if lost:
+                notes.append("records were deleted by retention before the pipeline read them: "
+                             + ", ".join(f"{p.topic}[{p.partition}] {p.lost} offsets" for p in lost)
+                             + "; the next batch fails unless skip_lost_records=True")
+        unfinished = self._unfinished(info, notes)
+        in_doubt = self._in_doubt(info, notes)
+        if info.sink is None:
+            notes.append("the store does not know this pipeline's sink yet (its last run predates sink recording)")
+        return PipelineStatus(info, partitions, unfinished, in_doubt, notes)
+
+    def history(self, pipeline_id: str, limit: int = 20) -> History:
+        """The newest batches and audit entries.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many of each.
+        """
+        info = self.store.pipeline(pipeline_id)
+        return History(info, self.store.batch_history(pipeline_id, limit), self.store.audit_log(pipeline_id, limit))
+
+    def dead_letters(self, pipeline_id: str, batch_id: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The pipeline's dead letters, from the table its sink declares (``eo_dead_letter`` by default).
+
+        :param pipeline_id: the pipeline.
+        :param batch_id: only this batch's.
+        :param limit: at most this many.
+        """
+        info = self.store.pipeline(pipeline_id)
+        if info.sink is not None and info.sink.dead_letter_table is None:
+            raise OperationError(f"pipeline {pipeline_id!r} writes through {info.sink.kind}, which keeps no dead "
+                                 "letters (its bad records fail the batch)")
+        table = info.sink.dead_letter_table if info.sink is not None else DEFAULT_DEAD_LETTER_TABLE
+        rows = read_dead_letters(self.connections.sink_database(info.sink), table or DEFAULT_DEAD_LETTER_TABLE,
+                                 pipeline_id, batch_id, limit)
+        return [_dead_letter(row) for row in rows or []]
+
+    # ------------------------------------------------------------------ repairs
+
+    def recover(self, pipeline_id: str, dry_run: bool = False, reason: str | None = None) -> RecoverReport:
+        """Resolve in-doubt branches and unfinished batches now, exactly as the pipeline's next attempt would.
+
+        Takes the epoch (fencing any running attempt), then runs the attempt's step 2,
+        :func:`~airflow_eo.core.protocol.recover_pipeline`, without a run of its own: branches of
+        committed batches are committed, every other branch rolled back, batches the sink committed
+        rolled forward, every other unfinished batch aborted. Audited.
+
+        :param pipeline_id: the pipeline.
+        :param dry_run: only report what recovery would do.
+        :param reason: why (recorded in the audit row).
+        """
+        info = self.store.pipeline(pipeline_id)
+        if info.mode is Mode.INTERVAL:
+            raise OperationError(f"pipeline {pipeline_id!r} runs in interval mode: an interval's unfinished batch is "
+                                 "resumed by that interval's next run, and its (upsert) sink leaves nothing in doubt")
+        if info.sink is None:
+            raise OperationError(f"the offset store does not know pipeline {pipeline_id!r}'s sink (its last run "
+                                 "predates sink recording), so it cannot run the sink's recovery; the pipeline's "
+                                 "next run recovers it")
+        notes: list[str] = []
+        before = RecoverReport(pipeline_id, True, None, self._in_doubt(info, notes), self._unfinished(info, notes))
+        if dry_run:
+            return before
+        if not before.branches and not before.batches:  # nothing to do: fence no running attempt for nothing
+            return replace(before, dry_run=False)
+        sink = self.connections.sink(pipeline_id, info.sink)
+        epoch = self.store.take_pipeline(pipeline_id)  # fences every running attempt; owner and sink unchanged
+        log.info("pipeline %s taken with epoch %d to recover it", pipeline_id, epoch)
+        # What recovery finds now that no older attempt can commit any more (the report), then recovery itself.
+        branches, batches = self._in_doubt(info, notes), self._unfinished(info, notes)
+        recover_pipeline(self.store, sink, pipeline_id, epoch, run_id=None)
+        left = [b.decision.xid for b in self._in_doubt(info, notes)]
+        report = RecoverReport(pipeline_id, False, epoch, branches, batches, left)
+        if branches or batches:
+            self.store.record_audit(pipeline_id, epoch, self.actor, "recover", reason,
+                                    {"branches": [b.to_dict() for b in branches],
+                                     "batches": [b.to_dict() for b in batches]})
+        return report
+
+    def rewind(self, pipeline_id: str, target: RewindTarget, *, apply: bool = False, reason: str | None = None,
+               allow_double_count: bool = False) -> RewindReport:
+        """Move the committed offsets (``apply``), or show what that would do (the default).
+
+        Applying takes the epoch (fencing any running attempt) in the same store transaction that
+        moves the offsets and records the audit row; it is refused while a batch is unfinished, for
+        interval-mode pipelines, and, when it reprocesses offsets, for accumulating sinks unless
+        ``allow_double_count`` (:func:`~airflow_eo.core.operations.check_rewind`).
+
+        :param pipeline_id: the pipeline.
+        :param target: where to.
+        :param apply: change the store (else a dry run).
+        :param reason: why (required to apply; recorded in the audit row).
+        :param allow_double_count: reprocess into an accumulating sink anyway.
+        """
+        info = self.store.pipeline(pipeline_id)
+        committed = self.store.committed_offsets(pipeline_id)
+        latest = self.store.batch_history(pipeline_id, 1)
+        topics = _topics(committed, latest[0] if latest else None)
+        if not topics:
+            raise OperationError(f"pipeline {pipeline_id!r} has not planned any batch yet: there is nothing to rewind")
+        broker = self._require_broker(topics)
+        at_time = None
+        if target.kind is RewindKind.DATETIME:
+            assert target.at is not None
+            source = self.source()
+            at_time = source.offsets_for_time(source.partitions(topics), int(target.at.timestamp() * 1000))
+        plan = plan_rewind(pipeline_id, target, list(broker.values()), committed, at_time)
+        refusal = None
+        try:
+            check_rewind(plan, info.mode, self.store.unfinished_batches(pipeline_id), info.sink, allow_double_count)
+        except OperationError as exc:
+            refusal = str(exc)
+        if not apply:
+            return RewindReport(plan, False, refusal)
+        if refusal is not None:
+            raise OperationError(refusal)
+        if not plan.moved:
+            return RewindReport(plan, False, notes=["every partition is already there: nothing to change"])
+        if not reason or not reason.strip():
+            raise OperationError("a rewind that changes offsets needs --reason (recorded in the audit log)")
+        group = self._kafka_group(pipeline_id, info)
+        if group is not None:
+            # Recovery compares unfinished batches with the group's offsets: they follow the store's.
+            group.move_group_offsets({(c.topic, c.partition): c.new for c in plan.moved})
+        try:
+            epoch = self.store.rewind(plan, self.actor, reason.strip(), check=lambda found, unfinished: check_rewind(
+                plan, found.mode, unfinished, found.sink, allow_double_count))
+        except BaseException:
+            if group is not None:  # put the group back where the (unchanged) store is
+                try:
+                    group.move_group_offsets({(c.topic, c.partition): c.old for c in plan.moved if c.old is not None})
+                except Exception:  # the store's refusal is what to report; this only needs saying
+                    log.exception("could not move the Kafka group of %s back to the store's offsets: run the rewind "
+                                  "again, or `airflow eo recover` before the pipeline's next run", pipeline_id)
+            raise
+        return RewindReport(plan, True, epoch=epoch)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _broker_offsets(self, topics: Sequence[str]) -> tuple[dict[TopicPartition, PartitionOffsets] | None,
+                                                               str | None]:
+        """Log-start and last stable offsets of the topics' partitions; (None, why) when Kafka cannot tell."""
+        if not topics:
+            return {}, None
+        try:
+            source = self.source()
+        except Exception as exc:
+            return None, f"Kafka offsets unknown: {exc}"
+        found: dict[TopicPartition, PartitionOffsets] = {}
+        missing = []
+        for topic in topics:  # one topic at a time: a deleted topic must not hide the others
+            try:
+                found.update({p.key: p for p in source.partition_offsets([topic], "earliest")})
+            except ConfigurationError:
+                missing.append(topic)
+            except Exception as exc:
+                return None, f"Kafka offsets unknown: {exc}"
+        return found, (f"topic(s) {', '.join(missing)} not found on the broker" if missing else None)
+
+    def _require_broker(self, topics: Sequence[str]) -> dict[TopicPartition, PartitionOffsets]:
+        broker, note = self._broker_offsets(topics)
+        if broker is None or note:
+            raise OperationError(f"cannot plan a rewind: {note}")
+        return broker
+
+    def _kafka_group(self, pipeline_id: str, info: PipelineInfo) -> KafkaTransactionalAdapter | None:
+        if info.sink is None or info.sink.kind != KAFKA_SINK:
+            return None
+        sink = self.connections.sink(pipeline_id, info.sink)
+        assert isinstance(sink, KafkaTransactionalAdapter)
+        return sink
+
+    def _unfinished(self, info: PipelineInfo, notes: list[str]) -> list[UnfinishedBatch]:
+        """The unfinished batches and what recovery does with each (a Kafka sink may have committed one)."""
+        batches = self.store.unfinished_batches(info.pipeline_id)
+        if not batches:
+            return []
+        committed: set[int] = set()
+        group = self._kafka_group(info.pipeline_id, info)
+        if group is not None:
+            try:
+                committed = committed_by_kafka(batches, group.group_offsets())
+            except Exception as exc:
+                notes.append(f"the Kafka sink's group offsets are unknown ({exc}): a batch it committed would be "
+                             "rolled forward by recovery, not aborted")
+        when = {b.record.batch_id: b.updated_at
+                for b in self.store.batch_history(info.pipeline_id, len(batches), [b.batch_id for b in batches])}
+        return [UnfinishedBatch(b, when.get(b.batch_id), *decide_unfinished(b, committed)) for b in batches]
+
+    def _in_doubt(self, info: PipelineInfo, notes: list[str]) -> list[InDoubtBranch]:
+        """The pipeline's prepared XA branches on its sink's server, each with recovery's decision and its age."""
+        if info.sink is not None and info.sink.kind != XA_SINK:
+            return []  # only the XA sink prepares branches
+        try:
+            xids = prepared_branches(self.connections.sink_database(info.sink), info.pipeline_id)
+        except Exception as exc:
+            if info.sink is None:  # maybe no MySQL sink at all: say so, do not fail
+                notes.append(f"XA branches unknown: {exc}")
+                return []
+            raise
+        batch_ids = sorted({x.batch_id for x in xids})
+        found = {b.record.batch_id: b for b in self.store.batch_history(info.pipeline_id, len(batch_ids), batch_ids)}
+        now = datetime.now(timezone.utc)
+        return [InDoubtBranch(decide_branch(x, found[x.batch_id].record if x.batch_id in found else None),
+                              _age(x, found.get(x.batch_id), now)) for x in xids]
+
+
+# --------------------------------------------------------------------------- JSON shapes
+
+
+def batch_dict(batch: BatchInfo) -> dict[str, Any]:
+    """A batch as ``history`` shows it."""
+    b, s = batch.record, batch.record.summary
+    return {"batch_id": b.batch_id, "run_id": b.run_id, "state": b.state.value, "epoch": b.epoch,
+            "ranges": [_range(r) for r in b.ranges], "skipped": [_range(r) for r in b.skipped],
+            "interval": None if b.interval is None else str(b.interval),
+            "records_in": s.records_in if s else None, "rows_out": s.rows_out if s else None,
+            "dead_letters": s.dead_letters if s else None, "seconds": dict(s.seconds) if s else {},
+            "resumed": bool(s and s.resumed), "replayed": bool(s and s.replayed),
+            "rolled_forward": bool(s and s.rolled_forward),
+            "created_at": _iso(batch.created_at), "committed_at": _iso(batch.committed_at)}
+
+
+def audit_dict(entry: AuditEntry) -> dict[str, Any]:
+    """An audit entry as ``history`` shows it."""
+    return {"audit_id": entry.audit_id, "at": _iso(entry.at), "actor": entry.actor, "action": entry.action,
+            "reason": entry.reason, "epoch": entry.epoch, "details": dict(entry.details)}
+
+
+def _pipeline(info: PipelineInfo) -> dict[str, Any]:
+    sink = info.sink
+    return {"pipeline_id": info.pipeline_id, "owner": info.owner, "mode": info.mode.value if info.mode else None,
+            "epoch": info.epoch, "taken_at": _iso(info.taken_at),
+            "sink": None if sink is None else {"kind": sink.kind, "target": sink.target, "conn_id": sink.conn_id,
+                                               "accumulating": sink.accumulating,
+                                               "dead_letter_table": sink.dead_letter_table}}
+
+
+def _range(r: OffsetRange) -> dict[str, Any]:
+    return {"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset}
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat(timespec="milliseconds")
+
+
+def _total(partitions: Sequence[PartitionStatus]) -> int | None:
+    lags = [p.lag for p in partitions]
+    return None if any(lag is None for lag in lags) else sum(lag for lag in lags if lag is not None)
+
+
+def _topics(committed: Mapping[TopicPartition, int], latest: BatchInfo | None) -> list[str]:
+    """The pipeline's topics as the store knows them: committed partitions and its newest batch's ranges."""
+    found = {t for t, _ in committed}
+    if latest is not None:
+        found.update(r.topic for r in (*latest.record.ranges, *latest.record.skipped))
+    return sorted(found)
+
+
+def _age(xid: Xid, batch: BatchInfo | None, now: datetime) -> float | None:
+    """How long the branch has been in doubt, about: since its batch row was last written by the attempt that
+    prepared it (it planned or resumed the batch just before, and records or commits it just after), else
+    since the batch was planned."""
+    if batch is None:
+        return None
+    since = batch.updated_at if batch.record.epoch == xid.epoch else batch.created_at
+    return None if since is None else max(0.0, (now - since).total_seconds())
+
+
+def _dead_letter(row: Mapping[str, Any]) -> dict[str, Any]:
+    def text(value: Any) -> str | None:
+        if value is None:
+            return None
+        return value.decode("utf-8", errors="replace") if isinstance(value, bytes | bytearray) else str(value)
+
+    created = row.get("created_at")
+    return {"batch_id": row["batch_id"], "topic": row["topic"], "partition": row["kafka_partition"],
+            "offset": row["kafka_offset"], "key": text(row["record_key"]), "value": text(row["raw_value"]),
+            "error": row["error"], "created_at": created.isoformat() if isinstance(created, datetime) else created}

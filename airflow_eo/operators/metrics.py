@@ -1,0 +1,57 @@
+"""The metrics a micro-batch emits through Airflow's ``Stats`` (StatsD / OpenTelemetry, as Airflow is configured).
+
+Every metric is tagged ``pipeline_id`` (backends without tags drop them):
+
+- ``airflow_eo.batch.records_in``, ``airflow_eo.batch.rows_out``, ``airflow_eo.batch.dead_letters``: counters;
+- ``airflow_eo.batch.committed``: a counter, +1 per batch committed or replayed;
+- ``airflow_eo.lag``: a gauge, the offsets left to process right after the commit (continuous mode);
+- ``airflow_eo.batch.seconds.<phase>``: timers per phase of the batch (``plan``, ``read_transform``,
+  ``write``, ``execute``, ``commit``, ``finalize``).
+
+A run that had already committed (a clear) did nothing and emits nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow_eo.core.protocol import BatchSummary
+
+PREFIX = "airflow_eo"
+
+
+def airflow_stats() -> Any:
+    """Airflow's ``Stats`` where this Airflow keeps it (the Task SDK's since 3.2; the core's before)."""
+    for module in ("airflow.sdk.observability.stats", "airflow.observability.stats"):
+        try:
+            return importlib.import_module(module).Stats
+        except ImportError:
+            continue
+    return None
+
+
+def emit_batch_metrics(summary: BatchSummary, lag: Mapping[str, int] | None, stats: Any = None) -> None:
+    """Emit one attempt's batch metrics (see the module docstring).
+
+    :param summary: what the attempt did (``run_batch``'s result).
+    :param lag: offsets left per partition after the commit; None when unknown (interval mode, Kafka unreachable).
+    :param stats: the ``Stats`` to emit to (default Airflow's).
+    """
+    stats = stats or airflow_stats()
+    if stats is None or summary.already_committed:
+        return
+    tags = {"pipeline_id": summary.pipeline_id}
+    stats.incr(f"{PREFIX}.batch.committed", 1, tags=tags)
+    stats.incr(f"{PREFIX}.batch.records_in", summary.records_in, tags=tags)
+    stats.incr(f"{PREFIX}.batch.rows_out", summary.rows_out, tags=tags)
+    stats.incr(f"{PREFIX}.batch.dead_letters", summary.dead_letters, tags=tags)
+    if lag is not None:
+        stats.gauge(f"{PREFIX}.lag", sum(lag.values()), tags=tags)
+    for phase, seconds in summary.seconds.items():
+        # A phase name becomes part of the metric name: keep it to the characters StatsD allows.
+        stats.timing(f"{PREFIX}.batch.seconds.{re.sub(r'[^A-Za-z0-9_]', '_', phase)}", timedelta(seconds=seconds),
+                     tags=tags)

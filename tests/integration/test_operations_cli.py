@@ -1,0 +1,183 @@
+"""``airflow eo`` against the real stack, run as the venv's ``airflow`` in a subprocess.
+
+An XA batch dies right after its commit point (its branches stay prepared): ``status`` shows them in doubt
+with "commit", ``recover`` commits them (the sink then equals the ground truth), and a rewind of that
+accumulating sink is refused. An upsert pipeline is rewound: the dry run changes nothing, ``--apply`` is
+audited (``history`` shows it), and the next run reprocesses exactly the rewound range. Unknown pipelines
+and bad arguments fail clearly. Three Spark batches in all, in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.examples import page_views
+from airflow_eo.examples.page_views import produce_page_views
+from airflow_eo.examples.topics import read_topic
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from tests.conftest import create_topic
+from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
+from tests.integration.page_views import our_prepared_branches
+
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
+BAD_RECORD = b"{not json"
+
+
+def eo(*args: str) -> subprocess.CompletedProcess:
+    """``airflow eo ARGS`` in a child process, with this test session's connections (environment)."""
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    return subprocess.run([AIRFLOW, "eo", *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def eo_json(*args: str) -> Any:
+    done = eo(*args, "-o", "json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def store_state(mysql_kwargs: dict[str, Any], pipeline: str) -> tuple:
+    """What a command that must change nothing must leave as it was."""
+    return (rows(mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s "
+                 "ORDER BY 1, 2", (pipeline,)),
+            rows(mysql_kwargs, "SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline,)),
+            rows(mysql_kwargs, "SELECT batch_id, state FROM eo_batch WHERE pipeline_id = %s ORDER BY 1", (pipeline,)),
+            rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_audit WHERE pipeline_id = %s", (pipeline,)))
+
+
+class KilledAfterCommitPoint(BaseException):
+    """The attempt's process dies right after the store's commit point (as SIGKILL would: nothing cleans up)."""
+
+
+class DiesBeforeXaCommit:
+    """The XA sink adapter of an attempt that dies after the commit point, before ``XA COMMIT``."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
+    def finalize(self, batch: Any, xids: Any) -> None:
+        raise KilledAfterCommitPoint()
+
+
+def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_not_rewound(
+        bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 2)
+    events = produce_page_views(bootstrap, 200, topic=topic_name)
+    table = counts_table(mysql_kwargs)
+    spec = MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"})
+    pipeline = f"ops_xa_{topic_name}"
+    roles = adapters(spec, pipeline, transform=page_views.count_per_app)
+    roles["sink"] = DiesBeforeXaCommit(roles["sink"])
+    request = RunRequest(pipeline, "run-1", [topic_name], owner="ops_test.micro_batch", sink=spec.record())
+    with pytest.raises(KilledAfterCommitPoint):
+        run_batch(request, **roles)
+    prepared = our_prepared_branches(mysql_kwargs, pipeline)
+    assert prepared and rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}") == [(0,)]  # in doubt, invisible
+
+    status = eo_json("status", pipeline)
+    assert status["sink"]["kind"] == "MySqlXaSink" and status["sink"]["accumulating"] is True
+    assert status["owner"] == "ops_test.micro_batch" and status["mode"] == "continuous"
+    assert sorted(b["xid"] for b in status["in_doubt"]) == sorted(prepared)
+    assert {b["action"] for b in status["in_doubt"]} == {"commit"} and status["unfinished"] == []
+    assert all("passed its commit point" in b["reason"] and b["age_seconds"] is not None for b in status["in_doubt"])
+    assert len(status["partitions"]) == 2 and status["lag"] == 0
+    assert all(p["committed"] == p["last_stable"] and p["log_start"] == 0 for p in status["partitions"])
+    human = eo("status", pipeline)
+    assert human.returncode == 0 and "in-doubt XA branches" in human.stdout and prepared[0] in human.stdout
+    assert f"airflow eo recover {pipeline}" in human.stdout
+
+    dry = eo_json("recover", pipeline, "--dry-run")
+    assert dry["dry_run"] and {b["action"] for b in dry["branches"]} == {"commit"}
+    assert our_prepared_branches(mysql_kwargs, pipeline) == prepared  # a dry run changes nothing
+
+    done = eo_json("recover", pipeline, "--reason", "in-doubt after a crash")
+    assert not done["dry_run"] and done["epoch"] == 2 and done["left_in_doubt"] == []
+    assert our_prepared_branches(mysql_kwargs, pipeline) == []
+    pv = dict(rows(mysql_kwargs, f"SELECT app_id, pv FROM {table}"))
+    assert pv == page_views.ground_truth(bootstrap, topic_name)[0]  # the committed batch's rows, once
+    assert pv == Counter(e["app_id"] for e in events)
+
+    before = store_state(mysql_kwargs, pipeline)
+    refused = eo("rewind", pipeline, "--to-earliest", "--apply", "--reason", "again")
+    assert refused.returncode != 0 and DOUBLE_COUNT_FLAG in refused.stderr and "MySqlXaSink" in refused.stderr
+    assert store_state(mysql_kwargs, pipeline) == before
+
+    history = eo_json("history", pipeline)
+    assert [(b["batch_id"], b["state"], b["records_in"]) for b in history["batches"]] == [(0, "committed", 200)]
+    [audit] = history["audit"]
+    assert audit["action"] == "recover" and audit["reason"] == "in-doubt after a crash" and "@" in audit["actor"]
+    assert {b["action"] for b in audit["details"]["branches"]} == {"commit"}
+    listed = {p["pipeline_id"]: p for p in eo_json("pipelines")}
+    assert listed[pipeline]["last_state"] == "committed" and listed[pipeline]["lag"] == 0
+    assert listed[pipeline]["sink"] == "MySqlXaSink"
+
+
+def test_a_rewind_is_a_dry_run_until_applied_audited_and_the_next_run_reprocesses_exactly_its_range(
+        bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 1)  # one partition: event i is at offset i
+    events = produce_page_views(bootstrap, 60, topic=topic_name, raw_values=[BAD_RECORD])
+    table = events_table(mysql_kwargs)
+    pipeline = f"ops_upsert_{topic_name}"
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id=pipeline,
+                  on_bad_record="dead_letter")
+    first = run(op, "run-1")
+    assert (first["records_in"], first["rows_out"], first["dead_letters"]) == (61, 60, 1)
+
+    [dead] = eo_json("dead-letters", pipeline)
+    assert (dead["batch_id"], dead["partition"], dead["offset"], dead["value"]) == (0, 0, 60, "{not json")
+    assert "malformed" in dead["error"]
+
+    to_offsets = json.dumps({topic_name: {"0": 40}})
+    before = store_state(mysql_kwargs, pipeline)
+    plan = eo_json("rewind", pipeline, "--to-offsets", to_offsets)  # a dry run by default
+    assert plan["applied"] is False and plan["refused"] is None and plan["reprocessed"] == 21
+    assert [(p["partition"], p["old"], p["new"]) for p in plan["partitions"]] == [(0, 61, 40)]
+    assert store_state(mysql_kwargs, pipeline) == before
+
+    # The sink lost rows 40..59 (a bad restore, a manual delete): the rewind writes them again.
+    lost = [e["event_id"] for e in events[40:]]
+    rows(mysql_kwargs, f"DELETE FROM {table} WHERE event_id IN ({', '.join(['%s'] * len(lost))})", tuple(lost))
+    applied = eo_json("rewind", pipeline, "--to-offsets", to_offsets, "--apply", "--reason", "rows 40.. lost")
+    assert applied["applied"] is True and applied["epoch"] == before[1][0][0] + 1
+    assert rows(mysql_kwargs, "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s", (pipeline,)) == [(40,)]
+
+    history = eo_json("history", pipeline)
+    [audit] = history["audit"]
+    assert (audit["action"], audit["reason"], audit["epoch"]) == ("rewind", "rows 40.. lost", applied["epoch"])
+    assert [(p["old"], p["new"]) for p in audit["details"]["partitions"]] == [(61, 40)]
+    human = eo("history", pipeline)
+    assert human.returncode == 0 and "rows 40.. lost" in human.stdout and "61 -> 40" in human.stdout
+
+    again = run(op, "run-2")
+    assert again["ranges"] == [{"topic": topic_name, "partition": 0, "from_offset": 40, "until_offset": 61}]
+    assert (again["records_in"], again["rows_out"], again["dead_letters"]) == (21, 20, 1)
+    records, _ = read_topic(bootstrap, topic_name)  # the ground truth, read from the topic
+    truth = {json.loads(value)["event_id"] for _, value in records if value != BAD_RECORD}
+    assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == truth
+    assert truth == {e["event_id"] for e in events}
+    assert rows(mysql_kwargs, "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s", (pipeline,)) == [(61,)]
+
+
+def test_unknown_pipelines_and_bad_arguments_fail_clearly():
+    """(Every bad rewind argument: tests/operators/test_sink_records_and_metrics.py, in process.)"""
+    missing = f"no_such_pipeline_{uuid.uuid4().hex[:6]}"
+    for args in (["status", missing], ["rewind", missing, "--to-earliest"]):
+        done = eo(*args)
+        assert done.returncode != 0 and f"the offset store has no pipeline '{missing}'" in done.stderr, done
+    for args, words in ((["rewind", missing, "--to-offsets", "{nope"], "--to-offsets is not JSON"),
+                        (["history", missing, "--limit", "0"], "invalid positive int value")):
+        done = eo(*args)
+        assert done.returncode != 0 and words in done.stderr, (args, done.stderr[-2000:])

@@ -1,0 +1,119 @@
+"""What a take records of the sink (``SinkSpec.record``), its round trip for ``airflow eo``, the batch metrics,
+and the ``airflow eo`` command group (no stack needed)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from datetime import timedelta
+
+import pytest
+
+from airflow_eo import get_provider_info
+from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.protocol import BatchSummary
+from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.operators.metrics import airflow_stats, emit_batch_metrics
+from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink, spec_from_record
+
+
+@pytest.mark.parametrize("spec, accumulating, dead_letters", [
+    (MySqlUpsertSink(table="db.events", key_columns=["id"], dead_letter_table="bad"), False, "bad"),
+    (MySqlXaSink(table="app_pv", key_columns=["app_id"], updates={"pv": "add"}), True, "eo_dead_letter"),
+    (MySqlXaSink(table="latest", key_columns=["k"], updates={"v": "replace"}), False, "eo_dead_letter"),
+    (KafkaTransactionalSink(topic="out", conn_id="kafka_out"), True, None),
+])
+def test_a_sink_spec_is_recorded_and_rebuilt_from_its_record(spec, accumulating, dead_letters):
+    record = spec.record()
+    assert (record.kind, record.accumulating, record.dead_letter_table) == (type(spec).__name__, accumulating,
+                                                                             dead_letters)
+    assert record.conn_id == spec.conn_id and record.target in ("db.events", "app_pv", "latest", "out")
+    stored = SinkRecord.from_json(record.to_json())  # through the store's JSON column
+    assert stored == record and spec_from_record(stored) == spec
+    assert spec_from_record(stored, "other_conn").conn_id == "other_conn"
+
+
+def test_an_unknown_sink_kind_is_not_rebuilt():
+    with pytest.raises(ConfigurationError, match="not one airflow_eo can rebuild"):
+        spec_from_record(SinkRecord("PostgresSink", accumulating=False))
+
+
+class FakeStats:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def incr(self, stat, count=1, rate=1, *, tags=None):
+        self.calls.append(("incr", stat, count, tags))
+
+    def gauge(self, stat, value, rate=1, delta=False, *, tags=None):
+        self.calls.append(("gauge", stat, value, tags))
+
+    def timing(self, stat, dt, *, tags=None):
+        self.calls.append(("timing", stat, dt, tags))
+
+
+def test_a_batch_emits_its_counts_lag_and_phases_tagged_by_pipeline():
+    summary = BatchSummary("p.x", 3, "run", 2, (OffsetRange("t", 0, 0, 10),), records_in=10, rows_out=4,
+                           dead_letters=1, seconds={"plan": 0.5, "read_transform": 2.0, "commit": 0.25})
+    stats = FakeStats()
+    emit_batch_metrics(summary, {"t[0]": 7, "t[1]": 5}, stats)
+    tags = {"pipeline_id": "p.x"}
+    assert stats.calls == [
+        ("incr", "airflow_eo.batch.committed", 1, tags), ("incr", "airflow_eo.batch.records_in", 10, tags),
+        ("incr", "airflow_eo.batch.rows_out", 4, tags), ("incr", "airflow_eo.batch.dead_letters", 1, tags),
+        ("gauge", "airflow_eo.lag", 12, tags),
+        ("timing", "airflow_eo.batch.seconds.plan", timedelta(seconds=0.5), tags),
+        ("timing", "airflow_eo.batch.seconds.read_transform", timedelta(seconds=2), tags),
+        ("timing", "airflow_eo.batch.seconds.commit", timedelta(seconds=0.25), tags)]
+    cleared = FakeStats()
+    emit_batch_metrics(BatchSummary("p.x", 3, "run", 2, (), already_committed=True), None, cleared)
+    assert cleared.calls == []  # a cleared run that had committed did nothing
+
+
+def test_airflow_exposes_stats_to_providers():
+    stats = airflow_stats()
+    assert stats is not None and all(callable(getattr(stats, m)) for m in ("incr", "gauge", "timing"))
+
+
+def test_the_provider_registers_the_eo_command_group():
+    from airflow.cli.cli_parser import _add_command
+
+    [path] = get_provider_info()["cli"]
+    module, _, name = path.rpartition(".")
+    [group] = getattr(importlib.import_module(module), name)()
+    assert group.name == "eo"
+    assert sorted(c.name for c in group.subcommands) == ["dead-letters", "history", "pipelines", "recover",
+                                                         "rewind", "status"]
+    parser = argparse.ArgumentParser()
+    _add_command(parser.add_subparsers(dest="subcommand"), group)
+    args = parser.parse_args(["eo", "rewind", "p", "--to-earliest", "--i-understand-reprocessing-double-counts"])
+    assert args.to_earliest and args.allow_double_count and not args.apply and args.output == "table"
+    assert args.offset_store_conn_id == "eo_offset_store" and args.kafka_conn_id == "kafka_default"
+
+
+def eo_args(*argv: str) -> argparse.Namespace:
+    from airflow.cli.cli_parser import _add_command
+
+    from airflow_eo.cli.definition import get_eo_cli_commands
+
+    parser = argparse.ArgumentParser()
+    _add_command(parser.add_subparsers(dest="subcommand"), get_eo_cli_commands()[0])
+    return parser.parse_args(["eo", *argv])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["rewind", "p"], "give exactly one of --to-earliest, --to-latest"),
+    (["rewind", "p", "--to-latest", "--to-offsets", "{}"], "(got --to-latest, --to-offsets)"),
+    (["rewind", "p", "--to-offsets", "{nope"], "--to-offsets is not JSON"),
+    (["rewind", "p", "--to-offsets", '{"t": {"0": -3}}'], "non-negative integers"),
+    (["rewind", "p", "--to-datetime", "yesterday"], "not an ISO 8601 time"),
+    (["rewind", "p", "--to-latest", "--apply"], "--apply needs --reason"),
+    (["rewind", "p", "--to-latest", "--apply", "--dry-run", "--reason", "r"], "contradict each other"),
+])
+def test_bad_rewind_arguments_fail_before_anything_is_connected(argv, words, monkeypatch):
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "")  # the command sets it: restored after the test
+    args = eo_args(*argv)
+    with pytest.raises(SystemExit) as failed:
+        args.func(args)
+    assert str(failed.value).startswith("airflow eo rewind: ") and words in str(failed.value)
