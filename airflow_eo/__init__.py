@@ -34,4 +34,24 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [],  # reuses kafka / mysql / spark connection types of their providers
         # `airflow eo ...` (Airflow >= 3.2 loads provider CLI commands from here)
         "cli": ["airflow_eo.cli.definition.get_eo_cli_commands"],
+        # The "Exactly-once" tab on the DAG page (FastAPI app + external view, Airflow >= 3.1).
+        "plugins": [{"name": "airflow_eo", "plugin-class": "airflow_eo.plugins.exactly_once.ExactlyOncePlugin"}],
+        "config": {
+            "eo": {
+                "description": "Where `airflow eo` and the Exactly-once tab find pipelines, and what the tab shows.",
+                "options": {
+                    "offset_store_conn_id": _option("mysql connection of the offset store (the operator's default).",
+                                                    "eo_offset_store"),
+                    "kafka_conn_id": _option("kafka connection of the source cluster, for lag.", "kafka_default"),
+                    "in_doubt_warning_seconds": _option(
+                        "The tab highlights an in-doubt XA branch older than this.", "300", "float"),
+                    "ui_batch_limit": _option("Batches, audit rows and dead letters the tab shows per pipeline.",
+                                              "20", "integer"),
+                },
+            },
+        },
     }
+
+
+def _option(description: str, default: str, kind: str = "string") -> dict[str, Any]:
+    return {"description": description, "version_added": "0.1.0", "type": kind, "example": None, "default": default}

@@ -174,6 +174,21 @@ class RewindReport:
                 "notes": list(self.notes)}
 
 
+@dataclass(frozen=True)
+class PipelinePage:
+    """Everything the UI tab shows of one pipeline: its status, recent batches and audit, dead letters."""
+
+    status: PipelineStatus
+    history: History
+    dead_letters: list[dict[str, Any]] | None  # None: the sink keeps none (its bad records fail the batch)
+    task_id: str | None = None  # the DAG's task that runs it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.status.to_dict(), "task_id": self.task_id,
+                "batches": [batch_dict(b) for b in self.history.batches],
+                "audit": [audit_dict(a) for a in self.history.audit], "dead_letters": self.dead_letters}
+
+
 # --------------------------------------------------------------------------- operations
 
 
@@ -269,6 +284,33 @@ class PipelineOperations:
         rows = read_dead_letters(self.connections.sink_database(info.sink), table or DEFAULT_DEAD_LETTER_TABLE,
                                  pipeline_id, batch_id, limit)
         return [_dead_letter(row) for row in rows or []]
+
+    def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
+        """The pipelines the DAG's tasks own (``owner`` = ``<dag_id>.<task_id>``, as the operator records it).
+
+        :param dag_id: the DAG.
+        :param task_ids: its tasks (whatever their operator class: subclasses of ours count).
+        :return: pipeline id -> task id, in pipeline id order.
+        """
+        owners = {f"{dag_id}.{task_id}": task_id for task_id in task_ids}
+        return {p.pipeline_id: owners[p.owner] for p in sorted(self.store.pipelines(), key=lambda p: p.pipeline_id)
+                if p.owner in owners}
+
+    def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None) -> PipelinePage:
+        """Status, the newest ``limit`` batches and audit entries, and the newest dead letters of a pipeline.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many batches, audit entries and dead letters.
+        :param task_id: the task that runs it (shown).
+        """
+        status = self.status(pipeline_id)
+        dead_letters = None
+        if status.info.sink is None or status.info.sink.dead_letter_table is not None:
+            try:
+                dead_letters = self.dead_letters(pipeline_id, limit=limit)
+            except Exception as exc:  # a sink database that is down must not hide the store's view
+                status.notes.append(f"dead letters unknown: {exc}")
+        return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id)
 
     # ------------------------------------------------------------------ repairs
 

@@ -47,14 +47,15 @@ def run(op: KafkaMicroBatchOperator, run_id: str | None = None,
     return op.execute(context)
 
 
-def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None) -> dict[str, Any]:
+def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None,
+             parse: ParseConfig | None = None) -> dict[str, Any]:
     """The operator's real adapters, for tests that drive ``run_batch`` step by step."""
     kafka = KafkaClusterHook("kafka_default")
     return {
         "store": OffsetStoreHook().get_store(),
         "source": kafka.get_offset_source(),
         "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(),
-                                   ParseConfig(schema=page_views.SCHEMA), transform=transform),
+                                   parse or ParseConfig(schema=page_views.SCHEMA), transform=transform),
         "sink": sink.adapter(pipeline_id, "eo_offset_store"),
     }
 

@@ -483,6 +483,11 @@ class AirflowServices:
             raise AirflowServicesError("services are not started")
         return self._client
 
+    @property
+    def admin_password(self) -> str:
+        """The ``admin`` user's password (``all_admins=False``), for a browser's login form."""
+        return self._admin_password
+
     def token(self) -> str:
         """A JWT for the REST API, fetched again after 50 minutes (it lasts ``[api_auth] jwt_expiration_time``)."""
         if self._token and time.monotonic() < self._token_expires_at:

@@ -1,0 +1,156 @@
+"""The "Exactly-once" tab on the DAG page of the Airflow 3 UI.
+
+A FastAPI app mounted by the api-server (``fastapi_apps``) renders, for one DAG, every pipeline its
+tasks own: lag per partition, a chart of the recent batches, the batch history with ranges, in-doubt
+XA branches with their age, dead letters and the audit trail (rewinds, recoveries). An
+``external_views`` entry with ``destination: "dag"`` shows it as a tab of every DAG page (Airflow has
+no per-DAG condition: a DAG without micro-batch tasks gets a page that says so). Every endpoint is
+guarded by Airflow's own ``requires_access_dag("GET")``: the browser's session cookie identifies the
+user, as for the UI's own API calls. Read-only: changes go through ``airflow eo`` (audited).
+
+Everything shown comes from :class:`~airflow_eo.operations.PipelineOperations`, the module the CLI
+runs; this one only finds the DAG's tasks and draws. Settings (``[eo]`` section, see the provider's
+``config``): ``offset_store_conn_id``, ``kafka_conn_id``, ``in_doubt_warning_seconds``, ``ui_batch_limit``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.configuration import conf
+from airflow.models.dagbag import DBDagBag
+from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from airflow_eo.operations import PipelineOperations, PipelinePage
+
+log = logging.getLogger(__name__)
+
+URL_PREFIX = "/exactly-once"
+TAB_ROUTE = "exactly-once"
+SECTION = "eo"
+# The phases of a batch as the protocol times them (BatchSummary.seconds), in the order they run; "execute"
+# holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting).
+PHASES = ("plan", "read_transform", "write", "spark_other", "commit", "finalize")
+PHASE_COLOURS = ("#9e9e9e", "#42a5f5", "#66bb6a", "#80deea", "#ffa726", "#ab47bc")
+
+_templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                         autoescape=select_autoescape(["html"]))
+
+
+def operations(actor: str) -> PipelineOperations:
+    """Operations over the connections named in ``[eo]`` (the operator's defaults when unset)."""
+    from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
+
+    return pipeline_operations(conf.get(SECTION, "offset_store_conn_id", fallback="eo_offset_store"),
+                               conf.get(SECTION, "kafka_conn_id", fallback="kafka_default"), actor=actor)
+
+
+def dag_task_ids(dag_id: str, session: Any) -> list[str]:
+    """The task ids of the DAG's latest serialized version (404 if the DAG is unknown)."""
+    dag = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+    if dag is None:
+        raise HTTPException(404, f"The Dag with ID: `{dag_id}` was not found")
+    return list(dag.task_ids)
+
+
+def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
+    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...)."""
+    try:
+        ops = operations(actor="airflow-ui")
+        owned = ops.pipelines_of_dag(dag_id, task_ids)
+        return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
+    except Exception as exc:  # shown on the page: the on-call person needs the reason, not a blank tab
+        log.exception("exactly-once tab of %s", dag_id)
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    colour: str
+    title: str
+
+
+def phase_seconds(seconds: dict[str, float]) -> dict[str, float]:
+    """A batch's seconds per charted phase (``execute`` split into its timed parts and the rest)."""
+    timed = seconds.get("read_transform", 0.0) + seconds.get("write", 0.0)
+    return {**{p: seconds.get(p, 0.0) for p in PHASES}, "spark_other": max(0.0, seconds.get("execute", 0.0) - timed)}
+
+
+def batch_bars(batches: Sequence[dict[str, Any]], height: float = 110.0, width: float = 380.0) -> dict[str, Any]:
+    """SVG geometry of the two charts: records per batch, and seconds per phase (stacked), oldest first."""
+    ordered = sorted(batches, key=lambda b: b["batch_id"])
+    slot = width / max(len(ordered), 12)  # a few batches stay thin bars, not a wall
+    most_records = max([b["records_in"] or 0 for b in ordered] + [1])
+    phases_of = {b["batch_id"]: phase_seconds(b["seconds"]) for b in ordered}
+    most_seconds = max([sum(p.values()) for p in phases_of.values()] + [1e-9])
+    records: list[Bar] = []
+    phases: list[Bar] = []
+    for i, b in enumerate(ordered):
+        x = i * slot + slot * 0.15
+        w = slot * 0.7
+        n = b["records_in"] or 0
+        h = height * n / most_records
+        records.append(Bar(x, height - h, w, h, "#1976d2", f"batch {b['batch_id']}: {n} records"))
+        top = height
+        for phase, colour in zip(PHASES, PHASE_COLOURS, strict=True):
+            seconds = phases_of[b["batch_id"]][phase]
+            h = height * seconds / most_seconds
+            top -= h
+            phases.append(Bar(x, top, w, h, colour, f"batch {b['batch_id']} {phase}: {seconds:.2f} s"))
+    labels = [(i * slot + slot / 2, b["batch_id"]) for i, b in enumerate(ordered)]
+    return {"records": records, "phases": phases, "labels": labels, "height": height, "width": width,
+            "most_records": most_records, "most_seconds": most_seconds,
+            "legend": list(zip(PHASES, PHASE_COLOURS, strict=True))}
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="airflow_eo exactly-once", description="Read-only view of airflow_eo pipelines per DAG.")
+    guard = [Depends(requires_access_dag("GET"))]
+
+    @app.get("/api/dags/{dag_id}", dependencies=guard)
+    def dag_pipelines(dag_id: str, session: SessionDep) -> dict[str, Any]:
+        """The DAG's pipelines as JSON (what the tab shows)."""
+        limit = conf.getint(SECTION, "ui_batch_limit", fallback=20)
+        pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
+        if error is not None:
+            raise HTTPException(503, error)
+        return {"dag_id": dag_id, "pipelines": [p.to_dict() for p in pages]}
+
+    @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=guard)
+    def dag_tab(dag_id: str, session: SessionDep) -> HTMLResponse:
+        """The tab (an HTML page the DAG page shows in a frame)."""
+        limit = conf.getint(SECTION, "ui_batch_limit", fallback=20)
+        warn_after = conf.getfloat(SECTION, "in_doubt_warning_seconds", fallback=300.0)
+        pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
+        pipelines = [{**p.to_dict(), "chart": batch_bars(p.to_dict()["batches"])} for p in pages]
+        html = _templates.get_template("exactly_once_tab.html").render(
+            dag_id=dag_id, pipelines=pipelines, error=error, warn_after=warn_after, phases=PHASES)
+        return HTMLResponse(html, status_code=503 if error else 200)
+
+    return app
+
+
+class ExactlyOncePlugin(AirflowPlugin):
+    """Registered through the provider info's ``plugins`` entry."""
+
+    name = "airflow_eo"
+    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "airflow_eo exactly-once"}]
+    external_views = [{
+        "name": "Exactly-once",
+        "href": URL_PREFIX + "/dags/{DAG_ID}",
+        "destination": "dag",
+        "url_route": TAB_ROUTE,
+    }]

@@ -1,0 +1,1 @@
+"""The Exactly-once tab of the Airflow UI, in a real browser."""
