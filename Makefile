@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo test lint clean postgres java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status demo test lint clean postgres chromium java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -63,7 +63,14 @@ postgres:
 	  echo "installing PostgreSQL from Debian's packages (metadata database of the scheduler tests)"; \
 	  $(APT_INSTALL) postgresql >/dev/null; }
 
-test: up postgres
+# The UI tab's browser test (tests/ui) drives Debian's headless Chromium through its chromedriver.
+chromium:
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "Chromium is missing and apt-get is not available: install chromium and chromium-driver"; exit 1; }; \
+	  echo "installing Chromium and its chromedriver from Debian's packages (browser test of the UI tab)"; \
+	  $(APT_INSTALL) chromium chromium-driver >/dev/null; }
+
+test: up postgres chromium
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts
 	. .stack/env && $(PY) -m mypy
 	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
+CONFIG_SECTION = "eo"  # the provider's airflow.cfg section (``[eo]``, ``AIRFLOW__EO__...``)
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -37,7 +38,7 @@ def get_provider_info() -> dict[str, Any]:
         # The "Exactly-once" tab on the DAG page (FastAPI app + external view, Airflow >= 3.1).
         "plugins": [{"name": "airflow_eo", "plugin-class": "airflow_eo.plugins.exactly_once.ExactlyOncePlugin"}],
         "config": {
-            "eo": {
+            CONFIG_SECTION: {
                 "description": "Where `airflow eo` and the Exactly-once tab find pipelines, and what the tab shows.",
                 "options": {
                     "offset_store_conn_id": _option("mysql connection of the offset store (the operator's default).",

@@ -19,10 +19,12 @@ from airflow.cli.cli_config import (
 DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
 
 ARG_PIPELINE = Arg(("pipeline_id",), help="The pipeline's id in the offset store (`airflow eo pipelines` lists them)")
-ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default="eo_offset_store",
-                            help="Airflow mysql connection of the offset store (default: eo_offset_store)")
-ARG_KAFKA_CONN = Arg(("--kafka-conn-id",), default="kafka_default",
-                     help="Airflow kafka connection of the source cluster (default: kafka_default)")
+ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default=None,
+                            help="Airflow mysql connection of the offset store (default: [eo] offset_store_conn_id, "
+                                 "else eo_offset_store)")
+ARG_KAFKA_CONN = Arg(("--kafka-conn-id",), default=None,
+                     help="Airflow kafka connection of the source cluster (default: [eo] kafka_conn_id, "
+                          "else kafka_default)")
 ARG_MYSQL_CONN = Arg(("--mysql-conn-id",), default=None,
                      help="Airflow mysql connection of the sink's database, for XA branches and dead letters "
                           "(default: the connection the pipeline's sink declared, as recorded in the store; "

@@ -6,6 +6,7 @@ import getpass
 import socket
 from typing import Any
 
+from airflow_eo import CONFIG_SECTION
 from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
 from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.core.config import SinkRecord
@@ -56,14 +57,19 @@ def local_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def pipeline_operations(offset_store_conn_id: str = "eo_offset_store", kafka_conn_id: str = "kafka_default",
+def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
                         mysql_conn_id: str | None = None, actor: str | None = None) -> PipelineOperations:
-    """Operations over Airflow connections.
+    """Operations over Airflow connections (what ``airflow eo`` and the UI tab run).
 
-    :param offset_store_conn_id: ``mysql`` connection of the offset store.
-    :param kafka_conn_id: ``kafka`` connection of the source cluster.
+    :param offset_store_conn_id: ``mysql`` connection of the offset store (None: ``[eo] offset_store_conn_id``,
+        else ``eo_offset_store``, the operator's default).
+    :param kafka_conn_id: ``kafka`` connection of the source cluster (None: ``[eo] kafka_conn_id``, else
+        ``kafka_default``).
     :param mysql_conn_id: ``mysql`` connection of a MySQL sink (None: the recorded one, else ``mysql_default``).
     :param actor: who runs them (default: the OS user and host).
     """
-    return PipelineOperations(AirflowConnections(offset_store_conn_id, kafka_conn_id, mysql_conn_id),
-                              actor or local_actor())
+    from airflow.configuration import conf
+
+    store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id", fallback="eo_offset_store")
+    kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
+    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id), actor or local_actor())

@@ -30,13 +30,13 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from airflow_eo.operations import PipelineOperations, PipelinePage
+from airflow_eo import CONFIG_SECTION
+from airflow_eo.operations import PipelinePage
 
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/exactly-once"
 TAB_ROUTE = "exactly-once"
-SECTION = "eo"
 # The phases of a batch as the protocol times them (BatchSummary.seconds), in the order they run; "execute"
 # holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting).
 PHASES = ("plan", "read_transform", "write", "spark_other", "commit", "finalize")
@@ -44,14 +44,6 @@ PHASE_COLOURS = ("#9e9e9e", "#42a5f5", "#66bb6a", "#80deea", "#ffa726", "#ab47bc
 
 _templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                          autoescape=select_autoescape(["html"]))
-
-
-def operations(actor: str) -> PipelineOperations:
-    """Operations over the connections named in ``[eo]`` (the operator's defaults when unset)."""
-    from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
-
-    return pipeline_operations(conf.get(SECTION, "offset_store_conn_id", fallback="eo_offset_store"),
-                               conf.get(SECTION, "kafka_conn_id", fallback="kafka_default"), actor=actor)
 
 
 def dag_task_ids(dag_id: str, session: Any) -> list[str]:
@@ -65,7 +57,9 @@ def dag_task_ids(dag_id: str, session: Any) -> list[str]:
 def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
     """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...)."""
     try:
-        ops = operations(actor="airflow-ui")
+        from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
+
+        ops = pipeline_operations(actor="airflow-ui")  # connections from [eo], as the CLI's defaults
         owned = ops.pipelines_of_dag(dag_id, task_ids)
         return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
     except Exception as exc:  # shown on the page: the on-call person needs the reason, not a blank tab
@@ -123,7 +117,7 @@ def create_app() -> FastAPI:
     @app.get("/api/dags/{dag_id}", dependencies=guard)
     def dag_pipelines(dag_id: str, session: SessionDep) -> dict[str, Any]:
         """The DAG's pipelines as JSON (what the tab shows)."""
-        limit = conf.getint(SECTION, "ui_batch_limit", fallback=20)
+        limit = conf.getint(CONFIG_SECTION, "ui_batch_limit", fallback=20)
         pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
         if error is not None:
             raise HTTPException(503, error)
@@ -132,8 +126,8 @@ def create_app() -> FastAPI:
     @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=guard)
     def dag_tab(dag_id: str, session: SessionDep) -> HTMLResponse:
         """The tab (an HTML page the DAG page shows in a frame)."""
-        limit = conf.getint(SECTION, "ui_batch_limit", fallback=20)
-        warn_after = conf.getfloat(SECTION, "in_doubt_warning_seconds", fallback=300.0)
+        limit = conf.getint(CONFIG_SECTION, "ui_batch_limit", fallback=20)
+        warn_after = conf.getfloat(CONFIG_SECTION, "in_doubt_warning_seconds", fallback=300.0)
         pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
         pipelines = [{**p.to_dict(), "chart": batch_bars(p.to_dict()["batches"])} for p in pages]
         html = _templates.get_template("exactly_once_tab.html").render(
