@@ -106,6 +106,8 @@ class Part:
         return SPARK / "run" / self.name
 
 
+CONNECT_READY_SECONDS = 150  # a Connect server listens within ~10 s here; a loaded CI machine may take longer
+
 MASTER = Part("master", (MASTER_PORT, MASTER_UI_PORT))
 WORKER_PARTS = [Part(f"worker{i + 1}", (WORKER_PORT + i, WORKER_UI_PORT + i)) for i in range(WORKERS)]
 CONNECT = Part("connect", (CONNECT_PORT,))
@@ -132,6 +134,9 @@ def launch(cmd: list[str], part: Part, env: dict[str, str]) -> None:
     part.run_dir.mkdir(parents=True, exist_ok=True)
     part.log.parent.mkdir(parents=True, exist_ok=True)
     with open(part.log, "ab") as out:
+        # A marker, so that a failure shows what this launch printed and not what an earlier JVM did.
+        out.write(f"--- spark_cluster: launching {part.name} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=part.run_dir)
     part.pid_file.write_text(str(proc.pid))
@@ -146,17 +151,38 @@ def spark_pid(part: Part) -> int | None:
         return None
 
 
-def wait_until(part: Part, check, timeout: float) -> None:
+def process_state(pid: int) -> str:
+    """What the kernel says a process is doing (state and wait channel): tells a hung JVM from a busy one."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+        threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except OSError:
+        return f"pid {pid} gone"
+    return f"pid {pid} state {state}, waiting in {wchan}, {threads} threads"
+
+
+def last_launch_log(part: Part) -> str:
+    """The part's log since its last launch marker (at most the last 4000 characters)."""
+    text = part.log.read_text(errors="replace") if part.log.exists() else "(no log)"
+    marker = text.rfind("--- spark_cluster: launching")
+    return text[max(marker, 0):][-4000:]
+
+
+def wait_until(part: Part, check, timeout: float, fatal: bool = True) -> bool:
+    """Wait for ``check``; a part that exits or stays unready dies with its log, unless not ``fatal``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
-            return
+            return True
         if not spark_pid(part):
             break
         time.sleep(0.3)
-    tail = part.log.read_text(errors="replace")[-4000:] if part.log.exists() else "(no log)"
-    state = "exited" if not spark_pid(part) else f"did not become ready in {timeout:.0f}s"
-    die(f"{part.name} {state}; last lines of {part.log}:\n{tail}")
+    pid = spark_pid(part)
+    if pid and not fatal:
+        return False
+    state = "exited" if not pid else f"did not become ready in {timeout:.0f}s ({process_state(pid)})"
+    die(f"{part.name} {state}; its log since it was launched ({part.log}):\n{last_launch_log(part)}")
 
 
 def base_env() -> dict[str, str]:
@@ -376,8 +402,18 @@ def up() -> None:
     connect_up(CONNECT, CONNECT_PORT, worker_python, env, None)
     connect_up(CONNECT_TOKEN, CONNECT_TOKEN_PORT, worker_python, env, token)
     wait_until(WORKER_PARTS[-1], lambda: alive_workers() >= WORKERS, 90)
-    for part in (CONNECT, CONNECT_TOKEN):
-        wait_until(part, lambda part=part: port_open(part.ports[0]), 180)
+    for part, port, part_token in ((CONNECT, CONNECT_PORT, None), (CONNECT_TOKEN, CONNECT_TOKEN_PORT, token)):
+        if wait_until(part, lambda port=port: port_open(port), CONNECT_READY_SECONDS, fatal=False):
+            continue
+        # Seen once in CI: a Connect server relaunched after a SIGKILL printed nothing for minutes. Start it
+        # again once (it holds no state: sessions reconnect), then give up with its log.
+        pid = spark_pid(part)
+        say(f"{part.name} not listening after {CONNECT_READY_SECONDS}s ({process_state(pid or 0)}); "
+            f"its log since launch:\n{last_launch_log(part)}\nstarting it again")
+        terminate([pid] if pid else [], group=True)
+        part.pid_file.unlink(missing_ok=True)
+        connect_up(part, port, worker_python, env, part_token)
+        wait_until(part, lambda port=port: port_open(port), CONNECT_READY_SECONDS)
     env_file = write_env(cluster_env(worker_python, token))
     say(f"up in {time.monotonic() - started:.1f}s: master {MASTER_URL} ({alive_workers()} workers), "
         f"Connect sc://{HOST}:{CONNECT_PORT} and sc://localhost:{CONNECT_TOKEN_PORT} (token; {CONNECT_MASTER}); "

@@ -106,10 +106,25 @@ class KafkaTransactionalAdapter:
         return self._producer
 
     def group_offsets(self) -> dict[tuple[str, int], int]:
+        """The group's committed offsets, once no transaction's offsets are pending on them.
+
+        Right after ``commit_transaction`` returns, the commit markers may still be on their way to the group's
+        partitions: the broker answers such a partition with ``UNSTABLE_OFFSET_COMMIT`` (``require_stable``). That
+        partition is asked again, never dropped: recovery would take a missing offset for an uncommitted batch.
+        """
         request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id))]
-        futures = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=TIMEOUT_S)
-        result = next(iter(futures.values())).result()
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions or [] if tp.offset >= 0}
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            futures = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=TIMEOUT_S)
+            partitions = next(iter(futures.values())).result().topic_partitions or []
+            pending = [tp for tp in partitions if tp.error is not None]
+            if not pending:
+                return {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.offset >= 0}
+            if time.monotonic() > deadline:
+                raise KafkaException(f"{self.name}: the committed offsets of group {group_id(self.pipeline_id)} on "
+                                     + ", ".join(f"{tp.topic}[{tp.partition}] ({tp.error})" for tp in pending)
+                                     + f" did not become stable in {TIMEOUT_S:.0f}s")
+            time.sleep(0.2)
 
     # ------------------------------------------------------------------ protocol steps
 

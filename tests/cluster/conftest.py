@@ -73,7 +73,8 @@ def spark_cluster() -> Iterator[SparkCluster]:
     if done.returncode != 0:
         if started_here:
             _run_script("down", timeout=120)
-        pytest.fail(f"spark_cluster.py up failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        output = done.stdout + done.stderr  # the reason is in the first line, the log tail after it
+        pytest.fail(f"spark_cluster.py up failed (exit {done.returncode}):\n{output[:1500]}\n...\n{output[-3000:]}")
     values = read_env_file(SPARK_DIR / "env")
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)

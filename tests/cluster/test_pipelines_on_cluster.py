@@ -111,7 +111,7 @@ def test_over_spark_connect_with_a_server_restart_mid_batch(spark_cluster, boots
             time.sleep(0.2)
         os.kill(int((SPARK_DIR / "connect.pid").read_text()), signal.SIGKILL)
         restarted = subprocess.run([sys.executable, str(REPO / "scripts" / "spark_cluster.py"), "up"],
-                                   capture_output=True, text=True, timeout=300)
+                                   capture_output=True, text=True, timeout=420)
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         running.communicate(timeout=600)  # failed, or its task retry went through on the new server
     finally:

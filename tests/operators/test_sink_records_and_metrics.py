@@ -89,7 +89,21 @@ def test_the_provider_registers_the_eo_command_group():
     _add_command(parser.add_subparsers(dest="subcommand"), group)
     args = parser.parse_args(["eo", "rewind", "p", "--to-earliest", "--i-understand-reprocessing-double-counts"])
     assert args.to_earliest and args.allow_double_count and not args.apply and args.output == "table"
-    assert args.offset_store_conn_id == "eo_offset_store" and args.kafka_conn_id == "kafka_default"
+    # No connection given: the command leaves the choice to [eo] in airflow.cfg, else the operator's defaults.
+    assert args.offset_store_conn_id is None and args.kafka_conn_id is None
+
+
+def test_the_commands_default_connections_come_from_the_eo_config_section(monkeypatch):
+    from airflow_eo.hooks.operations import pipeline_operations
+
+    ops = pipeline_operations(actor="test")
+    assert (ops.connections.offset_store_conn_id, ops.connections.kafka_conn_id) == ("eo_offset_store", "kafka_default")
+    monkeypatch.setenv("AIRFLOW__EO__OFFSET_STORE_CONN_ID", "ops_store")
+    monkeypatch.setenv("AIRFLOW__EO__KAFKA_CONN_ID", "ops_kafka")
+    ops = pipeline_operations(actor="test")
+    assert (ops.connections.offset_store_conn_id, ops.connections.kafka_conn_id) == ("ops_store", "ops_kafka")
+    ops = pipeline_operations("given_store", "given_kafka", actor="test")
+    assert (ops.connections.offset_store_conn_id, ops.connections.kafka_conn_id) == ("given_store", "given_kafka")
 
 
 def eo_args(*argv: str) -> argparse.Namespace:
