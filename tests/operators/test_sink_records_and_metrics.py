@@ -94,8 +94,9 @@ def test_the_provider_registers_the_eo_command_group():
 
 
 def test_the_commands_default_connections_come_from_the_eo_config_section(monkeypatch):
-    from airflow_eo.hooks.operations import pipeline_operations
+    from airflow_eo.hooks.operations import AirflowConnections, pipeline_operations
 
+    monkeypatch.setattr(AirflowConnections, "store", lambda self: None)  # only the choice of connections is tested
     ops = pipeline_operations(actor="test")
     assert (ops.connections.offset_store_conn_id, ops.connections.kafka_conn_id) == ("eo_offset_store", "kafka_default")
     monkeypatch.setenv("AIRFLOW__EO__OFFSET_STORE_CONN_ID", "ops_store")
