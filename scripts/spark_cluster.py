@@ -140,6 +140,11 @@ def launch(cmd: list[str], part: Part, env: dict[str, str]) -> None:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=part.run_dir)
     part.pid_file.write_text(str(proc.pid))
+    LAUNCHED[part.name] = proc
+
+
+#: The processes this run started, by part: their exit code tells why one died before it was ready.
+LAUNCHED: dict[str, subprocess.Popen] = {}
 
 
 def spark_pid(part: Part) -> int | None:
@@ -169,6 +174,15 @@ def last_launch_log(part: Part) -> str:
     return text[max(marker, 0):][-4000:]
 
 
+def why_not_ready(part: Part, timeout: float) -> str:
+    pid = spark_pid(part)
+    if pid:
+        return f"did not become ready in {timeout:.0f}s ({process_state(pid)})"
+    proc = LAUNCHED.get(part.name)
+    code = proc.poll() if proc else None
+    return "exited" + (f" with code {code}" if code is not None else "")
+
+
 def wait_until(part: Part, check, timeout: float, fatal: bool = True) -> bool:
     """Wait for ``check``; a part that exits or stays unready dies with its log, unless not ``fatal``."""
     deadline = time.monotonic() + timeout
@@ -178,11 +192,29 @@ def wait_until(part: Part, check, timeout: float, fatal: bool = True) -> bool:
         if not spark_pid(part):
             break
         time.sleep(0.3)
-    pid = spark_pid(part)
-    if pid and not fatal:
+    if not fatal:
         return False
-    state = "exited" if not pid else f"did not become ready in {timeout:.0f}s ({process_state(pid)})"
-    die(f"{part.name} {state}; its log since it was launched ({part.log}):\n{last_launch_log(part)}")
+    die(f"{part.name} {why_not_ready(part, timeout)}; its log since it was launched ({part.log}):\n"
+        f"{last_launch_log(part)}")
+
+
+def ready_or_start_again(part: Part, start, check, timeout: float) -> None:
+    """Wait until ``check``; a part that exits or stays unready is stopped and started once more.
+
+    Seen on CI: a JVM started right after another stopped exited at once, or a Connect server relaunched after
+    a SIGKILL printed nothing for minutes. The parts hold no state a restart loses (workers re-register,
+    Connect sessions reconnect); a second failure ends ``up`` with the part's log.
+    """
+    if wait_until(part, check, timeout, fatal=False):
+        return
+    say(f"{part.name} {why_not_ready(part, timeout)}; its log since launch:\n{last_launch_log(part)}\n"
+        f"starting {part.name} again")
+    pid = spark_pid(part)
+    if pid:
+        terminate([pid], group=True)
+    part.pid_file.unlink(missing_ok=True)
+    start()
+    wait_until(part, check, timeout)
 
 
 def base_env() -> dict[str, str]:
@@ -218,9 +250,13 @@ def master_state() -> dict | None:
         return None
 
 
-def alive_workers() -> int:
+def alive_worker_ports() -> set[int]:
     state = master_state() or {}
-    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+    return {w.get("port") for w in state.get("workers", []) if w.get("state") == "ALIVE"}
+
+
+def alive_workers() -> int:
+    return len(alive_worker_ports())
 
 
 def check_free(part: Part) -> None:
@@ -396,24 +432,17 @@ def up() -> None:
     env = base_env()
     # The master first (workers register with it); the workers and both Connect servers start in parallel.
     master_up(env)
-    wait_until(MASTER, lambda: master_state() is not None, 90)
+    ready_or_start_again(MASTER, lambda: master_up(env), lambda: master_state() is not None, 90)
     for part in WORKER_PARTS:
         worker_up(part, env)
     connect_up(CONNECT, CONNECT_PORT, worker_python, env, None)
     connect_up(CONNECT_TOKEN, CONNECT_TOKEN_PORT, worker_python, env, token)
-    wait_until(WORKER_PARTS[-1], lambda: alive_workers() >= WORKERS, 90)
+    for part in WORKER_PARTS:
+        ready_or_start_again(part, lambda part=part: worker_up(part, env),
+                             lambda part=part: part.ports[0] in alive_worker_ports(), 90)
     for part, port, part_token in ((CONNECT, CONNECT_PORT, None), (CONNECT_TOKEN, CONNECT_TOKEN_PORT, token)):
-        if wait_until(part, lambda port=port: port_open(port), CONNECT_READY_SECONDS, fatal=False):
-            continue
-        # Seen once in CI: a Connect server relaunched after a SIGKILL printed nothing for minutes. Start it
-        # again once (it holds no state: sessions reconnect), then give up with its log.
-        pid = spark_pid(part)
-        say(f"{part.name} not listening after {CONNECT_READY_SECONDS}s ({process_state(pid or 0)}); "
-            f"its log since launch:\n{last_launch_log(part)}\nstarting it again")
-        terminate([pid] if pid else [], group=True)
-        part.pid_file.unlink(missing_ok=True)
-        connect_up(part, port, worker_python, env, part_token)
-        wait_until(part, lambda port=port: port_open(port), CONNECT_READY_SECONDS)
+        ready_or_start_again(part, lambda part=part, port=port, part_token=part_token: connect_up(
+            part, port, worker_python, env, part_token), lambda port=port: port_open(port), CONNECT_READY_SECONDS)
     env_file = write_env(cluster_env(worker_python, token))
     say(f"up in {time.monotonic() - started:.1f}s: master {MASTER_URL} ({alive_workers()} workers), "
         f"Connect sc://{HOST}:{CONNECT_PORT} and sc://localhost:{CONNECT_TOKEN_PORT} (token; {CONNECT_MASTER}); "
