@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo test lint clean postgres chromium java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status demo bench test lint clean postgres chromium java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -54,6 +54,12 @@ spark-cluster-down:
 
 demo: up
 	. .stack/env && $(PY) scripts/demo.py
+
+# The benchmark of the README: our sinks, the at-least-once peers and the limits on 1,000,000 events;
+# BENCH_ARGS to change it (e.g. BENCH_ARGS="--sizes 10000,100000,1000000 --parallelism 2,4").
+BENCH_ARGS ?= --sizes 1000000 --json bench.json --chart docs/benchmark.png
+bench: up
+	. .stack/env && $(PY) scripts/benchmark.py $(BENCH_ARGS)
 
 # The scheduler tests (tests/scheduler) run a throwaway PostgreSQL cluster as Airflow's metadata
 # database (backfills refuse SQLite): they need Debian's server programs, not a running server.

@@ -1,71 +1,126 @@
-"""Throughput of one micro-batch per sink, next to an at-least-once Spark baseline, in one run.
+"""Throughput of our sinks next to the at-least-once tools people use today and the machine's limits, in one run.
 
-    . .stack/env && .venv/bin/python scripts/benchmark.py --events 1000000
-    . .stack/env && .venv/bin/python scripts/benchmark.py --job kafka --events 1000000
+    . .stack/env && .venv/bin/python scripts/benchmark.py --sizes 1000000 --json bench.json --chart bench.png
+    . .stack/env && .venv/bin/python scripts/benchmark.py --sizes 10000,100000,1000000 --parallelism 2,4
+    make bench                      # the full run of the README
 
-Produces N page views to a fresh topic, then times on the same data: the upsert sink
-(page_view_events shape), the XA sink (app_pv shape, per-app counts) and a baseline that
-reads the same ranges with Spark and upserts the events from mapInArrow with the same
-writer but no offset store and no protocol. Prints records/s and seconds per phase.
-Numbers, not assertions: the machine is shared, so compare the ratios within one run.
+Every point of the sweep (a batch size and a writer parallelism) runs in its own process, so the driver's peak
+memory is that point's. A point produces N page views to a fresh topic (N lines for the Kafka sink) and runs,
+each on the same data and an identical fresh table:
+
+- the limits: ``r_kafka`` (Spark reads and counts the ranges: no parse, no write) and ``r_db`` (the fastest
+  load of the same rows into the same table from the same number of connections: multi-row INSERT or
+  ``LOAD DATA LOCAL INFILE``, whichever is faster); the limit of a pipeline is min(r_kafka, r_db) for its shape;
+- the peers (at-least-once): Spark Structured Streaming (``readStream`` + ``trigger(availableNow=True)`` + a
+  checkpoint + ``foreachBatch`` upserting with our multi-row statements), Spark's JDBC writer (``df.write.jdbc``
+  append, MariaDB Connector/J from Maven Central) and Airflow's Kafka provider (``ConsumeFromTopicOperator``
+  with an ``apply_function_batch`` that upserts);
+- ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape, the XA sink's per-app
+  counts (``app_pv``) and the Kafka transactional sink (``ip_counts``).
+
+Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
+ratio to the best peer and the fraction of the limit, and with ``--json``/``--chart`` writes them (with the
+seconds per phase and the driver's peak memory) as JSON and as a PNG. Numbers, not assertions: compare ratios
+within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
+from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
-from airflow_eo.core.config import ParseConfig
+from airflow_eo.adapters.spark_session import maven_jars
+from airflow_eo.core.config import ParseConfig, ValueFormat
 from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
-from airflow_eo.examples import page_views
-from airflow_eo.examples.topics import ensure_topic
+from airflow_eo.core.ranges import OffsetRange, spark_offsets
+from airflow_eo.core.sql import upsert_statement
+from airflow_eo.examples import ip_counts, page_views
+from airflow_eo.examples.topics import ensure_topic, read_topic
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
+
+#: MariaDB Connector/J for Spark's JDBC writer, from Maven Central like the Kafka connector.
+CONNECTOR_J = ("org.mariadb.jdbc", "mariadb-java-client", "3.5.3")
+EVENT_COLUMNS = ("event_id", "app_id", "user_id", "ts")
+ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_statement
+PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn")
+LIMITS = ("r_kafka", "r_db")
+EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
+                "eo_upsert", "eo_xa_events")
 
 
-def make_table(mysql: dict, kind: str) -> str:
-    example = "app_pv" if kind == "xa" else "page_view_events"
-    return page_views.create_table_like(mysql, example, f"bench_{kind}_{uuid.uuid4().hex[:6]}")
+@dataclass
+class Job:
+    """One measured job of one point of the sweep."""
+
+    name: str
+    events: int
+    parallelism: int
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    records_per_s: float = 0.0
+    ratio_to_best_peer: float | None = None
+    fraction_of_limit: float | None = None
+    protocol_share: float | None = None
+
+    def __post_init__(self) -> None:
+        self.records_per_s = self.events / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_sink(label: str, sink, transform, topic: str, events: int) -> dict:
-    kafka = KafkaClusterHook("kafka_default")
-    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), ParseConfig(schema=page_views.SCHEMA),
-                              transform=transform)
-    started = time.monotonic()
-    pipeline_id = f"bench_{label}_{topic}"
-    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
-                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
-                        sink=sink.adapter(pipeline_id))
-    total = time.monotonic() - started
-    assert summary.records_in == events, summary
-    return {"label": label, "seconds": total, "phases": dict(summary.seconds), "rows_out": summary.rows_out}
+# --------------------------------------------------------------------------- helpers
 
 
-def run_baseline(topic: str, table: str, events: int, bootstrap: str) -> dict:
-    """At-least-once: read everything, upsert from executors, no offsets kept anywhere."""
-    from airflow_eo.core.ranges import OffsetRange
+def mysql_kwargs() -> dict[str, Any]:
+    return EoMySqlHook().get_connect_kwargs()
 
-    kafka = KafkaClusterHook("kafka_default")
-    source = kafka.get_offset_source()
-    parts = source.partition_offsets([topic], "earliest")
-    ranges = tuple(OffsetRange(p.topic, p.partition, p.log_start, p.last_stable) for p in parts)
-    batch = BatchContext("baseline", 0, "bench", 0, ranges)
-    engine = SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(), ParseConfig(schema=page_views.SCHEMA))
-    adapter = MySqlUpsertSink(table=table, key_columns=["event_id"]).adapter("baseline")
-    adapter.check()
-    spark = SparkSessionHook().get_conn()
-    started = time.monotonic()
-    parsed, payload = engine.parse_records(spark, engine.read(spark, batch))
-    out = parsed.select(*payload)
-    rows = engine.run_partitions(out, adapter.partition_writer(batch, out.columns)).rows
-    assert rows == events, rows
-    return {"label": "baseline (at-least-once)", "seconds": time.monotonic() - started, "phases": {}, "rows_out": rows}
+
+def sql(statement: str, args: Sequence[Any] = ()) -> list[tuple]:
+    import pymysql
+
+    conn = pymysql.connect(**mysql_kwargs(), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def fresh_table(example: str, label: str) -> str:
+    return page_views.create_table_like(mysql_kwargs(), example, f"bench_{label}_{uuid.uuid4().hex[:6]}")
+
+
+def table_rows(table: str) -> int:
+    return int(sql(f"SELECT COUNT(*) FROM `{table}`")[0][0])  # table names made by fresh_table
+
+
+def expect(what: str, got: Any, wanted: Any) -> None:
+    if got != wanted:
+        raise AssertionError(f"{what}: got {got}, wanted {wanted}: this job's output is wrong, its time means nothing")
+
+
+def whole_topic(topic: str) -> tuple[OffsetRange, ...]:
+    parts = KafkaClusterHook("kafka_default").get_offset_source().partition_offsets([topic], "earliest")
+    return tuple(OffsetRange(p.topic, p.partition, p.log_start, p.last_stable) for p in parts)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -76,69 +131,381 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def kafka_job(events: int) -> None:
-    """ip_counts: N lines -> 5-second counts per IP -> a Kafka transaction; driver memory peaks."""
-    from airflow_eo.examples import ip_counts
-    from airflow_eo.sinks import KafkaTransactionalSink
+def engine(parallelism: int, transform: Any = None, schema: str | None = page_views.SCHEMA) -> SparkBatchEngine:
+    parse = ParseConfig(schema=schema, write_partitions=parallelism) if schema else ParseConfig(
+        value_format=ValueFormat.STRING, write_partitions=parallelism)
+    return SparkBatchEngine(SparkSessionHook().get_conn, KafkaClusterHook("kafka_default").get_config(), parse,
+                            transform=transform)
 
-    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
-    source, sink = f"bench_ip_in_{uuid.uuid4().hex[:6]}", f"bench_ip_out_{uuid.uuid4().hex[:6]}"
-    ensure_topic(bootstrap, source, 3)
-    ensure_topic(bootstrap, sink, 3)
-    started = time.monotonic()
-    ip_counts.produce_lines(bootstrap, events, topic=source)
-    print(f"produced {events} lines to {source} in {time.monotonic() - started:.1f}s")
-    kafka = KafkaClusterHook("kafka_default")
+
+def parsed_events(df: Any) -> Any:
+    """What most teams write: one from_json with the schema, the event's columns (no bad-record handling)."""
+    from pyspark.sql import functions as F
+
+    event = F.from_json(F.col("value").cast("string"), page_views.SCHEMA.replace(" NOT NULL", ""))
+    return df.select(event.alias("e")).select(*[F.col(f"e.{c}").alias(c) for c in EVENT_COLUMNS])
+
+
+# --------------------------------------------------------------------------- the limits
+
+
+def r_kafka(topic: str, events: int, parallelism: int) -> Job:
+    eng = engine(parallelism)
     spark = SparkSessionHook().get_conn()
-    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    engine = SparkBatchEngine(lambda: spark, kafka.get_config(), ParseConfig(value_format="string"),
-                              transform=ip_counts.count_per_window_and_ip)
-    adapter = KafkaTransactionalSink(topic=sink).adapter(f"bench_{source}")
+    batch = BatchContext("bench_r_kafka", 0, "bench", 0, whole_topic(topic))
     started = time.monotonic()
-    summary = run_batch(RunRequest(pipeline_id=f"bench_{source}", run_id="bench", topics=[source]),
-                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(), engine=engine,
-                        sink=adapter)
+    expect("records read", eng.read(spark, batch).count(), events)
+    return Job("r_kafka", events, parallelism, time.monotonic() - started)
+
+
+def _insert_rows(args: tuple[dict[str, Any], str, list[tuple]]) -> int:
+    import pymysql
+
+    connect, table, rows = args
+    conn = pymysql.connect(**connect, autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            full = f"INSERT INTO `{table}` ({', '.join(EVENT_COLUMNS)}) VALUES " + ", ".join(
+                ["(%s, %s, %s, %s)"] * ROWS_PER_STATEMENT)
+            for at in range(0, len(rows), ROWS_PER_STATEMENT):
+                chunk = rows[at:at + ROWS_PER_STATEMENT]
+                statement = full if len(chunk) == ROWS_PER_STATEMENT else (
+                    f"INSERT INTO `{table}` ({', '.join(EVENT_COLUMNS)}) VALUES "
+                    + ", ".join(["(%s, %s, %s, %s)"] * len(chunk)))
+                cur.execute(statement, [v for row in chunk for v in row])
+                conn.commit()
+        return len(rows)
+    finally:
+        conn.close()
+
+
+def _load_file(args: tuple[dict[str, Any], str, str]) -> int:
+    import pymysql
+
+    connect, table, path = args
+    conn = pymysql.connect(**connect, autocommit=True, local_infile=True)
+    try:
+        with conn.cursor() as cur:
+            return cur.execute(f"LOAD DATA LOCAL INFILE %s INTO TABLE `{table}` FIELDS TERMINATED BY '\\t' "
+                               f"({', '.join(EVENT_COLUMNS)})", (path,))
+    finally:
+        conn.close()
+
+
+def r_db(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """The fastest load of the topic's rows into a fresh table from ``parallelism`` connections (processes, like
+    Spark's writer tasks). Reading and parsing the topic, and writing the files, are not timed."""
+    rows = []
+    for _, value in read_topic(os.environ["EO_KAFKA_BOOTSTRAP"], topic)[0]:
+        event = json.loads(value or b"{}")
+        ts = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).replace(tzinfo=None)
+        rows.append((event["event_id"], event["app_id"], event["user_id"], ts))
+    expect("rows read", len(rows), events)
+    slices = [rows[i::parallelism] for i in range(parallelism)]
+    files = []
+    for i, part in enumerate(slices):
+        path = workdir / f"r_db_{i}.tsv"
+        path.write_text("".join(f"{e}\t{a}\t{u}\t{t.isoformat(sep=' ')}\n" for e, a, u, t in part))
+        files.append(str(path))
+    connect = mysql_kwargs()
+    timings = {}
+    # Spawned, not forked: a fork would share (and then close) the driver's connection to its JVM.
+    with ProcessPoolExecutor(parallelism, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(abs, range(parallelism)))  # the processes exist before the clock starts
+        for method, work, args in (
+                ("multi_row_insert", _insert_rows, [(connect, "", s) for s in slices]),
+                ("load_data_local_infile", _load_file, [(connect, "", f) for f in files])):
+            table = fresh_table("page_view_events", "rdb")
+            started = time.monotonic()
+            done = sum(pool.map(work, [(c, table, a) for c, _, a in args]))
+            timings[method] = time.monotonic() - started
+            expect(f"rows loaded by {method}", (done, table_rows(table)), (events, events))
+    best = min(timings, key=lambda m: timings[m])
+    return Job("r_db", events, parallelism, timings[best], {k: round(v, 3) for k, v in timings.items()},
+               note=f"fastest: {best}")
+
+
+# --------------------------------------------------------------------------- the peers
+
+
+def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """``readStream`` + ``availableNow`` + a checkpoint + ``foreachBatch`` upserting with our statements."""
+    table = fresh_table("page_view_events", "ss")
+    spark = SparkSessionHook().get_conn()
+    eng = engine(parallelism)
+    # Our writer's statements, without the offset store (so without the epoch fence of our upsert sink).
+    writer = MySqlUpsertAdapter(MySqlUpsertSink(table=table, key_columns=["event_id"]), mysql_kwargs())
+    writer.check()
+    starting, _ = spark_offsets(whole_topic(topic))
+
+    def upsert(df: Any, epoch_id: int) -> None:
+        batch = BatchContext("bench_ss", epoch_id, "bench", 0, ())
+        out = parsed_events(df)
+        eng.run_partitions(out, writer.partition_writer(batch, out.columns))
+
+    started = time.monotonic()
+    query = (spark.readStream.format("kafka")
+             .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
+             .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
+             .option("startingOffsets", starting)
+             .option("kafka.isolation.level", "read_committed")
+             .load()
+             .writeStream.foreachBatch(upsert)
+             .option("checkpointLocation", str(workdir / f"checkpoint_{table}"))
+             .trigger(availableNow=True)
+             .start())
+    query.awaitTermination()
     seconds = time.monotonic() - started
-    print(f"kafka sink: {summary.records_in} lines -> {summary.rows_out} records in {seconds:.1f}s "
-          f"= {summary.records_in / seconds:,.0f} lines/s; Kafka transaction commit "
-          f"{adapter.last_commit_seconds:.3f}s; phases {dict(summary.seconds)}")
-    print(f"driver peak memory: python {peak_rss_mb(os.getpid()):.0f} MiB, JVM {peak_rss_mb(jvm_pid):.0f} MiB "
-          f"(spark.driver.memory {spark.conf.get('spark.driver.memory')})")
+    expect("rows in the table", table_rows(table), events)
+    return Job("structured_streaming_foreach_batch", events, parallelism, seconds)
+
+
+def spark_jdbc_append(topic: str, events: int, parallelism: int) -> Job:
+    """Batch read of the same ranges, ``df.write.jdbc`` append (no upsert) with MariaDB Connector/J."""
+    table = fresh_table("page_view_events", "jdbc")
+    spark = SparkSessionHook().get_conn()
+    eng = engine(parallelism)
+    connect = mysql_kwargs()
+    started = time.monotonic()
+    raw = eng.read(spark, BatchContext("bench_jdbc", 0, "bench", 0, whole_topic(topic)))
+    out = parsed_events(raw.withColumnRenamed("kafka_value", "value")).repartition(parallelism)
+    # The jdbc:mysql scheme makes Spark pick its MySQL dialect (backquoted names); permitMysqlScheme lets
+    # Connector/J take it.
+    url = f"jdbc:mysql://{connect['host']}:{connect['port']}/{connect['database']}?permitMysqlScheme"
+    out.write.jdbc(url, table, "append",
+                   {"user": connect["user"], "password": connect["password"], "driver": "org.mariadb.jdbc.Driver",
+                    "batchsize": str(ROWS_PER_STATEMENT)})
+    seconds = time.monotonic() - started
+    expect("rows in the table", table_rows(table), events)
+    return Job("spark_jdbc_append", events, parallelism, seconds)
+
+
+def _upsert_messages(messages: list[Any], table: str) -> None:
+    """``apply_function_batch`` of the Airflow peer: one multi-row upsert per poll's worth of messages."""
+    import pymysql
+
+    rows = []
+    for message in messages:
+        event = json.loads(message.value())
+        rows.append((event["event_id"], event["app_id"], event["user_id"],
+                     datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).replace(tzinfo=None)))
+    conn = pymysql.connect(**mysql_kwargs(), autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for at in range(0, len(rows), ROWS_PER_STATEMENT):
+                chunk = rows[at:at + ROWS_PER_STATEMENT]
+                cur.execute(upsert_statement(table, EVENT_COLUMNS, ["event_id"], {}, len(chunk), False),
+                            [v for row in chunk for v in row])
+    finally:
+        conn.close()
+
+
+def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job:
+    """What an Airflow user reaches for first: ``ConsumeFromTopicOperator`` + ``apply_function_batch``."""
+    from airflow.providers.apache.kafka.operators.consume import ConsumeFromTopicOperator
+
+    table = fresh_table("page_view_events", "afk")
+    conn_id = f"bench_consume_{uuid.uuid4().hex[:6]}"
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": os.environ["EO_KAFKA_BOOTSTRAP"], "group.id": conn_id,
+        "auto.offset.reset": "earliest", "enable.auto.commit": False, "isolation.level": "read_committed"}})
+    operator = ConsumeFromTopicOperator(task_id="consume", topics=[topic], kafka_config_id=conn_id,
+                                        apply_function_batch=_upsert_messages,
+                                        apply_function_kwargs={"table": table}, max_messages=events,
+                                        max_batch_size=4 * ROWS_PER_STATEMENT, poll_timeout=10,
+                                        commit_cadence="end_of_batch")
+    started = time.monotonic()
+    operator.execute(context={})
+    seconds = time.monotonic() - started
+    expect("rows in the table", table_rows(table), events)
+    return Job("airflow_consume_from_topic", events, parallelism, seconds,
+               note="one consumer, one connection (the operator has no parallelism)")
+
+
+# --------------------------------------------------------------------------- ours
+
+
+def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
+         schema: str | None = page_views.SCHEMA) -> Job:
+    kafka = KafkaClusterHook("kafka_default")
+    pipeline_id = f"bench_{name}_{topic}"
+    started = time.monotonic()
+    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
+                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(),
+                        engine=engine(parallelism, transform, schema), sink=sink.adapter(pipeline_id))
+    seconds = time.monotonic() - started
+    expect("records in", summary.records_in, events)
+    phases = dict(summary.seconds)
+    job = Job(name, events, parallelism, seconds, phases)
+    job.protocol_share = sum(phases.get(k, 0.0) for k in ("plan", "commit", "finalize")) / seconds
+    return job
+
+
+def eo_jobs(topic: str, lines_topic: str, events: int, parallelism: int) -> list[Job]:
+    upsert = fresh_table("page_view_events", "upsert")
+    xa_events = fresh_table("page_view_events", "xaev")
+    counts = fresh_table("app_pv", "xa")
+    jobs = [ours("eo_upsert", MySqlUpsertSink(table=upsert, key_columns=["event_id"]), None, topic, events,
+                 parallelism)]
+    expect("rows in the upsert table", table_rows(upsert), events)
+    jobs.append(ours("eo_xa_events", MySqlXaSink(table=xa_events, key_columns=["event_id"]), None, topic, events,
+                     parallelism))
+    expect("rows in the XA table", table_rows(xa_events), events)
+    jobs.append(ours("eo_xa_counts", MySqlXaSink(table=counts, key_columns=["app_id"], updates={"pv": "add"}),
+                     page_views.count_per_app, topic, events, parallelism))
+    expect("page views counted", int(sql(f"SELECT SUM(pv) FROM `{counts}`")[0][0]), events)
+    out = f"{lines_topic}_out"
+    ensure_topic(os.environ["EO_KAFKA_BOOTSTRAP"], out, 3)
+    jobs.append(ours("eo_kafka_txn", KafkaTransactionalSink(topic=out), ip_counts.count_per_window_and_ip,
+                     lines_topic, events, parallelism, schema=None))
+    return jobs
+
+
+# --------------------------------------------------------------------------- one point, the sweep
+
+
+def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, Any]:
+    """Everything at one batch size and parallelism, in this process."""
+    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
+    topic, lines_topic = f"bench_{uuid.uuid4().hex[:8]}", f"bench_lines_{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    page_views.produce_page_views(bootstrap, events, topic=topic)
+    ensure_topic(bootstrap, lines_topic, 3)
+    ip_counts.produce_lines(bootstrap, events, topic=lines_topic)
+    print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic} and "
+          f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
+    jars = maven_jars(*CONNECTOR_J) or []
+    spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    wanted = set(only) if only else {*LIMITS, *PEERS, *OURS}
+    r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
+    jobs: list[Job] = []
+    with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
+        runs: list[tuple[str, Callable[[], Job | list[Job]]]] = [
+            ("r_kafka", lambda: r_kafka(topic, events, parallelism)),
+            ("r_kafka_lines", lambda: r_kafka(lines_topic, events, parallelism)),
+            ("r_db", lambda: r_db(topic, events, parallelism, Path(tmp))),
+            ("structured_streaming_foreach_batch",
+             lambda: structured_streaming_foreach_batch(topic, events, parallelism, Path(tmp))),
+            ("spark_jdbc_append", lambda: spark_jdbc_append(topic, events, parallelism)),
+            ("airflow_consume_from_topic", lambda: airflow_consume_from_topic(topic, events, parallelism)),
+            ("eo", lambda: eo_jobs(topic, lines_topic, events, parallelism)),
+        ]
+        for name, run in runs:
+            if name == "eo" and not wanted & set(OURS) or name != "eo" and name.removesuffix("_lines") not in wanted:
+                continue
+            done = run()
+            for job in done if isinstance(done, list) else [done]:
+                if name == "r_kafka_lines":
+                    job.name = "r_kafka_lines"
+                jobs.append(job)
+                print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  {job.note}",
+                      flush=True)
+    return {"events": events, "parallelism": parallelism, "jobs": [asdict(j) for j in jobs],
+            "driver_peak_rss_mb": {"python": round(peak_rss_mb(os.getpid())), "jvm": round(peak_rss_mb(jvm_pid))}}
+
+
+def rate_point(point: dict[str, Any]) -> None:
+    """Ratios within one point: to the best peer, to the limit of the job's shape."""
+    jobs = {j["name"]: j for j in point["jobs"]}
+    peers = [jobs[p]["records_per_s"] for p in PEERS if p in jobs]
+    best_peer = max(peers) if peers else None
+    kafka, db = jobs.get("r_kafka", {}).get("records_per_s"), jobs.get("r_db", {}).get("records_per_s")
+    for job in point["jobs"]:
+        if best_peer and job["name"] not in LIMITS and job["name"] != "r_kafka_lines":
+            job["ratio_to_best_peer"] = round(job["records_per_s"] / best_peer, 3)
+        if job["name"] in EVENTS_SHAPE and kafka and db:
+            limit = min(kafka, db)
+        elif job["name"] == "eo_xa_counts" and kafka:
+            limit = kafka  # a few rows out: the database is not the limit
+        elif job["name"] == "eo_kafka_txn" and "r_kafka_lines" in jobs:
+            limit = jobs["r_kafka_lines"]["records_per_s"]
+        else:
+            continue
+        job["fraction_of_limit"] = round(job["records_per_s"] / limit, 3)
+
+
+def print_point(point: dict[str, Any]) -> None:
+    rss = point["driver_peak_rss_mb"]
+    print(f"\n{point['events']:,} events, {point['parallelism']} writers; driver peak RSS: python {rss['python']} MiB, "
+          f"JVM {rss['jvm']} MiB")
+    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>13}{'of limit':>10}{'protocol':>10}  phases (s)")
+    for j in point["jobs"]:
+        ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
+        limit = f"{j['fraction_of_limit']:.2f}" if j["fraction_of_limit"] is not None else "-"
+        protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
+        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>13}{limit:>10}{protocol:>10}"
+              f"  {j['phases'] or j['note']}")
+
+
+def chart(points: list[dict[str, Any]], path: Path) -> None:
+    """records/s per job against batch size, one panel per parallelism, the limit dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parallelisms = sorted({p["parallelism"] for p in points})
+    fig, axes = plt.subplots(1, len(parallelisms), figsize=(7 * len(parallelisms), 5), squeeze=False)
+    for ax, parallelism in zip(axes[0], parallelisms, strict=True):
+        mine = sorted((p for p in points if p["parallelism"] == parallelism), key=lambda p: p["events"])
+        sizes = [p["events"] for p in mine]
+        names = [n for n in (*PEERS, *OURS) if any(j["name"] == n for p in mine for j in p["jobs"])]
+        for name in names:
+            rates = [next((j["records_per_s"] for j in p["jobs"] if j["name"] == name), None) for p in mine]
+            ax.plot(sizes, rates, marker="o", linestyle="-" if name in OURS else ":", label=name)
+        limits = []
+        for p in mine:
+            by_name = {j["name"]: j["records_per_s"] for j in p["jobs"]}
+            limits.append(min(by_name["r_kafka"], by_name["r_db"]) if {"r_kafka", "r_db"} <= set(by_name) else None)
+        ax.plot(sizes, limits, color="black", linestyle="--", marker="_", markersize=14, linewidth=2,
+                label="limit: min(R_kafka, R_db)")
+        ax.set_xscale("log")
+        ax.set_xlabel("events per batch")
+        ax.set_ylabel("records/s")
+        ax.set_title(f"{parallelism} writer tasks / connections")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"chart: {path}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--job", choices=["mysql", "kafka"], default="mysql")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000000", help="comma-separated batch sizes (events), e.g. 10000,100000")
+    parser.add_argument("--parallelism", default="2", help="comma-separated writer parallelism (tasks, connections)")
+    parser.add_argument("--only", default="", help=f"comma-separated jobs among {', '.join((*LIMITS, *PEERS, *OURS))}")
+    parser.add_argument("--json", type=Path, help="write the results here (one object per job)")
+    parser.add_argument("--chart", type=Path, help="write a PNG chart of records/s here (needs matplotlib)")
+    parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
     args = parser.parse_args()
-    if args.job == "kafka":
-        kafka_job(args.events)
+    only = [o for o in args.only.split(",") if o]
+    if args.point:
+        events, parallelism = (int(v) for v in args.point.split(":"))
+        result = run_point(events, parallelism, only)
+        print("POINT " + json.dumps(result), flush=True)
         return
-    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
-    mysql = EoMySqlHook().get_connect_kwargs()
-    topic = f"bench_{uuid.uuid4().hex[:8]}"
-    started = time.monotonic()
-    page_views.produce_page_views(bootstrap, args.events, topic=topic)
-    print(f"produced {args.events} events to {topic} in {time.monotonic() - started:.1f}s")
-    SparkSessionHook().get_conn()  # JVM start-up is not part of any measurement below
-
-    results = [
-        run_baseline(topic, make_table(mysql, "base"), args.events, bootstrap),
-        run_sink("upsert", MySqlUpsertSink(table=make_table(mysql, "upsert"), key_columns=["event_id"]),
-                 None, topic, args.events),
-        run_sink("xa_counts", MySqlXaSink(table=make_table(mysql, "xa"), key_columns=["app_id"],
-                                          updates={"pv": "add"}), page_views.count_per_app, topic, args.events),
-        run_sink("xa_events", MySqlXaSink(table=make_table(mysql, "xaev"), key_columns=["event_id"]),
-                 None, topic, args.events),
-        # Again at the end: the first job of a JVM pays for JIT warm-up; compare with the later one.
-        run_baseline(topic, make_table(mysql, "base"), args.events, bootstrap),
-    ]
-    results[-1]["label"] = "baseline again (warm JVM)"
-    base = results[-1]["seconds"]
-    print(f"\n{'job':<26}{'seconds':>9}{'records/s':>12}{'vs baseline':>13}  phases (s)")
-    for r in results:
-        print(f"{r['label']:<26}{r['seconds']:>9.1f}{args.events / r['seconds']:>12,.0f}"
-              f"{r['seconds'] / base:>12.2f}x  {r['phases']}")
+    points = []
+    for events in (int(s) for s in args.sizes.split(",")):
+        for parallelism in (int(p) for p in args.parallelism.split(",")):
+            # Its own process: the driver's peak memory and JVM are this point's alone.
+            child = subprocess.run([sys.executable, __file__, "--point", f"{events}:{parallelism}",
+                                    "--only", args.only], stdout=subprocess.PIPE, text=True)
+            lines = child.stdout.splitlines()
+            print("\n".join(line for line in lines if not line.startswith("POINT ")), flush=True)
+            if child.returncode != 0:
+                sys.exit(f"the point {events}:{parallelism} failed (exit {child.returncode})")
+            point = json.loads(next(line for line in lines if line.startswith("POINT "))[6:])
+            rate_point(point)
+            points.append(point)
+            print_point(point)
+    if args.json:
+        jobs = [{**job, "driver_peak_rss_mb": p["driver_peak_rss_mb"]} for p in points for job in p["jobs"]]
+        args.json.write_text(json.dumps(jobs, indent=1))
+        print(f"json: {args.json} ({len(jobs)} jobs)")
+    if args.chart:
+        chart(points, args.chart)
 
 
 if __name__ == "__main__":

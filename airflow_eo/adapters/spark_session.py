@@ -37,12 +37,12 @@ def kafka_connector_coordinates(pyspark_version: str | None = None) -> str:
     return f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{pyspark_version}"
 
 
-_CONNECTOR_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+_MAVEN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
-  <groupId>airflow-eo</groupId><artifactId>spark-kafka-connector</artifactId><version>1</version>
+  <groupId>airflow-eo</groupId><artifactId>jars-of-{artifact}</artifactId><version>1</version>
   <packaging>pom</packaging>
   <dependencies><dependency>
-    <groupId>org.apache.spark</groupId><artifactId>spark-sql-kafka-0-10_{scala}</artifactId><version>{version}</version>
+    <groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>
   </dependency></dependencies>
 </project>
 """
@@ -52,36 +52,48 @@ def connector_cache_dir() -> Path:
     return Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo"))
 
 
-def kafka_connector_jars(resolve: bool = True) -> list[str] | None:
-    """Jars of Spark's Kafka connector (and its runtime dependencies), resolved once with Maven.
+def maven_jars(group: str, artifact: str, version: str, resolve: bool = True) -> list[str] | None:
+    """Jars of one Maven artifact and its runtime dependencies, resolved once from Maven Central into the cache.
 
-    Maven, not Spark's Ivy (``spark.jars.packages``): Ivy also asks for test-jars that
-    are not published, and fails. Returns None when Maven is not installed.
+    Maven, not Spark's Ivy (``spark.jars.packages``): Ivy also asks for test-jars that are not published, and
+    fails. Returns None when Maven is not installed (or ``resolve`` is false and nothing is cached).
     """
-    import pyspark
-
-    version = pyspark.__version__
-    folder = connector_cache_dir() / f"spark-sql-kafka-{SCALA_BINARY}-{version}"
+    folder = connector_cache_dir() / f"{artifact}-{version}"
     if not (folder / ".complete").exists():
         mvn = shutil.which("mvn")
         if not resolve or mvn is None:
             return None
         folder.mkdir(parents=True, exist_ok=True)
         pom = folder / "pom.xml"
-        pom.write_text(_CONNECTOR_POM.format(scala=SCALA_BINARY, version=version))
+        pom.write_text(_MAVEN_POM.format(group=group, artifact=artifact, version=version))
         done = subprocess.run(
             [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", "-DincludeScope=runtime",
              f"-DoutputDirectory={folder / 'jars'}"],
             capture_output=True, text=True,
         )
         if done.returncode != 0:
-            raise ConfigurationError(
-                f"could not resolve Spark's Kafka connector {kafka_connector_coordinates(version)} from Maven "
-                f"Central (is it published for pyspark {version}?); install a pyspark version whose connector "
-                f"is published, or put the connector jars in spark.jars. Maven said: {done.stdout[-500:]}"
-            )
+            raise ConfigurationError(f"could not resolve {group}:{artifact}:{version} from Maven Central; Maven said: "
+                                     f"{done.stdout[-500:]}")
         (folder / ".complete").touch()
     return sorted(str(j) for j in (folder / "jars").glob("*.jar"))
+
+
+def kafka_connector_jars(resolve: bool = True) -> list[str] | None:
+    """Jars of Spark's Kafka connector (and its runtime dependencies), resolved once with Maven (:func:`maven_jars`).
+
+    Returns None when Maven is not installed.
+    """
+    import pyspark
+
+    version = pyspark.__version__
+    try:
+        return maven_jars("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA_BINARY}", version, resolve)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"could not resolve Spark's Kafka connector {kafka_connector_coordinates(version)} from Maven "
+            f"Central (is it published for pyspark {version}?); install a pyspark version whose connector "
+            f"is published, or put the connector jars in spark.jars. {exc}"
+        ) from exc
 
 
 def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) -> dict[str, str]:

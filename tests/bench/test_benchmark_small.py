@@ -1,0 +1,37 @@
+"""The benchmark's small setting: every job runs and checks its output, the JSON and the chart are written.
+
+Nothing here is about speed (the machine is shared); it keeps ``scripts/benchmark.py`` from rotting.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
+        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn"}
+
+
+def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airflow_db):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--sizes", "3000",
+                           "--parallelism", "2", "--json", str(out), "--chart", str(png)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    jobs = {job["name"]: job for job in json.loads(out.read_text())}
+    assert set(jobs) == JOBS
+    for job in jobs.values():
+        assert job["events"] == 3000 and job["records_per_s"] > 0 and job["parallelism"] == 2
+        assert set(job["driver_peak_rss_mb"]) == {"python", "jvm"}
+    for name in ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
+                 "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn"):
+        assert jobs[name]["ratio_to_best_peer"] is not None and jobs[name]["fraction_of_limit"] is not None
+    assert max(jobs[p]["ratio_to_best_peer"] for p in ("structured_streaming_foreach_batch", "spark_jdbc_append",
+                                                       "airflow_consume_from_topic")) == 1.0
+    assert {"plan", "commit", "finalize", "write"} <= set(jobs["eo_xa_events"]["phases"])
+    assert 0 < jobs["eo_upsert"]["protocol_share"] < 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "x best peer" in done.stdout and "of limit" in done.stdout
