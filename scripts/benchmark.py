@@ -192,6 +192,15 @@ def _load_file(args: tuple[dict[str, Any], str, str]) -> int:
         conn.close()
 
 
+def r_db_elsewhere(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """:func:`r_db` in a process of its own: its rows in memory must not count as the driver's peak memory."""
+    done = subprocess.run([sys.executable, __file__, "--r-db", f"{topic}:{events}:{parallelism}:{workdir}"],
+                          stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"r_db failed (exit {done.returncode})")
+    return Job(**json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RDB "))[4:]))
+
+
 def r_db(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
     """The fastest load of the topic's rows into a fresh table from ``parallelism`` connections (processes, like
     Spark's writer tasks). Reading and parsing the topic, and writing the files, are not timed."""
@@ -384,7 +393,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
         runs: list[tuple[str, Callable[[], Job | list[Job]]]] = [
             ("r_kafka", lambda: r_kafka(topic, events, parallelism)),
             ("r_kafka_lines", lambda: r_kafka(lines_topic, events, parallelism)),
-            ("r_db", lambda: r_db(topic, events, parallelism, Path(tmp))),
+            ("r_db", lambda: r_db_elsewhere(topic, events, parallelism, Path(tmp))),
             ("structured_streaming_foreach_batch",
              lambda: structured_streaming_foreach_batch(topic, events, parallelism, Path(tmp))),
             ("spark_jdbc_append", lambda: spark_jdbc_append(topic, events, parallelism)),
@@ -479,8 +488,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here (one object per job)")
     parser.add_argument("--chart", type=Path, help="write a PNG chart of records/s here (needs matplotlib)")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
+    parser.add_argument("--r-db", help=argparse.SUPPRESS)  # internal: run r_db, print its JSON
     args = parser.parse_args()
     only = [o for o in args.only.split(",") if o]
+    if args.r_db:
+        topic, events, parallelism, workdir = args.r_db.split(":", 3)
+        job = r_db(topic, int(events), int(parallelism), Path(workdir))
+        print("RDB " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
+        return
     if args.point:
         events, parallelism = (int(v) for v in args.point.split(":"))
         result = run_point(events, parallelism, only)
