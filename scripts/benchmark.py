@@ -81,6 +81,8 @@ class Job:
     ratio_to_best_peer: float | None = None
     fraction_of_limit: float | None = None
     protocol_share: float | None = None
+    #: peak resident memory of the driver's Python and JVM during this job (MiB)
+    driver_peak_rss_mb: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.records_per_s = self.events / self.seconds if self.seconds > 0 else 0.0
@@ -350,24 +352,48 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
     return job
 
 
-def eo_jobs(topic: str, lines_topic: str, events: int, parallelism: int) -> list[Job]:
-    upsert = fresh_table("page_view_events", "upsert")
-    xa_events = fresh_table("page_view_events", "xaev")
-    counts = fresh_table("app_pv", "xa")
-    jobs = [ours("eo_upsert", MySqlUpsertSink(table=upsert, key_columns=["event_id"]), None, topic, events,
-                 parallelism)]
-    expect("rows in the upsert table", table_rows(upsert), events)
-    jobs.append(ours("eo_xa_events", MySqlXaSink(table=xa_events, key_columns=["event_id"]), None, topic, events,
-                     parallelism))
-    expect("rows in the XA table", table_rows(xa_events), events)
-    jobs.append(ours("eo_xa_counts", MySqlXaSink(table=counts, key_columns=["app_id"], updates={"pv": "add"}),
-                     page_views.count_per_app, topic, events, parallelism))
-    expect("page views counted", int(sql(f"SELECT SUM(pv) FROM `{counts}`")[0][0]), events)
+def eo_upsert(topic: str, events: int, parallelism: int) -> Job:
+    table = fresh_table("page_view_events", "upsert")
+    job = ours("eo_upsert", MySqlUpsertSink(table=table, key_columns=["event_id"]), None, topic, events, parallelism)
+    expect("rows in the upsert table", table_rows(table), events)
+    return job
+
+
+def eo_xa_events(topic: str, events: int, parallelism: int) -> Job:
+    table = fresh_table("page_view_events", "xaev")
+    job = ours("eo_xa_events", MySqlXaSink(table=table, key_columns=["event_id"]), None, topic, events, parallelism)
+    expect("rows in the XA table", table_rows(table), events)
+    return job
+
+
+def eo_xa_counts(topic: str, events: int, parallelism: int) -> Job:
+    table = fresh_table("app_pv", "xa")
+    job = ours("eo_xa_counts", MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
+               page_views.count_per_app, topic, events, parallelism)
+    expect("page views counted", int(sql(f"SELECT SUM(pv) FROM `{table}`")[0][0]), events)
+    return job
+
+
+def eo_kafka_txn(lines_topic: str, events: int, parallelism: int) -> Job:
     out = f"{lines_topic}_out"
     ensure_topic(os.environ["EO_KAFKA_BOOTSTRAP"], out, 3)
-    jobs.append(ours("eo_kafka_txn", KafkaTransactionalSink(topic=out), ip_counts.count_per_window_and_ip,
-                     lines_topic, events, parallelism, schema=None))
-    return jobs
+    return ours("eo_kafka_txn", KafkaTransactionalSink(topic=out), ip_counts.count_per_window_and_ip, lines_topic,
+                events, parallelism, schema=None)
+
+
+class DriverMemory:
+    """Peak resident memory of the driver (this Python and its JVM) per job: the kernel's high-water mark
+    (``VmHWM``), reset before each job (``clear_refs`` 5), so that one job's peak is not another's."""
+
+    def __init__(self, jvm_pid: int) -> None:
+        self.pids = {"python": os.getpid(), "jvm": jvm_pid}
+
+    def reset(self) -> None:
+        for pid in self.pids.values():
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+    def peak_mb(self) -> dict[str, int]:
+        return {name: round(peak_rss_mb(pid)) for name, pid in self.pids.items()}
 
 
 # --------------------------------------------------------------------------- one point, the sweep
@@ -390,7 +416,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
-        runs: list[tuple[str, Callable[[], Job | list[Job]]]] = [
+        runs: list[tuple[str, Callable[[], Job]]] = [
             ("r_kafka", lambda: r_kafka(topic, events, parallelism)),
             ("r_kafka_lines", lambda: r_kafka(lines_topic, events, parallelism)),
             ("r_db", lambda: r_db_elsewhere(topic, events, parallelism, Path(tmp))),
@@ -398,20 +424,23 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
              lambda: structured_streaming_foreach_batch(topic, events, parallelism, Path(tmp))),
             ("spark_jdbc_append", lambda: spark_jdbc_append(topic, events, parallelism)),
             ("airflow_consume_from_topic", lambda: airflow_consume_from_topic(topic, events, parallelism)),
-            ("eo", lambda: eo_jobs(topic, lines_topic, events, parallelism)),
+            ("eo_upsert", lambda: eo_upsert(topic, events, parallelism)),
+            ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
+            ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
+            ("eo_kafka_txn", lambda: eo_kafka_txn(lines_topic, events, parallelism)),
         ]
+        memory = DriverMemory(jvm_pid)
         for name, run in runs:
-            if name == "eo" and not wanted & set(OURS) or name != "eo" and name.removesuffix("_lines") not in wanted:
+            if name.removesuffix("_lines") not in wanted:
                 continue
-            done = run()
-            for job in done if isinstance(done, list) else [done]:
-                if name == "r_kafka_lines":
-                    job.name = "r_kafka_lines"
-                jobs.append(job)
-                print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  {job.note}",
-                      flush=True)
-    return {"events": events, "parallelism": parallelism, "jobs": [asdict(j) for j in jobs],
-            "driver_peak_rss_mb": {"python": round(peak_rss_mb(os.getpid())), "jvm": round(peak_rss_mb(jvm_pid))}}
+            memory.reset()
+            job = run()
+            job.name = name
+            job.driver_peak_rss_mb = memory.peak_mb()
+            jobs.append(job)
+            print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  "
+                  f"driver peak RSS {job.driver_peak_rss_mb}  {job.note}", flush=True)
+    return {"events": events, "parallelism": parallelism, "jobs": [asdict(j) for j in jobs]}
 
 
 def rate_point(point: dict[str, Any]) -> None:
@@ -435,16 +464,17 @@ def rate_point(point: dict[str, Any]) -> None:
 
 
 def print_point(point: dict[str, Any]) -> None:
-    rss = point["driver_peak_rss_mb"]
-    print(f"\n{point['events']:,} events, {point['parallelism']} writers; driver peak RSS: python {rss['python']} MiB, "
-          f"JVM {rss['jvm']} MiB")
-    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>13}{'of limit':>10}{'protocol':>10}  phases (s)")
+    print(f"\n{point['events']:,} events, {point['parallelism']} writers")
+    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>13}{'of limit':>10}{'protocol':>10}"
+          f"{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
         limit = f"{j['fraction_of_limit']:.2f}" if j["fraction_of_limit"] is not None else "-"
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
+        rss = j["driver_peak_rss_mb"] or {}
+        memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
         print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>13}{limit:>10}{protocol:>10}"
-              f"  {j['phases'] or j['note']}")
+              f"{memory:>21}  {j['phases'] or j['note']}")
 
 
 def chart(points: list[dict[str, Any]], path: Path) -> None:
@@ -516,7 +546,7 @@ def main() -> None:
             points.append(point)
             print_point(point)
     if args.json:
-        jobs = [{**job, "driver_peak_rss_mb": p["driver_peak_rss_mb"]} for p in points for job in p["jobs"]]
+        jobs = [job for p in points for job in p["jobs"]]
         args.json.write_text(json.dumps(jobs, indent=1))
         print(f"json: {args.json} ({len(jobs)} jobs)")
     if args.chart:
