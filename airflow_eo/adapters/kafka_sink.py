@@ -53,6 +53,7 @@ class KafkaTransactionalAdapter:
     """
 
     owns_commit_point = True
+    writes_visible_before_commit = False  # read_committed readers see nothing before commit_transaction
 
     def __init__(self, spec: KafkaTransactionalSink, config: Mapping[str, Any], pipeline_id: str) -> None:
         self.spec, self.name = spec, spec.name

@@ -239,6 +239,7 @@ class MySqlUpsertAdapter:
     """
 
     owns_commit_point = False
+    writes_visible_before_commit = True  # replay-safe upserts, committed as they go
     xa = False  # one XA branch per Spark task, prepared, committed after the commit point
 
     def __init__(self, spec: MySqlUpsertSink, connect_kwargs: Mapping[str, Any],
@@ -404,6 +405,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
     """XA: one branch per Spark task, prepared, committed only after the store's commit point."""
 
     xa = True
+    writes_visible_before_commit = False  # prepared branches: nothing visible before finalize
 
     def _check_server(self, conn: pymysql.connections.Connection, flavor: str, version: tuple[int, int, int]) -> None:
         if not keeps_prepared_xa(flavor, version):

@@ -83,6 +83,11 @@ class SparkBatchEngine:
     connect_early: bool = False
     _job_tag: str | None = field(default=None, init=False)
     _spark: Any = field(default=None, init=False)
+    # A one-pass batch (_write_then_validate): every parsed record, its good ones as the sink sees them, and
+    # (records, bad) as the partition writers counted them.
+    _unfiltered: Any = field(default=None, init=False)
+    _good: Any = field(default=None, init=False)
+    _counted: tuple[int, int] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.transform = resolve_transform(self.transform)
@@ -162,33 +167,73 @@ class SparkBatchEngine:
     # ------------------------------------------------------------------ execute
 
     def execute(self, batch: BatchContext, sink: Sink) -> ExecutionResult:
-        from pyspark.sql import functions as F
-
         spark = self._spark = self.session_factory()
         self._job_tag = f"airflow_eo-{batch.pipeline_id}-{batch.batch_id}-{batch.epoch}".replace(" ", "_")
         spark.addTag(self._job_tag)
-        seconds: dict[str, float] = {}
         try:
-            t0 = time.monotonic()
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
-            parsed = parsed.persist()
-            counts = {row["bad"]: row["n"] for row in
-                      parsed.groupBy(F.col("_eo_error").isNotNull().alias("bad")).agg(F.count("*").alias("n")).collect()}
-            records_in, bad = counts.get(False, 0) + counts.get(True, 0), counts.get(True, 0)
-            dead_letters = self._bad_records(parsed, bad) if bad else []
-            good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *METADATA_COLUMNS)
-            out = self._apply_transform(spark, good, batch)
-            seconds["read_transform"] = round(time.monotonic() - t0, 3)
-
-            t1 = time.monotonic()
-            written = sink.write(out, batch, self)
-            xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
-            seconds["write"] = round(time.monotonic() - t1, 3)
-            parsed.unpersist()
-            return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
-                                   xids=xids, seconds=seconds)
+            # One pass when the bad records can ride along to the partition writers (no transform in between)
+            # and finding one after the write still commits nothing: the sink's writes stay invisible until the
+            # commit point, or bad records are not fatal (dead letters).
+            if self.transform is None and (not sink.writes_visible_before_commit
+                                           or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER):
+                return self._write_then_validate(parsed, payload, batch, sink)
+            return self._validate_then_write(spark, parsed, payload, batch, sink)
         finally:
             spark.removeTag(self._job_tag)
+
+    def _validate_then_write(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                             sink: Sink) -> ExecutionResult:
+        """Two passes: count the bad records first (the parsed rows cached), then transform and write."""
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        parsed = parsed.persist()
+        counts = {row["bad"]: row["n"] for row in
+                  parsed.groupBy(F.col("_eo_error").isNotNull().alias("bad")).agg(F.count("*").alias("n")).collect()}
+        records_in, bad = counts.get(False, 0) + counts.get(True, 0), counts.get(True, 0)
+        dead_letters = self._bad_records(parsed, bad) if bad else []
+        good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *METADATA_COLUMNS)
+        out = self._apply_transform(spark, good, batch)
+        seconds = {"read_transform": round(time.monotonic() - t0, 3)}
+        t1 = time.monotonic()
+        written = sink.write(out, batch, self)
+        xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
+        seconds["write"] = round(time.monotonic() - t1, 3)
+        parsed.unpersist()
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
+                               xids=xids, seconds=seconds)
+
+    def _write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                             sink: Sink) -> ExecutionResult:
+        """One pass: every parsed record goes to the partition writers, which write the good ones and count the
+        bad ones (:meth:`run_partitions`); the bad records are read again only when there are some.
+
+        Under ``on_bad_record="fail"`` a bad record raises after the write and before the commit point: the
+        attempt's ``discard`` rolls back what was written (prepared branches, an open Kafka transaction).
+        """
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        self._unfiltered = parsed.select(*payload, "_eo_error")
+        self._good = out = self._unfiltered.where(F.col("_eo_error").isNull()).drop("_eo_error")
+        self._counted = None
+        try:
+            written = sink.write(out, batch, self)
+            counted = self._counted
+        finally:
+            self._unfiltered = self._good = self._counted = None
+        seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
+        t1 = time.monotonic()
+        if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
+            row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
+            counted = int(row["records"]), int(row["bad"])
+        records_in, bad = counted
+        dead_letters = self._bad_records(parsed, bad) if bad else []  # fail: raises, and the attempt discards
+        xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
+        seconds["dead_letters"] = round(time.monotonic() - t1, 3)
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
+                               xids=xids, seconds=seconds)
 
     def _bad_records(self, parsed: DataFrame, bad: int) -> list[DeadLetter]:
         from pyspark.sql import functions as F
@@ -220,25 +265,50 @@ class SparkBatchEngine:
         return self.transform(good, batch)
 
     def run_partitions(self, out: DataFrame, writer: PartitionWriter) -> WriteResult:
-        """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows)."""
+        """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows).
+
+        When ``out`` is the good records of a one-pass batch (:meth:`_write_then_validate`), the tasks get every
+        record, hand the good ones to ``writer`` and count the bad ones, in the same job.
+        """
         from pyspark import TaskContext
 
+        counting = self._good is not None and out is self._good
+        source = self._unfiltered if counting else out
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks.
-        keyed = out.repartition(partitions, *writer.key_columns)
+        keyed = source.repartition(partitions, *writer.key_columns)
 
         def write_partition(batches: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
+            import pyarrow.compute as pc
 
             ctx = TaskContext.get()
             assert ctx is not None, "mapInArrow runs this inside a Spark task"
-            xid, rows = writer(batches, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            seen = {"records": 0, "bad": 0}
+
+            def good_batches() -> Iterator[Any]:
+                for batch in batches:
+                    if counting:
+                        bad = pc.is_valid(batch.column(batch.schema.get_field_index("_eo_error")))
+                        seen["records"] += batch.num_rows
+                        seen["bad"] += pc.sum(bad).as_py() or 0
+                        batch = batch.filter(pc.invert(bad)).drop_columns(["_eo_error"])
+                    yield batch
+
+            rows_in = good_batches()
+            xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            for _ in rows_in:  # a writer that stopped early: the rest of the partition is still counted
+                pass
             if xid and fault_requested(TASK_FAILURE) and first_failure(f"{xid.split('/')[0]}-{ctx.partitionId()}"):
                 raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
-            yield pa.RecordBatch.from_pydict({"xid": [xid], "rows": [rows]},
-                                             schema=pa.schema([("xid", pa.string()), ("rows", pa.int64())]))
+            yield pa.RecordBatch.from_pydict(
+                {"xid": [xid], "rows": [rows], "records": [seen["records"]], "bad": [seen["bad"]]},
+                schema=pa.schema([("xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),
+                                  ("bad", pa.int64())]))
 
-        reports = keyed.mapInArrow(write_partition, "xid string, rows long").collect()
+        reports = keyed.mapInArrow(write_partition, "xid string, rows long, records long, bad long").collect()
+        if counting:
+            self._counted = sum(r["records"] for r in reports), sum(r["bad"] for r in reports)
         return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports))
 
     def cancel(self) -> None:

@@ -273,6 +273,9 @@ class Sink(Protocol):
     #: True when the sink's own commit is the commit point (Kafka transactions carry the
     #: offsets); the store then mirrors it. False: the store's commit is the commit point.
     owns_commit_point: bool
+    #: True when readers see what ``write`` wrote before the commit point (the upsert sink: replay-safe
+    #: upserts). The engine then finds bad records before it writes, when they must fail the batch.
+    writes_visible_before_commit: bool
 
     def check(self) -> None:
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""

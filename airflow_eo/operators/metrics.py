@@ -6,7 +6,8 @@ Every metric is tagged ``pipeline_id`` (backends without tags drop them):
 - ``airflow_eo.batch.committed``: a counter, +1 per batch committed or replayed;
 - ``airflow_eo.lag``: a gauge, the offsets left to process right after the commit (continuous mode);
 - ``airflow_eo.batch.seconds.<phase>``: timers per phase of the batch (``plan``, ``read_transform``,
-  ``write``, ``execute``, ``commit``, ``finalize``).
+  ``write``, ``dead_letters``, ``execute``, ``commit``, ``finalize``); a batch read, parsed and written in one
+  Spark job has no ``read_transform``: its ``write`` holds all three.
 
 A run that had already committed (a clear) did nothing and emits nothing.
 """

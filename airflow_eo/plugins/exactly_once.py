@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 URL_PREFIX = "/exactly-once"
 TAB_ROUTE = "exactly-once"
 # The phases of a batch as the protocol times them (BatchSummary.seconds), in the order they run; "execute"
-# holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting).
+# holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting,
+# dead letters). A one-pass batch has no read_transform: its write is the whole Spark job.
 PHASES = ("plan", "read_transform", "write", "spark_other", "commit", "finalize")
 PHASE_COLOURS = ("#9e9e9e", "#42a5f5", "#66bb6a", "#80deea", "#ffa726", "#ab47bc")
 

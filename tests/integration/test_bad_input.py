@@ -10,9 +10,10 @@ from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
 from airflow_eo.examples.page_views import produce_page_views
-from airflow_eo.sinks import MySqlUpsertSink
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from tests.conftest import create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
+from tests.integration.page_views import our_prepared_branches
 
 BAD_VALUES = [
     b"{not json",
@@ -47,6 +48,38 @@ def test_dead_letters_land_with_the_good_records_in_the_same_batch(bootstrap, my
     assert {d[1] for d in dead} == {summary["batch_id"]}
     assert [bytes(d[2]) for d in dead] == BAD_VALUES
     assert "malformed" in dead[0][3] and "event_id" in dead[1][3] and "'ts' is not a valid timestamp" in dead[2][3]
+
+
+def test_a_bad_record_found_while_the_xa_sink_writes_still_commits_nothing(bootstrap, mysql_kwargs, topic_name):
+    """The XA sink writes and counts bad records in one Spark job (writes stay prepared until the commit point):
+    a bad record fails the batch after the write, and its prepared branches are rolled back."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES[:1])
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, MySqlXaSink(table=table, key_columns=["event_id"]))
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*malformed JSON.*Nothing was committed"):
+        run(op)
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+    assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+    assert rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_offset WHERE pipeline_id = %s", (op.pipeline_id,))[0][0] == 0
+    assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (op.pipeline_id,)) == [("planned",)]
+
+
+@pytest.mark.parametrize("sink_class", [MySqlXaSink, MySqlUpsertSink])
+def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, bootstrap, mysql_kwargs, topic_name):
+    create_topic(bootstrap, topic_name, 3)
+    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES * 2)
+    table = events_table(mysql_kwargs)
+    op = operator(topic_name, sink_class(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
+    summary = run(op)
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (306, 300, 6)
+    assert "write" in summary["seconds"] and "read_transform" not in summary["seconds"]  # one Spark job
+    assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
+    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s",
+                (op.pipeline_id,))
+    assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 2)
+    assert {d[1] for d in dead} == {summary["batch_id"]}
+    assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
 
 
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
