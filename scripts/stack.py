@@ -1,6 +1,8 @@
 """Local stack for airflow_eo: a single-node Kafka (KRaft) and a MariaDB, on loopback.
 
-Usage: ``python scripts/stack.py up|down|status``.
+Usage: ``python scripts/stack.py up|down|status``; for fault tests ``kill mariadb|kafka`` (SIGKILL,
+as a crash would), ``restart mariadb|kafka`` (SIGKILL, then start it again on the same data) and
+``second-mariadb up|down`` (another MariaDB server on the next port, for a store and a sink on two servers).
 
 Everything the stack writes lives under ``.stack/`` in the repo (ignored by git);
 downloaded artifacts (Kafka's jars) are cached under ``~/.cache/airflow-eo`` so a
@@ -59,13 +61,35 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def running(pid: int) -> bool:
+    """True while any thread of ``pid`` runs. A killed server its parent has not reaped yet (a zombie)
+    does not; its main thread turns zombie before the others are gone and its sockets closed."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (not Linux): ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
 def pid_alive(pid_file: Path) -> int | None:
     try:
         pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError):
+    except (FileNotFoundError, ValueError):
         return None
+    return pid if running(pid) else None
 
 
 def wait_for(what: str, check, timeout: float, log: Path) -> None:
@@ -117,6 +141,11 @@ def kafka_up() -> str:
     if bootstrap:
         print(f"stack: using your Kafka at {bootstrap} (EO_KAFKA_BOOTSTRAP)")
         return bootstrap
+    return local_kafka_up()
+
+
+def local_kafka_up() -> str:
+    """Start (or find running) the stack's own broker (``.stack/kafka``)."""
     home = STACK / "kafka"
     pid_file, log = home / "kafka.pid", home / "stdout.log"
     bootstrap = f"127.0.0.1:{KAFKA_PORT}"
@@ -218,22 +247,25 @@ def mysql_ready(settings: dict) -> bool:
         return False
 
 
-def mariadb_up() -> dict:
-    settings = mysql_settings()
+def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
+    """Start (or find running) the MariaDB server of ``home`` on ``port`` (default: the stack's)."""
+    settings = mysql_settings() if home is None else {
+        "host": "127.0.0.1", "port": port, "user": DB_USER, "password": DB_PASSWORD, "database": DB_NAME,
+        "external": False}
     if settings["external"]:
         print(f"stack: using your MySQL at {settings['host']}:{settings['port']} (EO_MYSQL_HOST)")
         if not mysql_ready(settings):
             die(f"cannot connect to MySQL at {settings['host']}:{settings['port']} as "
                 f"{settings['user']} (database {settings['database']}); check EO_MYSQL_* settings")
         return settings
-    home = STACK / "mariadb"
+    home = home or STACK / "mariadb"
     pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
     if pid_alive(pid_file):
         wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
-        print(f"stack: MariaDB already running at 127.0.0.1:{MARIADB_PORT}")
+        print(f"stack: MariaDB already running at 127.0.0.1:{port}")
         return settings
-    if port_open(MARIADB_PORT):
-        die(f"port {MARIADB_PORT} is taken by another process; set EO_STACK_MYSQL_PORT, "
+    if port_open(port):
+        die(f"port {port} is taken by another process; set EO_STACK_MYSQL_PORT, "
             "or EO_MYSQL_HOST to use that server")
     apt_hint = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
     mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
@@ -249,12 +281,13 @@ def mariadb_up() -> dict:
              "--skip-test-db"],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-    spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={MARIADB_PORT}",
+    spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
            "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
            "--user=root", "--innodb-buffer-pool-size=256M", "--max-connections=500",
            "--innodb-lock-wait-timeout=20", "--skip-name-resolve"],
           home / "stdout.log", pid_file)
-    wait_for("MariaDB socket", sock.exists, 60, log)
+    # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
+    wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
     if fresh:
         mariadb = require("mariadb", apt_hint)
         sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
@@ -269,7 +302,7 @@ def mariadb_up() -> dict:
                 die(f"could not create database {DB_NAME}; see {log}")
             time.sleep(0.5)
     wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
-    print(f"stack: MariaDB ready at 127.0.0.1:{MARIADB_PORT} (database {DB_NAME})")
+    print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
     return settings
 
 
@@ -349,17 +382,73 @@ def stop(name: str, pid_file: Path) -> None:
 def down() -> None:
     stop("Kafka", STACK / "kafka" / "kafka.pid")
     stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
+    stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
 
 
 def status() -> None:
     for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
-                           ("MariaDB", STACK / "mariadb" / "mariadb.pid")):
+                           ("MariaDB", STACK / "mariadb" / "mariadb.pid"),
+                           ("second MariaDB", SECOND_MARIADB / "mariadb.pid")):
         pid = pid_alive(pid_file)
         print(f"{name}: {f'running (pid {pid})' if pid else 'stopped'}")
 
 
+# --------------------------------------------------------------------------- faults (tests)
+
+SECOND_MARIADB = STACK / "mariadb-2"
+SECOND_MARIADB_PORT = MARIADB_PORT + 1
+PID_FILES = {"mariadb": STACK / "mariadb" / "mariadb.pid", "kafka": STACK / "kafka" / "kafka.pid"}
+
+
+def kill(service: str) -> int:
+    """SIGKILL the service's process group, as a crash of its machine would: no shutdown, no flush.
+
+    Returns the killed pid; waits until it is gone (its ports and files are free for a restart).
+    """
+    pid = pid_alive(PID_FILES[service])
+    if not pid:
+        die(f"{service} is not running (no live pid in {PID_FILES[service]})")
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running(pid):
+        time.sleep(0.05)
+    return pid
+
+
+def start(service: str) -> None:
+    """Start a killed service again on its data (crash recovery: InnoDB's redo log, Kafka's log
+    recovery); returns once it answers."""
+    if service == "mariadb":
+        mariadb_up(STACK / "mariadb", MARIADB_PORT)
+    else:
+        local_kafka_up()
+
+
+def restart(service: str) -> None:
+    if pid_alive(PID_FILES[service]):
+        kill(service)
+    start(service)
+
+
+def second_mariadb_up() -> dict:
+    """A second MariaDB server (``.stack/mariadb-2``, next port): store and sink on two servers."""
+    return mariadb_up(SECOND_MARIADB, SECOND_MARIADB_PORT)
+
+
+def second_mariadb_down() -> None:
+    stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
+
+
 if __name__ == "__main__":
     commands = {"up": up, "down": down, "status": status}
-    if len(sys.argv) != 2 or sys.argv[1] not in commands:
-        die("usage: stack.py up|down|status")
-    commands[sys.argv[1]]()
+    services = ("mariadb", "kafka")
+    args = sys.argv[1:]
+    if len(args) == 1 and args[0] in commands:
+        commands[args[0]]()
+    elif len(args) == 2 and args[0] in ("kill", "restart") and args[1] in services:
+        (kill if args[0] == "kill" else restart)(args[1])
+        print(f"stack: {args[1]} {args[0]}ed")
+    elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
+        second_mariadb_up() if args[1] == "up" else second_mariadb_down()
+    else:
+        die("usage: stack.py up|down|status | kill|restart mariadb|kafka | second-mariadb up|down")

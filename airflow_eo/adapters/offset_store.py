@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -30,6 +30,7 @@ from airflow_eo.core.errors import (
     PipelineConflictError,
     UnknownPipelineError,
 )
+from airflow_eo.core.faults import crash_if
 from airflow_eo.core.identifiers import quote_identifier
 from airflow_eo.core.operations import AuditEntry, BatchInfo, PipelineInfo, RewindPlan
 from airflow_eo.core.planning import Interval
@@ -190,7 +191,10 @@ class MySqlOffsetStore:
                 yield cur
             conn.commit()
         except BaseException:
-            conn.rollback()
+            # Best effort: on a lost connection (the server crashed) the server rolls back by itself,
+            # and a failing ROLLBACK must not hide the error that says what happened.
+            with suppress(pymysql.err.MySQLError):
+                conn.rollback()
             raise
         finally:
             conn.close()
@@ -424,6 +428,7 @@ class MySqlOffsetStore:
                 "dead_letters = %s, summary = %s",
                 (summary.records_in, summary.rows_out, summary.dead_letters, json.dumps(summary.to_dict())),
             )
+            crash_if("in_store_commit")
 
 
     def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:

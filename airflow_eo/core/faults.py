@@ -2,7 +2,9 @@
 
 When ``AIRFLOW_EO_FAULT`` names one of ``POINTS``, the process is killed with SIGKILL
 there (not an exception: nothing gets to clean up), exactly as a machine or OOM kill would.
-Production runs never set the variable.
+With ``AIRFLOW_EO_FAULT_KILL`` naming a pid file, the process in it is killed there instead, once
+(the database or the broker crashing at that step), and the attempt carries on into the dead service.
+Production runs never set the variables.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import time
 
 FAULT_ENV = "AIRFLOW_EO_FAULT"
 FAULT_DIR_ENV = "AIRFLOW_EO_FAULT_DIR"  # where faults that fire once keep their markers
+FAULT_KILL_ENV = "AIRFLOW_EO_FAULT_KILL"  # pid file of the process to kill at the point instead of ours
 
 POINTS = (
     "after_plan",  # batch row written, no data read
     "during_write",  # executors are writing (killed from inside a Spark task)
     "after_prepare",  # XA branches prepared and recorded, before the commit point
+    "in_store_commit",  # inside the store's commit transaction, before its COMMIT
     "after_commit_point",  # store committed, before XA COMMIT
     "between_xa_commits",  # one XA branch committed, others not
     # Kafka transactional sink
@@ -43,9 +47,40 @@ def fault_requested(point: str) -> bool:
 
 
 def crash_if(point: str, pid: int | None = None) -> None:
-    """SIGKILL ``pid`` (default: this process) if the fault ``point`` is requested."""
-    if fault_requested(point):
+    """SIGKILL ``pid`` (default: this process) if the fault ``point`` is requested; with
+    ``AIRFLOW_EO_FAULT_KILL`` set, SIGKILL the process of that pid file instead, the first time."""
+    if not fault_requested(point):
+        return
+    target = os.environ.get(FAULT_KILL_ENV)
+    if not target:
         os.kill(pid or os.getpid(), signal.SIGKILL)
+    elif first_failure(f"kill-{point}"):
+        kill_and_wait(int(open(target).read().strip()))
+
+
+def kill_and_wait(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL ``pid`` and wait until it is gone: its connections are closed when this returns."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and running(pid):
+        time.sleep(0.02)
+
+
+def running(pid: int) -> bool:
+    """True while any thread of ``pid`` runs. A killed process its parent has not reaped yet (a zombie)
+    does not; its main thread turns zombie before the others are gone and its sockets closed."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def fault_dir() -> str:
@@ -55,7 +90,7 @@ def fault_dir() -> str:
 def executor_env() -> dict[str, str]:
     """The requested fault as Spark conf for the executors (a cluster's executors do not inherit
     the driver's environment). Empty in production."""
-    return {f"spark.executorEnv.{name}": os.environ[name] for name in (FAULT_ENV, FAULT_DIR_ENV)
+    return {f"spark.executorEnv.{name}": os.environ[name] for name in (FAULT_ENV, FAULT_DIR_ENV, FAULT_KILL_ENV)
             if name in os.environ}
 
 

@@ -491,13 +491,14 @@ class Attempt:
                     sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
                 storing = True
                 store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point
-        except BaseException:
+        except BaseException as exc:
             # Best effort, and only what this attempt made (a newer attempt's branches are not ours
             # to touch); the next attempt's recovery resolves whatever is left. Not once the store's
             # commit was called: an error there (a lost acknowledgement) may follow a commit that took
             # effect, and rolling back the branches of a committed batch would lose it.
             if not storing:
                 sink.discard(context, result.xids)
+            _explain(exc, batch, "at its commit point" if storing else "before its commit point")
             raise
         committed_at = time.monotonic()
         log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,
@@ -506,9 +507,31 @@ class Attempt:
         crash_if("after_commit_point")
 
         # 6. Finalize the sink; a crash here is finished by the next attempt's recovery.
-        sink.finalize(batch, result.xids)
+        try:
+            sink.finalize(batch, result.xids)
+        except Exception as exc:
+            _explain(exc, batch, "after its commit point")
+            raise
         return replace(summary, seconds={**summary.seconds, "commit": round(committed_at - executed, 3),
                                          "finalize": round(time.monotonic() - committed_at, 3)})
+
+
+_NEXT = {
+    "before its commit point": "nothing of it is committed; the next attempt (a retry, or the next run) "
+                               "runs the same ranges again",
+    "at its commit point": "whether the commit took effect is unknown (the acknowledgement was lost); the next "
+                           "attempt's recovery reads the offset store and either finishes the batch or runs it again",
+    "after its commit point": "it is committed; the next attempt's recovery finishes the sink's commit (XA COMMIT "
+                              "of the batch's prepared branches), nothing is read or written twice",
+}
+
+
+def _explain(exc: BaseException, batch: BatchRecord, where: str) -> None:
+    """Say on the error (a note in its traceback, its type unchanged) where the batch stands and what the
+    next attempt does: the message of a lost database or broker names only the lost connection."""
+    if isinstance(exc, Exception) and hasattr(exc, "add_note"):  # notes: Python >= 3.11
+        exc.add_note(f"airflow_eo: batch {batch.batch_id} of pipeline {batch.pipeline_id!r} failed {where}: "
+                     f"{_NEXT[where]}.")
 
 
 def _range_dict(r: OffsetRange) -> dict[str, Any]:

@@ -8,11 +8,15 @@ from airflow.sdk import BaseHook
 
 from airflow_eo.adapters.offset_store import MySqlOffsetStore
 
+# Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
+# (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.
+TIMEOUTS = {"connect_timeout": 10, "read_timeout": 600, "write_timeout": 600}
 
 class EoMySqlHook(BaseHook):
     """Reads an Airflow ``mysql`` connection into pymysql arguments (the password never reaches logs).
 
-    :param mysql_conn_id: the connection id (default ``mysql_default``).
+    :param mysql_conn_id: the connection id (default ``mysql_default``). Its extra may set
+        ``connect_timeout``, ``read_timeout`` and ``write_timeout`` (seconds, see ``TIMEOUTS``).
     """
 
     conn_name_attr = "mysql_conn_id"
@@ -32,9 +36,12 @@ class EoMySqlHook(BaseHook):
             "user": conn.login or "",
             "password": conn.password or "",
             "database": conn.schema or None,
-            "connect_timeout": 10,
         }
         extra = conn.extra_dejson
+        # A server that stops answering (a crash that leaves the socket open, a network partition)
+        # fails the attempt after these seconds instead of hanging it; the next attempt recovers.
+        for name, default in TIMEOUTS.items():
+            kwargs[name] = int(extra.get(name, default))
         if extra.get("ssl"):
             kwargs["ssl"] = extra["ssl"]
         return kwargs
