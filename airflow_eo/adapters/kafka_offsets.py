@@ -2,16 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
-from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.errors import ConfigurationError, UnavailableError
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
 
 TIMEOUT_S = 30.0
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# What a broker that restarts or moves a partition's leadership answers for a while: asked again.
+TRANSIENT = {KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
+             KafkaError.LEADER_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT,
+             KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+             KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+             KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD}
+
+
+def transient(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in TRANSIENT)
+
+
+def retry_transient(what: str, call: Callable[[], T], timeout_s: float = TIMEOUT_S) -> T:
+    """``call()``, asked again while the broker answers with a transient error, for up to ``timeout_s``.
+
+    A broker that stays down fails with :class:`UnavailableError` (the next attempt retries); any other
+    Kafka error (a missing topic, no permission) with :class:`ConfigurationError`, at once.
+    """
+    deadline, delay = time.monotonic() + timeout_s, 0.2
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not transient(exc):
+                raise ConfigurationError(f"{what} failed: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"{what} failed for {timeout_s:.0f}s: {exc}; the broker is down or a "
+                                       "partition has no leader. Nothing was read or committed; the next attempt "
+                                       "retries") from exc
+            log.info("%s: %s, asking again", what, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def parse_starting_offsets(value: str | int) -> str | int:
@@ -38,7 +75,15 @@ class KafkaOffsetSource:
         self._admin = AdminClient(self.config)
 
     def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
-        metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+        def look_up() -> Any:
+            metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+            for topic in topics:  # a topic without a leader (a broker restarting) is asked again
+                info = metadata.topics.get(topic)
+                if info is not None and info.error is not None and transient(KafkaException(info.error)):
+                    raise KafkaException(info.error)
+            return metadata
+
+        metadata = retry_transient("Kafka metadata look-up", look_up)
         found: list[TopicPartition] = []
         for topic in topics:
             info = metadata.topics.get(topic)
@@ -54,11 +99,11 @@ class KafkaOffsetSource:
                       isolation_level: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
         if not specs:
             return {}
-        futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=TIMEOUT_S)
-        try:
+        def look_up() -> dict[tuple[str, int], int]:
+            futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=TIMEOUT_S)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise ConfigurationError(f"Kafka offsets look-up failed: {exc}") from exc
+
+        return retry_transient("Kafka offsets look-up", look_up)
 
     def earliest(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
         return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps})
@@ -73,13 +118,13 @@ class KafkaOffsetSource:
 
     def uses_log_append_time(self, topics: Sequence[str]) -> dict[str, bool]:
         """Whether each topic's records carry the broker's append time (``message.timestamp.type``)."""
-        futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in set(topics)],
-                                               request_timeout=TIMEOUT_S)
-        try:
+        def look_up() -> dict[str, bool]:
+            futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in set(topics)],
+                                                   request_timeout=TIMEOUT_S)
             return {resource.name: future.result()["message.timestamp.type"].value == "LogAppendTime"
                     for resource, future in futures.items()}
-        except KafkaException as exc:
-            raise ConfigurationError(f"Kafka topic configuration look-up failed: {exc}") from exc
+
+        return retry_transient("Kafka topic configuration look-up", look_up)
 
     def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int]:
         """First offset whose timestamp is >= ``timestamp_ms``; the end offset when there is none."""

@@ -23,6 +23,11 @@ class DataLossError(AirflowEoError):
     """Records to process were deleted by retention before they were read."""
 
 
+class UnavailableError(AirflowEoError):
+    """A database or broker stayed unreachable (or leaderless) past its time limit; nothing was changed
+    by the failing call, and the next attempt retries."""
+
+
 class BadRecordError(AirflowEoError):
     """A record could not be parsed and ``on_bad_record='fail'``."""
 

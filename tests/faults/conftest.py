@@ -8,6 +8,8 @@ from wherever the step runs: the driver, or a Python worker of a Spark task.
 from __future__ import annotations
 
 import importlib.util
+import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,8 +19,13 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.faults import FAULT_DIR_ENV, FAULT_ENV, FAULT_KILL_ENV, running
+from airflow_eo.core.xid import pipeline_key
+from airflow_eo.examples import page_views
 from airflow_eo.hooks.spark import SparkSessionHook
+from tests.integration.operator_harness import rows
+from tests.integration.page_views import assert_contiguous
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +56,37 @@ def second_mariadb(stack: ModuleType) -> Iterator[dict[str, Any]]:
     yield settings
     if started:
         stack.second_mariadb_down()
+
+
+def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
+    return rows(store_kwargs, sql, args)
+
+
+def prepared(sink_kwargs: dict[str, Any], pipeline: str) -> list[str]:
+    import pymysql
+
+    conn = pymysql.connect(**sink_kwargs, autocommit=True)
+    try:
+        return [x.encode() for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline)]
+    finally:
+        conn.close()
+
+
+def check_end_state(kind: str, table: str, pipeline: str, bootstrap: str, topic: str,
+                    sink_kwargs: dict[str, Any], store_kwargs: dict[str, Any]) -> None:
+    pv_per_app, event_ids, end_offsets = page_views.ground_truth(bootstrap, topic)
+    if kind == "xa":
+        assert dict(rows(sink_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_per_app, "counts differ from the topic"
+    else:
+        assert {r[0] for r in rows(sink_kwargs, f"SELECT event_id FROM {table}")} == event_ids
+    assert prepared(sink_kwargs, pipeline) == [], "prepared XA branches were left behind"
+    offsets = dict(store_rows(store_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
+                              (pipeline,)))
+    assert offsets == end_offsets, "committed offsets are not at the end of the topic"
+    batches = [{"batch_id": b, "state": s, "ranges": json.loads(r)} for b, s, r in store_rows(
+        store_kwargs, "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
+        (pipeline,))]
+    assert_contiguous(batches)
 
 
 class Faults:
@@ -98,3 +136,36 @@ def servers_back_up(stack: ModuleType) -> Iterator[None]:
     for service, pid_file in stack.PID_FILES.items():
         if not stack.pid_alive(pid_file):
             stack.start(service)
+
+
+class Supervisor:
+    """Starts a killed service again as soon as it is gone, as systemd or Kubernetes would, while the
+    batch goes on: the attempt meets a broker that is down for the seconds its restart takes."""
+
+    def __init__(self, stack: ModuleType, service: str) -> None:
+        self.stack, self.service = stack, service
+        self.restarts = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"supervise-{service}", daemon=True)
+
+    def _watch(self) -> None:
+        pid_file = self.stack.PID_FILES[self.service]
+        while not self._stop.is_set():
+            if not self.stack.pid_alive(pid_file):
+                try:
+                    self.stack.start(self.service)
+                    self.restarts += 1
+                except BaseException as exc:  # SystemExit from the stack's die(): reported by stop()
+                    self.errors.append(exc)
+                    return
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+        assert not self.errors, f"restarting {self.service} failed: {self.errors!r}"

@@ -15,19 +15,15 @@ import time
 import uuid
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
-from airflow_eo.adapters.mysql_sink import xa_recover
-from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from tests.conftest import create_topic
-from tests.faults.conftest import Faults, gone
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
-from tests.integration.page_views import assert_contiguous
+from tests.faults.conftest import Faults, check_end_state, gone, store_rows
+from tests.integration.operator_harness import counts_table, events_table, operator, run
 
 XA_STEPS = ["during_write", "in_store_commit", "after_prepare", "after_commit_point"]
 UPSERT_STEPS = ["during_write", "in_store_commit", "after_commit_point"]
@@ -35,39 +31,6 @@ UPSERT_STEPS = ["during_write", "in_store_commit", "after_commit_point"]
 DATABASE_LOST = re.compile(r"Lost connection to (MySQL|server)|Can't connect to (MySQL|server)|gone away|"
                            r"Connection refused|\(2013|\(2003|\(2006")
 ATTEMPT_SECONDS = 90  # far below any hang: connect_timeout is 10 s and the kernel closes a dead server's sockets
-
-
-def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
-    return rows(store_kwargs, sql, args)
-
-
-def prepared(sink_kwargs: dict[str, Any], pipeline: str) -> list[str]:
-    import pymysql
-
-    conn = pymysql.connect(**sink_kwargs, autocommit=True)
-    try:
-        return [x.encode() for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline)]
-    finally:
-        conn.close()
-
-
-def check_end_state(kind: str, table: str, pipeline: str, bootstrap: str, topic: str,
-                    sink_kwargs: dict[str, Any], store_kwargs: dict[str, Any]) -> None:
-    pv_per_app, event_ids, end_offsets = page_views.ground_truth(bootstrap, topic)
-    if kind == "xa":
-        assert dict(rows(sink_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_per_app, "counts differ from the topic"
-    else:
-        assert {r[0] for r in rows(sink_kwargs, f"SELECT event_id FROM {table}")} == event_ids
-    assert prepared(sink_kwargs, pipeline) == [], "prepared XA branches were left behind"
-    offsets = dict(store_rows(store_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
-                              (pipeline,)))
-    assert offsets == end_offsets, "committed offsets are not at the end of the topic"
-    import json
-
-    batches = [{"batch_id": b, "state": s, "ranges": json.loads(r)} for b, s, r in store_rows(
-        store_kwargs, "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
-        (pipeline,))]
-    assert_contiguous(batches)
 
 
 @pytest.mark.parametrize("layout", ["one_server", "two_servers"])
