@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eo.core.config import SinkRecord, UpdateMode, choice
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import quote_table, validate_identifier
+from airflow_eo.core.identifiers import quote_table, validate_identifier, validate_topic
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -205,6 +205,7 @@ class KafkaTransactionalSink(SinkSpec):
     def __post_init__(self) -> None:
         if not self.topic or not isinstance(self.topic, str):
             raise ConfigurationError("KafkaTransactionalSink: topic must name the output topic")
+        validate_topic(self.topic, "KafkaTransactionalSink: output topic")
         for column in (self.key_column, self.value_column):
             validate_identifier(column, "column name")
         if not 1_000 <= self.transaction_timeout_ms <= 3_600_000:

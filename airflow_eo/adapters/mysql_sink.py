@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 ER_XAER_NOTA = 1397  # unknown xid: already committed / rolled back
 ER_SPECIFIC_ACCESS_DENIED = 1227
 ER_NO_SUCH_TABLE = 1146
+# Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
+STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 
 
 def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True) -> pymysql.connections.Connection:
@@ -176,30 +178,36 @@ class PartitionWriter:
                                     self.rows_per_statement, self.row_alias)
         written = 0
         chunk: list[tuple] = []
+        chunk_bytes = 0
         with conn.cursor() as cur:
             hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
             kill_executor_if_requested()  # ... or lost mid-write
             if self.fence is not None:
                 self.fence.check(cur, "LOCK IN SHARE MODE")
-            for row in rows:
-                chunk.append(row)
-                if len(chunk) == self.rows_per_statement:
-                    cur.execute(full_sql, [v for r in chunk for v in r])
-                    written += len(chunk)
-                    chunk.clear()
-                    if not self.xa:
-                        conn.commit()
-                    crash_if("during_write", self.driver_pid)
-                    if self.fence is not None:
-                        self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
-            if chunk:
-                sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates, len(chunk),
-                                       self.row_alias)
+
+            def flush(last: bool) -> None:
+                nonlocal written, chunk_bytes
+                sql = full_sql if len(chunk) == self.rows_per_statement else upsert_statement(
+                    self.table, self.columns, self.key_columns, self.updates, len(chunk), self.row_alias)
                 cur.execute(sql, [v for r in chunk for v in r])
                 written += len(chunk)
+                chunk.clear()
+                chunk_bytes = 0
                 if not self.xa:
                     conn.commit()
                 crash_if("during_write", self.driver_pid)
+                if self.fence is not None and not last:
+                    self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
+
+            for row in rows:
+                chunk.append(row)
+                chunk_bytes += sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in row)
+                # Big records make fewer rows per statement: one statement stays far below the server's
+                # max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8) whatever the records' size.
+                if len(chunk) == self.rows_per_statement or chunk_bytes >= STATEMENT_MAX_CHARS:
+                    flush(last=False)
+            if chunk:
+                flush(last=True)
         return written
 
 

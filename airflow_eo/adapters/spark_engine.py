@@ -131,6 +131,8 @@ class SparkBatchEngine:
             if self.parse.value_format is ValueFormat.STRING:
                 value = value.cast("string")
             error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
+            if self.parse.value_format is ValueFormat.STRING:
+                error = error.when(~F.is_valid_utf8(value), F.lit("value is not valid UTF-8"))
             columns: list[Column | str] = [value.alias("value"), *METADATA_COLUMNS, "kafka_value",
                                            error.alias("_eo_error")]
             return raw.select(*columns), ["value"]
@@ -147,7 +149,9 @@ class SparkBatchEngine:
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
         df = raw.withColumn("_eo_parsed", F.from_json(text, parse_schema, options)) \
                 .withColumn("_eo_text", F.from_json(text, as_text, options))
+        # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
         error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).when(
+            ~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")).when(
             F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull(), F.lit("malformed JSON"))
         typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
         for f in declared.fields:

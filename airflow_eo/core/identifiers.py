@@ -6,11 +6,12 @@ import re
 
 from airflow_eo.core.errors import ConfigurationError
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # fullmatch: "$" would let "name\n" through
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
 
 
 def validate_identifier(name: str, what: str = "identifier") -> str:
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise ConfigurationError(
             f"invalid {what} {name!r}: use letters, digits and underscores "
             "(starting with a letter or underscore, at most 64 characters)"
@@ -28,3 +29,12 @@ def quote_table(name: str) -> str:
     if len(parts) > 2:
         raise ConfigurationError(f"invalid table name {name!r}: use 'table' or 'database.table'")
     return ".".join(quote_identifier(p, "table name") for p in parts)
+
+
+def validate_topic(name: str, what: str = "Kafka topic") -> str:
+    """A legal Kafka topic name (Kafka refuses others: better at parse time than at the first run)."""
+    if not isinstance(name, str) or not _TOPIC.fullmatch(name) or name in (".", ".."):
+        raise ConfigurationError(
+            f"invalid {what} {name!r}: Kafka topic names are 1 to 249 letters, digits, '.', '_' or '-'"
+        )
+    return name

@@ -13,6 +13,7 @@ from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -129,6 +130,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
             raise ConfigurationError("topics must name at least one Kafka topic")
+        for topic in self.topics:
+            if "{{" not in topic:  # a templated name is checked once rendered, when the task runs
+                validate_topic(topic)
         self.sink = sink
         self.pipeline_id = pipeline_id  # None: "<dag_id>.<task_id>", resolved at run time
         self.transform = transform
@@ -167,6 +171,8 @@ class KafkaMicroBatchOperator(BaseOperator):
             kafka_options=self.kafka_options,
             connect_early=spark_hook.is_connect(),
         )
+        for topic in self.topics:
+            validate_topic(topic)
         request = RunRequest(
             pipeline_id=pipeline_id,
             run_id=context["run_id"],
