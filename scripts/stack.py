@@ -146,37 +146,50 @@ def kafka_up() -> str:
 
 def local_kafka_up() -> str:
     """Start (or find running) the stack's own broker (``.stack/kafka``)."""
-    home = STACK / "kafka"
+    return kafka_node_up(STACK / "kafka", 1, KAFKA_PORT, {1: KAFKA_CONTROLLER_PORT}, replicas=1)
+
+
+def kafka_node_up(home: Path, node_id: int, port: int, voters: dict[int, int], replicas: int,
+                  heap: str = "768m", cluster: str | None = None) -> str:
+    """One KRaft node (broker and controller) of a quorum of ``voters`` (node id → controller port).
+
+    ``replicas``: replication of the internal topics (offsets, transaction state) and default of new topics;
+    with 3, ``min.insync.replicas`` is 2 so that a write survives the loss of any one node.
+    """
     pid_file, log = home / "kafka.pid", home / "stdout.log"
-    bootstrap = f"127.0.0.1:{KAFKA_PORT}"
+    bootstrap = f"127.0.0.1:{port}"
     if pid_alive(pid_file):
         wait_for("Kafka", lambda: kafka_ready(bootstrap), 60, home / "server.log")
         print(f"stack: Kafka already running at {bootstrap}")
         return bootstrap
-    if port_open(KAFKA_PORT):
-        die(f"port {KAFKA_PORT} is taken by another process; set EO_STACK_KAFKA_PORT or "
+    if port_open(port):
+        die(f"port {port} is taken by another process; set EO_STACK_KAFKA_PORT or "
             "EO_KAFKA_BOOTSTRAP to use that broker")
     java = require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)")
     jars = kafka_jars()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "server.properties"
+    min_isr = 2 if replicas >= 3 else 1
     config.write_text("\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-        f"listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}",
+        f"node.id={node_id}",
+        "controller.quorum.voters=" + ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(voters.items())),
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{voters[node_id]}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         f"log.dirs={home / 'data'}",
         "num.partitions=1",
-        # One node: internal topics and transactions must work with a single replica.
-        "offsets.topic.replication.factor=1",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
+        # One node: internal topics and transactions must work with a single replica; three: with two.
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+        f"offsets.topic.replication.factor={replicas}",
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
+        "unclean.leader.election.enable=false",
         "group.initial.rebalance.delay.ms=0",
         "transaction.max.timeout.ms=900000",
         # Retention checks every 5s so data-loss tests need not wait long.
@@ -184,19 +197,20 @@ def local_kafka_up() -> str:
         "auto.create.topics.enable=false",
         "",
     ]))
-    java_cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC",
+    java_cmd = [java, "-Xms128m", f"-Xmx{heap}", "-XX:+UseG1GC",
                 f"-Dkafka.logs.dir={home}",
                 f"-Dlog4j2.configurationFile={KAFKA_LOG4J}",
                 "-cp", f"{jars}/*"]
     if not (home / "data" / "meta.properties").exists():
         subprocess.run(
-            java_cmd + ["kafka.tools.StorageTool", "format", "-t", cluster_id(),
+            java_cmd + ["kafka.tools.StorageTool", "format", "-t", cluster or cluster_id(),
                         "-c", str(config), "--ignore-formatted"],
             check=True, stdout=subprocess.DEVNULL,
         )
     spawn(java_cmd + ["kafka.Kafka", str(config)], log, pid_file)
-    wait_for("Kafka", lambda: kafka_ready(bootstrap), 90, home / "server.log")
-    print(f"stack: Kafka {kafka_version()} (KRaft) ready at {bootstrap}")
+    if len(voters) == 1:  # a node of a quorum answers only once a majority of it runs
+        wait_for("Kafka", lambda: kafka_ready(bootstrap), 90, home / "server.log")
+        print(f"stack: Kafka {kafka_version()} (KRaft) ready at {bootstrap}")
     return bootstrap
 
 
@@ -380,6 +394,7 @@ def stop(name: str, pid_file: Path) -> None:
 
 
 def down() -> None:
+    kafka_cluster_down()
     stop("Kafka", STACK / "kafka" / "kafka.pid")
     stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
@@ -415,11 +430,20 @@ def kill(service: str) -> int:
     return pid
 
 
+def pid_file_of(service: str) -> Path:
+    """``mariadb``, ``kafka``, or ``kafka-node-N`` (a node of the three-node cluster)."""
+    if service.startswith("kafka-node-"):
+        return kafka_cluster_node(int(service.rsplit("-", 1)[1]))[0] / "kafka.pid"
+    return PID_FILES[service]
+
+
 def start(service: str) -> None:
     """Start a killed service again on its data (crash recovery: InnoDB's redo log, Kafka's log
-    recovery); returns once it answers."""
+    recovery); returns once it answers (a cluster node: once it runs, it rejoins on its own)."""
     if service == "mariadb":
         mariadb_up(STACK / "mariadb", MARIADB_PORT)
+    elif service.startswith("kafka-node-"):
+        kafka_cluster_start(int(service.rsplit("-", 1)[1]))
     else:
         local_kafka_up()
 
@@ -439,6 +463,53 @@ def second_mariadb_down() -> None:
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
 
 
+# --------------------------------------------------------------------------- replicated Kafka (tests)
+
+KAFKA_CLUSTER = STACK / "kafka-cluster"
+# Below the kernel's ephemeral ports (32768+), which a client socket may hold when a node restarts.
+KAFKA_CLUSTER_PORT = int(os.environ.get("EO_STACK_KAFKA_CLUSTER_PORT", "29192"))
+KAFKA_CLUSTER_PORTS = {n: KAFKA_CLUSTER_PORT + 2 * (n - 1) for n in (1, 2, 3)}  # controllers one above
+
+
+def kafka_cluster_node(node_id: int) -> tuple[Path, int]:
+    return KAFKA_CLUSTER / f"node-{node_id}", KAFKA_CLUSTER_PORTS[node_id]
+
+
+def kafka_cluster_start(node_id: int) -> str:
+    """Start (again) one node of the three-node cluster; the first start formats all with one cluster id."""
+    KAFKA_CLUSTER.mkdir(parents=True, exist_ok=True)
+    id_file = KAFKA_CLUSTER / "cluster.id"
+    if not id_file.exists():
+        id_file.write_text(cluster_id())
+    home, port = kafka_cluster_node(node_id)
+    voters = {n: p + 1 for n, p in KAFKA_CLUSTER_PORTS.items()}
+    return kafka_node_up(home, node_id, port, voters, replicas=3, heap="512m", cluster=id_file.read_text())
+
+
+def kafka_cluster_up() -> str:
+    """A three-node KRaft cluster on loopback (``.stack/kafka-cluster``): every node a broker and a
+    controller, topics and the transaction state log replicated three times with ``min.insync.replicas=2``.
+    Not part of ``up``; returns the bootstrap servers."""
+    bootstrap = ",".join(kafka_cluster_start(n) for n in KAFKA_CLUSTER_PORTS)
+    wait_for("the Kafka cluster", lambda: kafka_cluster_ready(bootstrap), 120, KAFKA_CLUSTER / "node-1" / "server.log")
+    print(f"stack: three-node Kafka cluster ready at {bootstrap}")
+    return bootstrap
+
+
+def kafka_cluster_ready(bootstrap: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        return len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=3).brokers) == 3
+    except Exception:
+        return False
+
+
+def kafka_cluster_down() -> None:
+    for node_id in KAFKA_CLUSTER_PORTS:
+        stop(f"Kafka cluster node {node_id}", kafka_cluster_node(node_id)[0] / "kafka.pid")
+
+
 if __name__ == "__main__":
     commands = {"up": up, "down": down, "status": status}
     services = ("mariadb", "kafka")
@@ -450,5 +521,8 @@ if __name__ == "__main__":
         print(f"stack: {args[1]} {args[0]}ed")
     elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
         second_mariadb_up() if args[1] == "up" else second_mariadb_down()
+    elif args in (["kafka-cluster", "up"], ["kafka-cluster", "down"]):
+        kafka_cluster_up() if args[1] == "up" else kafka_cluster_down()
     else:
-        die("usage: stack.py up|down|status | kill|restart mariadb|kafka | second-mariadb up|down")
+        die("usage: stack.py up|down|status | kill|restart mariadb|kafka | second-mariadb up|down "
+            "| kafka-cluster up|down")

@@ -150,7 +150,7 @@ class Supervisor:
         self._thread = threading.Thread(target=self._watch, name=f"supervise-{service}", daemon=True)
 
     def _watch(self) -> None:
-        pid_file = self.stack.PID_FILES[self.service]
+        pid_file = self.stack.pid_file_of(self.service)
         while not self._stop.is_set():
             if not self.stack.pid_alive(pid_file):
                 try:

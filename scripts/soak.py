@@ -1,0 +1,244 @@
+"""Soak: the example pipelines run again and again through ``airflow dags test`` while they are killed.
+
+``python scripts/soak.py --events 1000000 --kills 100`` (after ``make up`` and ``. .stack/env``)
+produces the events in waves (page views for ``page_views_xa`` and ``page_view_events_upsert``, request
+lines for ``ip_counts_kafka``), runs the three DAGs after each wave, SIGKILLs runs (at a fault point of
+the code, chosen round-robin over every point a pipeline has, or at a random moment), restarts the
+stack's MariaDB and Kafka in the middle of runs, retries every run that did not succeed with the same
+logical date (Airflow's retry/clear), then drains and compares each sink with the ground truth read
+from the topics. The last line holds the figures:
+
+``soak: events=... runs=... kills=... (...) db_restarts=... broker_restarts=... lost=... duplicated=...
+prepared_left=... seconds=...``; the exit status is non-zero unless lost, duplicated and prepared_left are 0.
+
+It resets the example pipelines first (their tables, the Kafka sink's topics, their offsets): run it on
+a stack of its own, not on one whose examples you care about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pymysql
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the tests' reset helpers, as scripts/demo.py uses them
+
+from airflow_eo.adapters.mysql_sink import xa_recover  # noqa: E402
+from airflow_eo.core.faults import FAULT_ENV  # noqa: E402
+from airflow_eo.core.xid import pipeline_key  # noqa: E402
+from airflow_eo.examples import ip_counts, page_views  # noqa: E402
+from airflow_eo.examples.topics import read_topic  # noqa: E402
+from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
+from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
+
+# Every fault point each example's code passes (airflow_eo.core.faults.POINTS), plus a random moment.
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "page_views_xa": ("after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
+                      "between_xa_commits"),
+    "page_view_events_upsert": ("after_plan", "during_write", "in_store_commit", "after_commit_point"),
+    "ip_counts_kafka": ("after_plan", "before_produce", "mid_produce", "after_last_send", "after_kafka_commit",
+                        "in_store_commit"),
+}
+RANDOM_MOMENT = "random_moment"
+RUN_TIMEOUT_S = 900
+
+
+def load_stack():
+    spec = importlib.util.spec_from_file_location("eo_stack", REPO / "scripts" / "stack.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Soak:
+    events: int
+    kills: int
+    db_restarts: int
+    broker_restarts: int
+    wave: int
+    rng: random.Random
+    verbose: bool
+    stack: object = field(default_factory=load_stack)
+    produced: int = 0
+    runs: int = 0
+    killed: Counter = field(default_factory=Counter)
+    restarted: Counter = field(default_factory=Counter)
+    clock: datetime = field(default_factory=lambda: datetime.now(timezone.utc).replace(microsecond=0))
+    points: dict[str, list[str]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ one run
+
+    def run(self, dag_id: str, logical_date: datetime, fault: str | None = None, restart: str | None = None) -> int:
+        """``airflow dags test`` once; ``fault``: a fault point or RANDOM_MOMENT; ``restart``: a service
+        the stack restarts (SIGKILL + start) while the run goes on."""
+        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+        if fault and fault != RANDOM_MOMENT:
+            env[FAULT_ENV] = fault
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "airflow", "dags", "test", dag_id, logical_date.isoformat()],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        timers = []
+        if fault == RANDOM_MOMENT:
+            timers.append(threading.Timer(self.rng.uniform(2, 25), lambda: proc.poll() is None and os.kill(
+                proc.pid, signal.SIGKILL)))
+        if restart:
+            timers.append(threading.Timer(self.rng.uniform(3, 15), self.stack.restart, args=(restart,)))
+        for timer in timers:
+            timer.start()
+        try:
+            output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+            print(f"soak: {dag_id} {logical_date} hung for {RUN_TIMEOUT_S}s; killed it", file=sys.stderr)
+        for timer in timers:
+            timer.join()  # a restart started during the run finishes before the next run
+        self.runs += 1
+        if restart:
+            self.restarted[restart] += 1
+        if proc.returncode == -signal.SIGKILL:
+            self.killed[fault or "outside"] += 1
+        outcome = "killed" if proc.returncode == -signal.SIGKILL else f"exit {proc.returncode}"
+        if self.verbose or (proc.returncode not in (0, -signal.SIGKILL) and not restart):
+            print(f"  {dag_id} {logical_date:%H:%M:%S} fault={fault} restart={restart}: {outcome} "
+                  f"({time.monotonic() - started:.0f}s)")
+            if proc.returncode not in (0, -signal.SIGKILL):
+                print("\n".join((output or "").splitlines()[-15:]))
+        return proc.returncode
+
+    def next_fault(self, dag_id: str) -> str:
+        """Round-robin over the pipeline's points and a random moment, so every point gets its kills."""
+        queue = self.points.setdefault(dag_id, [])
+        if not queue:
+            queue.extend([*PIPELINES[dag_id], RANDOM_MOMENT])
+            self.rng.shuffle(queue)
+        return queue.pop()
+
+    def run_until_done(self, dag_id: str, logical_date: datetime, kill_odds: float, restart: str | None) -> None:
+        """A run and its retries (same logical date) until one succeeds; some attempts are killed."""
+        for attempt in range(20):
+            fault = None
+            if sum(self.killed.values()) < self.kills and self.rng.random() < kill_odds:
+                fault = self.next_fault(dag_id)
+            if self.run(dag_id, logical_date, fault, restart if attempt == 0 else None) == 0:
+                return
+        raise SystemExit(f"soak: {dag_id} {logical_date} did not succeed in 20 attempts")
+
+    # ------------------------------------------------------------------ the soak
+
+    def produce(self, count: int, bootstrap: str) -> None:
+        views = count // 2
+        page_views.produce_page_views(bootstrap, views)
+        ip_counts.produce_lines(bootstrap, count - views)
+        self.produced += count
+
+    def go(self, bootstrap: str, mysql: dict) -> int:
+        started = time.monotonic()
+        reset_page_views(mysql, "page_views_xa", "page_view_events_upsert")
+        reset_ip_counts(bootstrap, mysql)
+        waves = max(1, -(-self.events // self.wave))
+        # Kill odds spread the kills over the waves; restarts go to random runs of random waves.
+        kill_odds = min(1.0, self.kills / (waves * len(PIPELINES)) * 1.5)
+        restarts = ["mariadb"] * self.db_restarts + ["kafka"] * self.broker_restarts
+        slots = self.rng.sample(range(waves * len(PIPELINES)), min(len(restarts), waves * len(PIPELINES)))
+        planned = dict(zip(slots, restarts, strict=False))
+        for wave in range(waves):
+            self.produce(min(self.wave, self.events - self.produced), bootstrap)
+            self.clock += timedelta(minutes=5)
+            for i, dag_id in enumerate(self.rng.sample(list(PIPELINES), len(PIPELINES))):
+                self.run_until_done(dag_id, self.clock, kill_odds, planned.get(wave * len(PIPELINES) + i))
+            print(f"soak: wave {wave + 1}/{waves}: {self.produced} events, {self.runs} runs, "
+                  f"{sum(self.killed.values())} kills, {dict(self.restarted)} restarts "
+                  f"({time.monotonic() - started:.0f}s)", flush=True)
+        # Kills still owed (runs that passed their point without a kill): spend them, then drain.
+        while sum(self.killed.values()) < self.kills:
+            self.clock += timedelta(minutes=5)
+            dag_id = self.rng.choice(list(PIPELINES))
+            self.run(dag_id, self.clock, self.next_fault(dag_id))
+            self.run_until_done(dag_id, self.clock, 0.0, None)
+        self.clock += timedelta(minutes=5)
+        for dag_id in PIPELINES:  # drain: a last clean run of each
+            self.run_until_done(dag_id, self.clock, 0.0, None)
+        lost, duplicated, prepared = compare(bootstrap, mysql)
+        kinds = " ".join(f"kills_{k}={n}" for k, n in sorted(self.killed.items()))
+        print(f"soak: events={self.produced} runs={self.runs} kills={sum(self.killed.values())} {kinds} "
+              f"db_restarts={self.restarted['mariadb']} broker_restarts={self.restarted['kafka']} "
+              f"lost={lost} duplicated={duplicated} prepared_left={prepared} "
+              f"seconds={time.monotonic() - started:.0f}")
+        return 0 if lost == duplicated == prepared == 0 else 1
+
+
+def compare(bootstrap: str, mysql: dict) -> tuple[int, int, int]:
+    """(records lost, records duplicated, prepared branches left) over the three sinks."""
+    pv_truth, ids_truth, _ = page_views.ground_truth(bootstrap)
+    conn = pymysql.connect(**mysql, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT app_id, pv FROM app_pv")
+            pv = {app: int(n) for app, n in cur.fetchall()}
+            cur.execute("SELECT event_id FROM page_view_events")
+            ids = Counter(r[0] for r in cur.fetchall())
+        keys = {pipeline_key(p) for p in PIPELINES}
+        prepared = sum(1 for x in xa_recover(conn) if x.pipeline_key in keys)
+    finally:
+        conn.close()
+    lost = duplicated = 0
+    for app in set(pv) | set(pv_truth):  # XA: page views per app
+        difference = pv.get(app, 0) - pv_truth.get(app, 0)
+        lost, duplicated = lost + max(0, -difference), duplicated + max(0, difference)
+    lost += len(ids_truth - set(ids))  # upsert: one row per event
+    duplicated += sum(n - 1 for n in ids.values()) + len(set(ids) - ids_truth)
+    out_truth, out = ip_counts.true_counts(bootstrap), ip_counts.output_counts(bootstrap)
+    for key in set(out) | set(out_truth):  # Kafka: requests per (window, ip) as read_committed readers see them
+        difference = out.get(key, 0) - out_truth.get(key, 0)
+        lost, duplicated = lost + max(0, -difference), duplicated + max(0, difference)
+    import json
+
+    per_batch = Counter((k, json.loads(v)["batch_id"]) for k, v in read_topic(bootstrap, ip_counts.SINK)[0])
+    duplicated += sum(n - 1 for n in per_batch.values())  # one key of one batch twice in the output
+    return lost, duplicated, prepared
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events to produce over the run")
+    parser.add_argument("--kills", type=int, default=100, help="runs to SIGKILL")
+    parser.add_argument("--db-restarts", type=int, default=3, help="MariaDB restarts during runs")
+    parser.add_argument("--broker-restarts", type=int, default=3, help="Kafka broker restarts during runs")
+    parser.add_argument("--wave", type=int, default=50_000, help="events produced before each round of runs")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--verbose", action="store_true", help="print every run")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else time.time_ns() % 1_000_000
+    print(f"soak: seed={seed} events={args.events} kills={args.kills} wave={args.wave}")
+    stack = load_stack()
+    if (args.db_restarts or args.broker_restarts) and not all(
+            stack.pid_alive(stack.pid_file_of(s)) for s in ("mariadb", "kafka")):
+        raise SystemExit("soak: restarts need the stack's own MariaDB and Kafka (make up); "
+                         "or pass --db-restarts 0 --broker-restarts 0")
+    bootstrap = os.environ.get("EO_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        raise SystemExit("soak: EO_KAFKA_BOOTSTRAP is not set: run `. .stack/env` first")
+    mysql = EoMySqlHook("mysql_default").get_connect_kwargs()
+    soak = Soak(args.events, args.kills, args.db_restarts, args.broker_restarts, args.wave, random.Random(seed),
+                args.verbose, stack)
+    return soak.go(bootstrap, mysql)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
