@@ -29,8 +29,10 @@ def transient(exc: KafkaException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in TRANSIENT)
 
 
-def retry_transient(what: str, call: Callable[[], T], timeout_s: float = TIMEOUT_S) -> T:
-    """``call()``, asked again while the broker answers with a transient error, for up to ``timeout_s``.
+def retry_transient(what: str, call: Callable[[], T], timeout_s: float = TIMEOUT_S,
+                    refresh: Callable[[], None] | None = None) -> T:
+    """``call()``, asked again while the broker answers with a transient error, for up to ``timeout_s``;
+    ``refresh()`` before each new try (a new client: an old one may keep asking with stale leader epochs).
 
     A broker that stays down fails with :class:`UnavailableError` (the next attempt retries); any other
     Kafka error (a missing topic, no permission) with :class:`ConfigurationError`, at once.
@@ -49,6 +51,8 @@ def retry_transient(what: str, call: Callable[[], T], timeout_s: float = TIMEOUT
             log.info("%s: %s, asking again", what, exc)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+            if refresh is not None:
+                refresh()
 
 
 def parse_starting_offsets(value: str | int) -> str | int:
@@ -74,6 +78,9 @@ class KafkaOffsetSource:
         self.config = dict(config)
         self._admin = AdminClient(self.config)
 
+    def _new_client(self) -> None:
+        self._admin = AdminClient(self.config)
+
     def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
         def look_up() -> Any:
             metadata = self._admin.list_topics(timeout=TIMEOUT_S)
@@ -83,7 +90,7 @@ class KafkaOffsetSource:
                     raise KafkaException(info.error)
             return metadata
 
-        metadata = retry_transient("Kafka metadata look-up", look_up)
+        metadata = retry_transient("Kafka metadata look-up", look_up, refresh=self._new_client)
         found: list[TopicPartition] = []
         for topic in topics:
             info = metadata.topics.get(topic)
@@ -103,7 +110,7 @@ class KafkaOffsetSource:
             futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=TIMEOUT_S)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
-        return retry_transient("Kafka offsets look-up", look_up)
+        return retry_transient("Kafka offsets look-up", look_up, refresh=self._new_client)
 
     def earliest(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
         return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps})
@@ -124,7 +131,7 @@ class KafkaOffsetSource:
             return {resource.name: future.result()["message.timestamp.type"].value == "LogAppendTime"
                     for resource, future in futures.items()}
 
-        return retry_transient("Kafka topic configuration look-up", look_up)
+        return retry_transient("Kafka topic configuration look-up", look_up, refresh=self._new_client)
 
     def offsets_for_time(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int]:
         """First offset whose timestamp is >= ``timestamp_ms``; the end offset when there is none."""

@@ -21,10 +21,11 @@ def answers(*errors: int):
     return call, calls
 
 
-def test_a_leader_epoch_error_after_a_broker_restart_is_asked_again():
-    call, calls = answers(KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT)
-    assert retry_transient("look-up", call, timeout_s=10) == "offsets"
-    assert len(calls) == 4
+def test_a_leader_epoch_error_after_a_broker_restart_is_asked_again_with_a_new_client():
+    call, calls = answers(KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError._TRANSPORT)
+    clients = []
+    assert retry_transient("look-up", call, timeout_s=10, refresh=lambda: clients.append(1)) == "offsets"
+    assert len(calls) == 4 and len(clients) == 3
 
 
 def test_an_error_to_fix_fails_at_once_as_a_configuration_error():
