@@ -31,17 +31,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import pymysql
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' reset helpers, as scripts/demo.py uses them
 
-from airflow_eo.adapters.mysql_sink import xa_recover  # noqa: E402
 from airflow_eo.core.faults import FAULT_ENV  # noqa: E402
-from airflow_eo.core.xid import pipeline_key  # noqa: E402
 from airflow_eo.examples import ip_counts, page_views  # noqa: E402
 from airflow_eo.examples.topics import read_topic  # noqa: E402
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
+from tests.integration.page_views import our_prepared_branches, sink_state  # noqa: E402
 from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
 
 # Every fault point each example's code passes (airflow_eo.core.faults.POINTS), plus a random moment.
@@ -186,17 +183,9 @@ class Soak:
 def compare(bootstrap: str, mysql: dict) -> tuple[int, int, int]:
     """(records lost, records duplicated, prepared branches left) over the three sinks."""
     pv_truth, ids_truth, _ = page_views.ground_truth(bootstrap)
-    conn = pymysql.connect(**mysql, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT app_id, pv FROM app_pv")
-            pv = {app: int(n) for app, n in cur.fetchall()}
-            cur.execute("SELECT event_id FROM page_view_events")
-            ids = Counter(r[0] for r in cur.fetchall())
-        keys = {pipeline_key(p) for p in PIPELINES}
-        prepared = sum(1 for x in xa_recover(conn) if x.pipeline_key in keys)
-    finally:
-        conn.close()
+    pv, id_list = sink_state(mysql)
+    ids = Counter(id_list)
+    prepared = sum(len(our_prepared_branches(mysql, p)) for p in PIPELINES)
     lost = duplicated = 0
     for app in set(pv) | set(pv_truth):  # XA: page views per app
         difference = pv.get(app, 0) - pv_truth.get(app, 0)

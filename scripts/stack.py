@@ -32,6 +32,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # airflow_eo.core needs nothing but the standard library: usable before the venv
+from airflow_eo.core.faults import running  # noqa: E402
+
 STACK = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack"))
 CACHE = Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo"))
 KAFKA_POM = REPO / "scripts" / "kafka" / "pom.xml"
@@ -59,29 +62,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
-
-
-def running(pid: int) -> bool:
-    """True while any thread of ``pid`` runs. A killed server its parent has not reaped yet (a zombie)
-    does not; its main thread turns zombie before the others are gone and its sockets closed."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (not Linux): ask the kernel
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    return True
-        except FileNotFoundError:
-            continue
-    return False
 
 
 def pid_alive(pid_file: Path) -> int | None:

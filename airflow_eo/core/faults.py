@@ -73,6 +73,12 @@ def running(pid: int) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return False
+    except OSError:  # no /proc (not Linux): ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/stat") as stat:

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,10 +20,12 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
 from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.faults import FAULT_DIR_ENV, FAULT_ENV, FAULT_KILL_ENV, running
 from airflow_eo.core.xid import pipeline_key
-from airflow_eo.examples import page_views
+from airflow_eo.examples import ip_counts, page_views
+from airflow_eo.examples.topics import read_topic
 from airflow_eo.hooks.spark import SparkSessionHook
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
@@ -87,6 +90,25 @@ def check_end_state(kind: str, table: str, pipeline: str, bootstrap: str, topic:
         store_kwargs, "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
         (pipeline,))]
     assert_contiguous(batches)
+
+
+def check_kafka_sink_end_state(bootstrap: str, source: str, out: str, op: Any, mysql_kwargs: dict[str, Any]) -> None:
+    """The ip-counts pipeline's output as a read_committed consumer sees it equals the counts of its input,
+    no batch's record is there twice, and the store, the Kafka group and the input's end agree."""
+    truth = Counter(ip_counts.window_key(v.decode()) for _, v in read_topic(bootstrap, source)[0])
+    committed = [(k.decode(), json.loads(v)) for k, v in read_topic(bootstrap, out, "read_committed")[0]]
+    sums: Counter[str] = Counter()
+    for key, value in committed:
+        sums[key] += value["count"]
+    assert sums == truth, "the committed output differs from the counts of the input"
+    per_batch = Counter((key, value["batch_id"]) for key, value in committed)
+    assert max(per_batch.values()) == 1, "a read_committed consumer saw a batch's record twice"
+    store = {(t, p): o for t, p, o in store_rows(
+        mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
+        (op.pipeline_id,))}
+    group = KafkaTransactionalAdapter(op.sink, {"bootstrap.servers": bootstrap}, op.pipeline_id).group_offsets()
+    assert store == {k: v for k, v in group.items() if k[0] == source}, "store and the Kafka group disagree"
+    assert store == {(source, p): o for p, o in read_topic(bootstrap, source)[1].items()}
 
 
 class Faults:

@@ -9,19 +9,15 @@ of the Kafka sink's output never sees a batch's record twice.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections import Counter
 from types import ModuleType
 
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
 from airflow_eo.examples import ip_counts, page_views
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlXaSink
 from tests.conftest import create_topic
-from tests.faults.conftest import Faults, Supervisor, check_end_state, gone, store_rows
+from tests.faults.conftest import Faults, Supervisor, check_end_state, check_kafka_sink_end_state, gone, store_rows
 from tests.integration.operator_harness import counts_table, operator, run
 
 ATTEMPT_SECONDS = 180  # a broker back within seconds: reads and transactions go on or fail, never hang
@@ -80,17 +76,4 @@ def test_the_broker_crashing_while_the_kafka_sink_produces_and_commits(stack: Mo
     ip_counts.produce_lines(bootstrap, 500, topic=source)
     run(op)  # a later run
 
-    truth = Counter(ip_counts.window_key(v.decode()) for _, v in read_topic(bootstrap, source)[0])
-    committed = [(k.decode(), json.loads(v)) for k, v in read_topic(bootstrap, out, "read_committed")[0]]
-    sums: Counter[str] = Counter()
-    for key, value in committed:
-        sums[key] += value["count"]
-    assert sums == truth, "the committed output differs from the counts of the input"
-    per_batch = Counter((key, value["batch_id"]) for key, value in committed)
-    assert max(per_batch.values()) == 1, "a read_committed consumer saw a batch's record twice"
-    store = {(t, p): o for t, p, o in store_rows(
-        mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
-        (op.pipeline_id,))}
-    group = KafkaTransactionalAdapter(op.sink, {"bootstrap.servers": bootstrap}, op.pipeline_id).group_offsets()
-    assert store == {k: v for k, v in group.items() if k[0] == source}, "store and the Kafka group disagree"
-    assert store == {(source, p): o for p, o in read_topic(bootstrap, source)[1].items()}
+    check_kafka_sink_end_state(bootstrap, source, out, op, mysql_kwargs)

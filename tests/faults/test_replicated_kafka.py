@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter, transactional_id
+from airflow_eo.adapters.kafka_sink import transactional_id
 from airflow_eo.examples import ip_counts, page_views
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlXaSink
-from tests.faults.conftest import Faults, Supervisor, check_end_state, gone, store_rows
+from tests.faults.conftest import Faults, Supervisor, check_end_state, check_kafka_sink_end_state, gone
 from tests.integration.operator_harness import counts_table, run
 
 CONN = "kafka_replicated"
@@ -113,16 +111,4 @@ def test_the_transaction_coordinator_and_a_leader_die_while_the_kafka_sink_produ
     ip_counts.produce_lines(replicated, 500, topic=source)
     run(op)
 
-    truth = Counter(ip_counts.window_key(v.decode()) for _, v in read_topic(replicated, source)[0])
-    committed = [(k.decode(), json.loads(v)) for k, v in read_topic(replicated, out, "read_committed")[0]]
-    sums: Counter[str] = Counter()
-    for key, value in committed:
-        sums[key] += value["count"]
-    assert sums == truth, "the committed output differs from the counts of the input"
-    assert max(Counter((k, v["batch_id"]) for k, v in committed).values()) == 1, "a batch's record seen twice"
-    store = {(t, p): o for t, p, o in store_rows(
-        mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
-        (op.pipeline_id,))}
-    group = KafkaTransactionalAdapter(op.sink, {"bootstrap.servers": replicated}, op.pipeline_id).group_offsets()
-    assert store == {k: v for k, v in group.items() if k[0] == source} == {
-        (source, p): o for p, o in read_topic(replicated, source)[1].items()}
+    check_kafka_sink_end_state(replicated, source, out, op, mysql_kwargs)
