@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo bench test lint clean postgres chromium java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status demo bench soak test lint clean postgres chromium java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -60,6 +60,11 @@ demo: up
 BENCH_ARGS ?= --sizes 1000000 --json bench.json --chart docs/benchmark.png
 bench: up
 	. .stack/env && $(PY) scripts/benchmark.py $(BENCH_ARGS)
+
+# The soak of the README's "Faults it is tested under": hours with the defaults (1,000,000 events, 100 kills).
+SOAK_ARGS ?= --events 1000000 --kills 100
+soak: up
+	. .stack/env && $(PY) scripts/soak.py $(SOAK_ARGS)
 
 # The scheduler tests (tests/scheduler) run a throwaway PostgreSQL cluster as Airflow's metadata
 # database (backfills refuse SQLite): they need Debian's server programs, not a running server.
