@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from airflow_eo.examples import page_views
-from airflow_eo.hooks.mysql import EoMySqlHook
+from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from tests.conftest import create_topic
 from tests.faults.conftest import Faults, check_end_state, gone, store_rows
@@ -42,6 +42,7 @@ def test_the_database_crashing_at_every_step(kind, layout, stack: ModuleType, fa
         monkeypatch.setenv("AIRFLOW_CONN_EO_OFFSET_STORE", f"mysql://{second['user']}:{second['password']}@"
                                                            f"127.0.0.1:{second['port']}/{second['database']}")
     store_kwargs = EoMySqlHook("eo_offset_store").get_connect_kwargs()
+    OffsetStoreHook().get_store().migrate()  # a fresh second server has no store tables before the first take
     sink_pid_file: Path = stack.PID_FILES["mariadb"]
     store_pid_file: Path = stack.SECOND_MARIADB / "mariadb.pid" if layout == "two_servers" else sink_pid_file
 
