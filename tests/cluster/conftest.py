@@ -1,7 +1,7 @@
-"""The local Spark cluster of ``scripts/spark_cluster.py`` (``make spark-cluster``), once per test session.
+"""The local Spark cluster of ``scripts/spark_cluster.py`` (``make spark-cluster``), once for the tests in this package.
 
 The fixture starts the cluster unless it already runs (then it reuses it and leaves it running), exports
-``.stack/spark/env`` into ``os.environ`` for the session and restores the environment at the end.
+``.stack/spark/env`` into ``os.environ`` while they run and restores the environment at the end.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def _run_script(command: str, timeout: float) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="session")
+# Package scope: the cluster's JVMs (master, worker, two Connect servers and their executors) stop
+# when tests/cluster ends instead of weighing on the rest of the suite.
+@pytest.fixture(scope="package")
 def spark_cluster() -> Iterator[SparkCluster]:
     # Anything already running belongs to someone else (make spark-cluster): reuse it, never stop it.
     started_here = not _running_parts()
