@@ -51,6 +51,9 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 }
 RANDOM_MOMENT = "random_moment"
 RUN_TIMEOUT_S = 900
+MAX_ATTEMPTS = 20
+MAX_KILLS_PER_RUN = 5  # well under MAX_ATTEMPTS, so a run always gets to succeed
+OWED_KILL_EVENTS = 1000
 
 
 def load_stack():
@@ -126,15 +129,14 @@ class Soak:
             self.rng.shuffle(queue)
         return queue.pop()
 
-    def run_until_done(self, dag_id: str, logical_date: datetime, kill_odds: float, restart: str | None) -> None:
-        """A run and its retries (same logical date) until one succeeds; some attempts are killed."""
-        for attempt in range(20):
-            fault = None
-            if sum(self.killed.values()) < self.kills and self.rng.random() < kill_odds:
-                fault = self.next_fault(dag_id)
+    def run_until_done(self, dag_id: str, logical_date: datetime, kills_here: int, restart: str | None) -> None:
+        """A run and its retries (same logical date) until one succeeds; the first ``kills_here`` attempts
+        are armed to be killed (an attempt that never reaches its point simply succeeds)."""
+        for attempt in range(MAX_ATTEMPTS):
+            fault = self.next_fault(dag_id) if attempt < kills_here else None
             if self.run(dag_id, logical_date, fault, restart if attempt == 0 else None) == 0:
                 return
-        raise SystemExit(f"soak: {dag_id} {logical_date} did not succeed in 20 attempts")
+        raise SystemExit(f"soak: {dag_id} {logical_date} did not succeed in {MAX_ATTEMPTS} attempts")
 
     # ------------------------------------------------------------------ the soak
 
@@ -149,28 +151,31 @@ class Soak:
         reset_page_views(mysql, "page_views_xa", "page_view_events_upsert")
         reset_ip_counts(bootstrap, mysql)
         waves = max(1, -(-self.events // self.wave))
-        # Kill odds spread the kills over the waves; restarts go to random runs of random waves.
-        kill_odds = min(1.0, self.kills / (waves * len(PIPELINES)) * 1.5)
+        slots = waves * len(PIPELINES)  # one run (and its retries) per pipeline per wave
+        # Kills spread evenly over the runs (a few attempts each, like a task's retries); restarts go to
+        # random runs.
+        kill_plan = [min(MAX_KILLS_PER_RUN, self.kills // slots + (slot < self.kills % slots)) for slot in range(slots)]
+        self.rng.shuffle(kill_plan)
         restarts = ["mariadb"] * self.db_restarts + ["kafka"] * self.broker_restarts
-        slots = self.rng.sample(range(waves * len(PIPELINES)), min(len(restarts), waves * len(PIPELINES)))
-        planned = dict(zip(slots, restarts, strict=False))
+        planned = dict(zip(self.rng.sample(range(slots), min(len(restarts), slots)), restarts, strict=False))
         for wave in range(waves):
             self.produce(min(self.wave, self.events - self.produced), bootstrap)
             self.clock += timedelta(minutes=5)
             for i, dag_id in enumerate(self.rng.sample(list(PIPELINES), len(PIPELINES))):
-                self.run_until_done(dag_id, self.clock, kill_odds, planned.get(wave * len(PIPELINES) + i))
+                slot = wave * len(PIPELINES) + i
+                self.run_until_done(dag_id, self.clock, kill_plan[slot], planned.get(slot))
             print(f"soak: wave {wave + 1}/{waves}: {self.produced} events, {self.runs} runs, "
                   f"{sum(self.killed.values())} kills, {dict(self.restarted)} restarts "
                   f"({time.monotonic() - started:.0f}s)", flush=True)
-        # Kills still owed (runs that passed their point without a kill): spend them, then drain.
+        # Kills still owed (attempts that passed without reaching their point): a little more input so
+        # every point is on the way again, one killed attempt, then the retries.
         while sum(self.killed.values()) < self.kills:
+            self.produce(OWED_KILL_EVENTS, bootstrap)
             self.clock += timedelta(minutes=5)
-            dag_id = self.rng.choice(list(PIPELINES))
-            self.run(dag_id, self.clock, self.next_fault(dag_id))
-            self.run_until_done(dag_id, self.clock, 0.0, None)
+            self.run_until_done(self.rng.choice(list(PIPELINES)), self.clock, 1, None)
         self.clock += timedelta(minutes=5)
         for dag_id in PIPELINES:  # drain: a last clean run of each
-            self.run_until_done(dag_id, self.clock, 0.0, None)
+            self.run_until_done(dag_id, self.clock, 0, None)
         lost, duplicated, prepared = compare(bootstrap, mysql)
         kinds = " ".join(f"kills_{k}={n}" for k, n in sorted(self.killed.items()))
         print(f"soak: events={self.produced} runs={self.runs} kills={sum(self.killed.values())} {kinds} "
