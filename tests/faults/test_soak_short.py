@@ -22,4 +22,4 @@ def test_a_short_soak_loses_and_duplicates_nothing(stack, airflow_db):
     values = dict(re.findall(r"(\w+)=(\d+)", figures[-1]))
     assert (values["lost"], values["duplicated"], values["prepared_left"]) == ("0", "0", "0"), output
     assert int(values["kills"]) >= 3 and values["db_restarts"] == "1" and values["broker_restarts"] == "1", output
-    assert int(values["events"]) == 3000 and done.returncode == 0, output
+    assert int(values["events"]) >= 3000 and done.returncode == 0, output  # owed kills add input
