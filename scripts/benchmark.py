@@ -63,6 +63,7 @@ ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_stat
 PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn")
 LIMITS = ("r_kafka", "r_db")
+EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
                 "eo_upsert", "eo_xa_events")
 
@@ -381,6 +382,46 @@ def eo_kafka_txn(lines_topic: str, events: int, parallelism: int) -> Job:
                 events, parallelism, schema=None)
 
 
+def eo_empty_batch(topic: str, parallelism: int) -> Job:
+    """An empty batch as a task meets it (a scheduled run with nothing new), in a fresh Python process with no
+    JVM, hooks built inside the timing: the pipeline starts at ``latest``, so its batches are empty."""
+    child = subprocess.run([sys.executable, __file__, "--empty-batch", f"{topic}:{parallelism}"],
+                           stdout=subprocess.PIPE, text=True)
+    lines = child.stdout.splitlines()
+    if child.returncode != 0 or not any(line.startswith("EMPTY ") for line in lines):
+        raise AssertionError(f"the empty batch failed (exit {child.returncode}): {child.stdout[-2000:]}")
+    return Job(**json.loads(next(line for line in lines if line.startswith("EMPTY "))[6:]))
+
+
+def empty_batch_in_this_process(topic: str, parallelism: int) -> Job:
+    pipeline_id = f"bench_empty_{uuid.uuid4().hex[:8]}"
+    table = fresh_table("page_view_events", "empty")
+    seconds, phases = [], {}
+    for run in ("first", "second"):  # the first declares the pipeline; the second is every later empty run
+        started = time.monotonic()
+        summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id=run, topics=[topic], starting_offsets="latest"),
+                            store=OffsetStoreHook().get_store(), source=KafkaClusterHook("kafka_default")
+                            .get_offset_source(), engine=engine(parallelism),
+                            sink=MySqlUpsertSink(table=table, key_columns=["event_id"]).adapter(pipeline_id))
+        seconds.append(time.monotonic() - started)
+        expect("records in an empty batch", summary.records_in, 0)
+        phases = dict(summary.seconds)
+    from pyspark import SparkContext
+
+    expect("a Spark context started by the empty batches", SparkContext._active_spark_context, None)
+    java = [p for p in Path("/proc").glob("[0-9]*") if _parent_pid(p) == os.getpid()]
+    expect("child processes (a JVM) started by the empty batches", java, [])
+    return Job(EMPTY_BATCH, 0, parallelism, seconds[1], {**phases, "first_run": round(seconds[0], 3)},
+               note="no Spark started")
+
+
+def _parent_pid(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class DriverMemory:
     """Peak resident memory of the driver (this Python and its JVM) per job: the kernel's high-water mark
     (``VmHWM``), reset before each job (``clear_refs`` 5), so that one job's peak is not another's."""
@@ -412,7 +453,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     jars = maven_jars(*CONNECTOR_J) or []
     spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    wanted = set(only) if only else {*LIMITS, *PEERS, *OURS}
+    wanted = set(only) if only else {*LIMITS, *PEERS, *OURS, EMPTY_BATCH}
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
@@ -428,6 +469,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
             ("eo_kafka_txn", lambda: eo_kafka_txn(lines_topic, events, parallelism)),
+            (EMPTY_BATCH, lambda: eo_empty_batch(topic, parallelism)),
         ]
         memory = DriverMemory(jvm_pid)
         for name, run in runs:
@@ -450,7 +492,7 @@ def rate_point(point: dict[str, Any]) -> None:
     best_peer = max(peers) if peers else None
     kafka, db = jobs.get("r_kafka", {}).get("records_per_s"), jobs.get("r_db", {}).get("records_per_s")
     for job in point["jobs"]:
-        if best_peer and job["name"] not in LIMITS and job["name"] != "r_kafka_lines":
+        if best_peer and job["name"] not in (*LIMITS, "r_kafka_lines", EMPTY_BATCH):
             job["ratio_to_best_peer"] = round(job["records_per_s"] / best_peer, 3)
         if job["name"] in EVENTS_SHAPE and kafka and db:
             limit = min(kafka, db)
@@ -514,13 +556,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000000", help="comma-separated batch sizes (events), e.g. 10000,100000")
     parser.add_argument("--parallelism", default="2", help="comma-separated writer parallelism (tasks, connections)")
-    parser.add_argument("--only", default="", help=f"comma-separated jobs among {', '.join((*LIMITS, *PEERS, *OURS))}")
+    parser.add_argument("--only", default="",
+                        help=f"comma-separated jobs among {', '.join((*LIMITS, *PEERS, *OURS, EMPTY_BATCH))}")
     parser.add_argument("--json", type=Path, help="write the results here (one object per job)")
     parser.add_argument("--chart", type=Path, help="write a PNG chart of records/s here (needs matplotlib)")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
     parser.add_argument("--r-db", help=argparse.SUPPRESS)  # internal: run r_db, print its JSON
+    parser.add_argument("--empty-batch", help=argparse.SUPPRESS)  # internal: time empty batches, print the JSON
     args = parser.parse_args()
     only = [o for o in args.only.split(",") if o]
+    if args.empty_batch:
+        topic, parallelism = args.empty_batch.rsplit(":", 1)
+        job = empty_batch_in_this_process(topic, int(parallelism))
+        print("EMPTY " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
+        return
     if args.r_db:
         topic, events, parallelism, workdir = args.r_db.split(":", 3)
         job = r_db(topic, int(events), int(parallelism), Path(workdir))

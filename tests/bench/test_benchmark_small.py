@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
-        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn"}
+        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_empty_batch"}
 
 
 def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airflow_db):
@@ -23,6 +23,9 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     jobs = {job["name"]: job for job in json.loads(out.read_text())}
     assert set(jobs) == JOBS
+    empty = jobs.pop("eo_empty_batch")  # timed in a fresh process, which checked that no JVM started
+    assert empty["events"] == 0 and empty["seconds"] > 0 and empty["note"] == "no Spark started"
+    assert {"plan", "commit", "first_run"} <= set(empty["phases"]) and empty["ratio_to_best_peer"] is None
     for job in jobs.values():
         assert job["events"] == 3000 and job["records_per_s"] > 0 and job["parallelism"] == 2
         assert set(job["driver_peak_rss_mb"]) == {"python", "jvm"}
