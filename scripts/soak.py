@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import random
 import signal
@@ -186,26 +187,30 @@ class Soak:
 
 
 def compare(bootstrap: str, mysql: dict) -> tuple[int, int, int]:
-    """(records lost, records duplicated, prepared branches left) over the three sinks."""
+    """(records lost, records duplicated, prepared branches left) over the three sinks; any difference is
+    printed per sink first."""
     pv_truth, ids_truth, _ = page_views.ground_truth(bootstrap)
     pv, id_list = sink_state(mysql)
     ids = Counter(id_list)
     prepared = sum(len(our_prepared_branches(mysql, p)) for p in PIPELINES)
-    lost = duplicated = 0
+    found: Counter = Counter()
     for app in set(pv) | set(pv_truth):  # XA: page views per app
         difference = pv.get(app, 0) - pv_truth.get(app, 0)
-        lost, duplicated = lost + max(0, -difference), duplicated + max(0, difference)
-    lost += len(ids_truth - set(ids))  # upsert: one row per event
-    duplicated += sum(n - 1 for n in ids.values()) + len(set(ids) - ids_truth)
+        found["xa_lost"], found["xa_duplicated"] = found["xa_lost"] + max(0, -difference), \
+            found["xa_duplicated"] + max(0, difference)
+    found["upsert_lost"] = len(ids_truth - set(ids))  # upsert: one row per event
+    found["upsert_duplicated"] = sum(n - 1 for n in ids.values()) + len(set(ids) - ids_truth)
     out_truth, out = ip_counts.true_counts(bootstrap), ip_counts.output_counts(bootstrap)
     for key in set(out) | set(out_truth):  # Kafka: requests per (window, ip) as read_committed readers see them
         difference = out.get(key, 0) - out_truth.get(key, 0)
-        lost, duplicated = lost + max(0, -difference), duplicated + max(0, difference)
-    import json
-
+        found["kafka_lost"], found["kafka_duplicated"] = found["kafka_lost"] + max(0, -difference), \
+            found["kafka_duplicated"] + max(0, difference)
     per_batch = Counter((k, json.loads(v)["batch_id"]) for k, v in read_topic(bootstrap, ip_counts.SINK)[0])
-    duplicated += sum(n - 1 for n in per_batch.values())  # one key of one batch twice in the output
-    return lost, duplicated, prepared
+    found["kafka_batch_key_twice"] = sum(n - 1 for n in per_batch.values())  # one key of one batch twice
+    if any(found.values()):
+        print("soak: differences " + " ".join(f"{k}={n}" for k, n in sorted(found.items()) if n), flush=True)
+    lost = sum(n for k, n in found.items() if k.endswith("_lost"))
+    return lost, sum(found.values()) - lost, prepared
 
 
 def main() -> int:

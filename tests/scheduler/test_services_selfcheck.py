@@ -86,6 +86,18 @@ def wait_until(check, timeout: float, what: str, airflow: AirflowServices, dag_i
     return result
 
 
+def settled(read, quiet_s: float, timeout: float, what: str, airflow: AirflowServices, dag_id: str):
+    """``read()`` once it has not changed for ``quiet_s`` (several scheduler loops)."""
+    deadline, last = time.monotonic() + timeout, read()
+    while True:
+        time.sleep(quiet_s)
+        if (now := read()) == last:
+            return now
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out: {what}\n{airflow.diagnostics(dag_id)}")
+        last = now
+
+
 def consumed_event_ids(airflow: AirflowServices, dag_id: str) -> set[int]:
     """Ids of the asset events consumed by the finished asset-triggered runs of ``dag_id``."""
     ids: set[int] = set()
