@@ -456,7 +456,7 @@ class PipelineOperations:
         group = self._kafka_group(info.pipeline_id, info)
         if group is not None:
             try:
-                committed = committed_by_kafka(batches, group.group_offsets())
+                committed = committed_by_kafka(batches, group.group_offsets(r.key for b in batches for r in b.ranges))
             except Exception as exc:
                 notes.append(f"the Kafka sink's group offsets are unknown ({exc}): a batch it committed would be "
                              "rolled forward by recovery, not aborted")

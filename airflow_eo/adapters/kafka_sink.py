@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
@@ -106,21 +106,28 @@ class KafkaTransactionalAdapter:
             self._producer = producer
         return self._producer
 
-    def group_offsets(self) -> dict[tuple[str, int], int]:
-        """The group's committed offsets, once no transaction's offsets are pending on them.
+    def group_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The group's committed offsets of ``partitions``, once no transaction's offsets are pending on them.
 
         Right after ``commit_transaction`` returns, the commit markers may still be on their way to the group's
         partitions: the broker answers such a partition with ``UNSTABLE_OFFSET_COMMIT`` (``require_stable``). That
         partition is asked again, never dropped: recovery would take a missing offset for an uncommitted batch.
+        The partitions are named, not listed from the group: a listing shows only partitions with an offset
+        already committed, so a group's first transaction would read as no offsets at all until its markers land.
+
+        :param partitions: the ``(topic, partition)`` pairs to read; one without a committed offset is left out.
         """
-        request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id))]
+        wanted = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
+        if not wanted:
+            return {}
+        request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id), wanted)]
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             futures = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=TIMEOUT_S)
-            partitions = next(iter(futures.values())).result().topic_partitions or []
-            pending = [tp for tp in partitions if tp.error is not None]
+            answered = next(iter(futures.values())).result().topic_partitions or []
+            pending = [tp for tp in answered if tp.error is not None]
             if not pending:
-                return {(tp.topic, tp.partition): tp.offset for tp in partitions if tp.offset >= 0}
+                return {(tp.topic, tp.partition): tp.offset for tp in answered if tp.offset >= 0}
             if time.monotonic() > deadline:
                 raise KafkaException(f"{self.name}: the committed offsets of group {group_id(self.pipeline_id)} on "
                                      + ", ".join(f"{tp.topic}[{tp.partition}] ({tp.error})" for tp in pending)
@@ -135,7 +142,7 @@ class KafkaTransactionalAdapter:
         self.producer()  # init_transactions: an older producer's open transaction is aborted now
         if not unfinished:
             return set()
-        committed = committed_by_kafka(unfinished, self.group_offsets())
+        committed = committed_by_kafka(unfinished, self.group_offsets(r.key for b in unfinished for r in b.ranges))
         for batch_id in sorted(committed):
             log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
                         self.name, batch_id)

@@ -21,18 +21,18 @@ from tests.support.example_state import reset_ip_counts
 PIPELINE = "ip_counts_kafka"
 
 
-def group_offsets(bootstrap: str, pipeline: str) -> dict[tuple[str, int], int]:
+def group_offsets(bootstrap: str, pipeline: str, source: str) -> dict[tuple[str, int], int]:
+    """The pipeline's group offsets on every partition of ``source``."""
     sink = KafkaTransactionalSink(topic="unused")
     adapter = KafkaTransactionalAdapter(sink, {"bootstrap.servers": bootstrap}, pipeline)
-    return adapter.group_offsets()
+    return adapter.group_offsets((source, p) for p in read_topic(bootstrap, source)[1])
 
 
 def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
     assert ip_counts.output_counts(bootstrap) == ip_counts.true_counts(bootstrap)
     store = dict(((t, p), o) for t, p, o in rows(
         mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s", (PIPELINE,)))
-    group = group_offsets(bootstrap, PIPELINE)
-    assert store == {k: v for k, v in group.items() if k[0] == ip_counts.SOURCE}, "store and Kafka group disagree"
+    assert store == group_offsets(bootstrap, PIPELINE, ip_counts.SOURCE), "store and Kafka group disagree"
     states = {r[0] for r in rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (PIPELINE,))}
     assert states <= {"committed", "aborted"}
 
@@ -98,20 +98,23 @@ def test_an_old_producer_that_wakes_up_is_fenced_and_never_visible(bootstrap, to
 
 def test_group_offsets_right_after_a_commit_wait_for_the_commit_markers(bootstrap, topic_name):
     """Just after ``commit_transaction`` the broker answers UNSTABLE_OFFSET_COMMIT for the group's partitions
-    (seen on most tries here); recovery must read the committed offsets then, not take the group for empty."""
+    (seen on most tries here); recovery must read the committed offsets then, not take the group for empty.
+    The first commit matters most: a listing of the group's offsets shows nothing while only pending
+    transactional offsets exist (a fresh-clone CI run saw ``{}`` there); named partitions are answered unstable."""
     source = create_topic(bootstrap, f"{topic_name}_in", 3)
     out = create_topic(bootstrap, f"{topic_name}_out", 1)
     adapter = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap},
                                         f"stable_{topic_name}")
     producer = adapter.producer()
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id(adapter.pipeline_id)})
+    partitions = [(source, p) for p in range(3)]
     for end in range(1, 11):
         producer.begin_transaction()
         producer.produce(out, b"x")
         producer.send_offsets_to_transaction([TopicPartition(source, p, end) for p in range(3)],
                                              group.consumer_group_metadata(), 30)
         producer.commit_transaction(30)
-        assert adapter.group_offsets() == {(source, p): end for p in range(3)}
+        assert adapter.group_offsets(partitions) == {(source, p): end for p in range(3)}
     group.close()
 
 
@@ -129,7 +132,7 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
     summary = run(op)
     assert summary["records_in"] == 10 and summary["rows_out"] == 0
     assert read_topic(bootstrap, out, "read_uncommitted")[0] == []
-    assert group_offsets(bootstrap, op.pipeline_id) == {(source, 0): 5, (source, 1): 5}
+    assert group_offsets(bootstrap, op.pipeline_id, source) == {(source, 0): 5, (source, 1): 5}
     stored = rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                   (op.pipeline_id,))
     assert sorted(stored) == [(0, 5), (1, 5)]
