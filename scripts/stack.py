@@ -174,6 +174,10 @@ def kafka_node_up(home: Path, node_id: int, port: int, voters: dict[int, int], r
         "transaction.max.timeout.ms=900000",
         # Retention checks every 5s so data-loss tests need not wait long.
         "log.retention.check.interval.ms=5000",
+        # DeleteRecords moves a partition's start in memory; a SIGKILLed broker restarts from the last
+        # checkpoint of it (default every 60s), bringing the records back. The tests empty topics that way
+        # and the fault tests kill the broker: checkpoint every second (wait_until_deleted_records_stay_deleted).
+        "log.flush.start.offset.checkpoint.interval.ms=1000",
         "auto.create.topics.enable=false",
         "",
     ]))
@@ -432,6 +436,21 @@ def restart(service: str) -> None:
     if pid_alive(PID_FILES[service]):
         kill(service)
     start(service)
+
+
+# Kafka's LogManager writes its first log-start checkpoint 30s after the broker starts, then every
+# log.flush.start.offset.checkpoint.interval.ms (1s here).
+KAFKA_FIRST_CHECKPOINT_S = 30 + 2
+
+
+def wait_until_deleted_records_stay_deleted() -> None:
+    """Wait until records deleted with DeleteRecords stay deleted across a SIGKILL of the stack's broker.
+
+    DeleteRecords moves a partition's start in memory only; a broker killed before its next log-start
+    checkpoint comes back with the deleted records readable again (seen here: 500 deleted records back).
+    """
+    started = PID_FILES["kafka"].stat().st_mtime
+    time.sleep(max(0.0, started + KAFKA_FIRST_CHECKPOINT_S - time.time()) + 2)
 
 
 def second_mariadb_up() -> dict:
