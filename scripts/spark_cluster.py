@@ -5,18 +5,18 @@ Usage: ``python scripts/spark_cluster.py up|down|status`` (``make spark-cluster`
 Started from the installed pyspark's jars (``pyspark/bin/spark-class``, ``spark-submit``), each part in its own
 JVM and process group:
 
-- master ``spark://127.0.0.1:37077`` (web UI on 127.0.0.1:37080, whose ``/json`` the script polls);
-- two workers (127.0.0.1:37078 and :37079, UIs :37081 and :37082), 1 core and 1g each
+- master ``spark://127.0.0.1:27077`` (web UI on 127.0.0.1:27080, whose ``/json`` the script polls);
+- two workers (127.0.0.1:27078 and :27079, UIs :27081 and :27082), 1 core and 1g each
   (``EO_SPARK_WORKER_CORES``, ``EO_SPARK_WORKER_MEMORY``); executors run in processes of their own, with
   ``SPARK_WORKER_DIR`` and local dirs under ``.stack/spark/``;
-- a Spark Connect server ``sc://127.0.0.1:35002`` (its own driver, ``local[2]`` unless
+- a Spark Connect server ``sc://127.0.0.1:25002`` (its own driver, ``local[2]`` unless
   ``EO_SPARK_CONNECT_MASTER`` says otherwise: a long-lived Connect application on the standalone cluster
   would hold its executors, and so the cluster's two cores, for as long as it runs) with Spark's Kafka
   connector on its classpath;
-- a second Connect server on 35003 that requires a pre-shared token (``spark.connect.authenticate.token``,
+- a second Connect server on 25003 that requires a pre-shared token (``spark.connect.authenticate.token``,
   passed in its environment as ``SPARK_CONNECT_AUTHENTICATE_TOKEN`` so that ``ps`` does not show it).
   pyspark's client sends a token over TLS unless the host is literally ``localhost`` (then gRPC's local
-  credentials, plaintext on loopback), so its URL is ``sc://localhost:35003/;token=...``.
+  credentials, plaintext on loopback), so its URL is ``sc://localhost:25003/;token=...``.
 
 Executors and Connect's Python workers run the Python of a second environment,
 ``.stack/spark-worker-venv`` (pyspark at the driver's version, pyarrow, pandas, pymysql; no airflow_eo,
@@ -63,12 +63,12 @@ def _port(name: str, default: int) -> int:
     return int(os.environ.get(name, str(default)))
 
 
-MASTER_PORT = _port("EO_SPARK_MASTER_PORT", 37077)
-MASTER_UI_PORT = _port("EO_SPARK_MASTER_UI_PORT", 37080)
-WORKER_PORT = _port("EO_SPARK_WORKER_PORT", 37078)
-WORKER_UI_PORT = _port("EO_SPARK_WORKER_UI_PORT", 37081)
-CONNECT_PORT = _port("EO_SPARK_CONNECT_PORT", 35002)
-CONNECT_TOKEN_PORT = _port("EO_SPARK_CONNECT_TOKEN_PORT", 35003)
+MASTER_PORT = _port("EO_SPARK_MASTER_PORT", 27077)
+MASTER_UI_PORT = _port("EO_SPARK_MASTER_UI_PORT", 27080)
+WORKER_PORT = _port("EO_SPARK_WORKER_PORT", 27078)
+WORKER_UI_PORT = _port("EO_SPARK_WORKER_UI_PORT", 27081)
+CONNECT_PORT = _port("EO_SPARK_CONNECT_PORT", 25002)
+CONNECT_TOKEN_PORT = _port("EO_SPARK_CONNECT_TOKEN_PORT", 25003)
 MASTER_URL = f"spark://{HOST}:{MASTER_PORT}"
 CONNECT_MASTER = os.environ.get("EO_SPARK_CONNECT_MASTER", "local[2]")
 WORKER_CORES = os.environ.get("EO_SPARK_WORKER_CORES", "1")

@@ -40,9 +40,11 @@ CACHE = Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo
 KAFKA_POM = REPO / "scripts" / "kafka" / "pom.xml"
 KAFKA_LOG4J = REPO / "scripts" / "kafka" / "log4j2.properties"
 
-KAFKA_PORT = int(os.environ.get("EO_STACK_KAFKA_PORT", "39092"))
+# Every default port is below the kernel's ephemeral ports (32768-60999): a JVM's bind(0) or a client socket
+# could hold one of those while a killed service restarts (seen with Spark Connect on 35002).
+KAFKA_PORT = int(os.environ.get("EO_STACK_KAFKA_PORT", "29092"))
 KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
-MARIADB_PORT = int(os.environ.get("EO_STACK_MYSQL_PORT", "33306"))
+MARIADB_PORT = int(os.environ.get("EO_STACK_MYSQL_PORT", "23306"))
 DB_NAME, DB_USER, DB_PASSWORD = "airflow_eo", "eo", "eo"
 
 

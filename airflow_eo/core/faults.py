@@ -69,9 +69,10 @@ def kill_and_wait(pid: int, timeout_s: float = 30.0) -> None:
 def running(pid: int) -> bool:
     """True while any thread of ``pid`` runs. A killed process its parent has not reaped yet (a zombie)
     does not; its main thread turns zombie before the others are gone and its sockets closed."""
+    # A process being reaped answers a read of its /proc entries with ESRCH (ProcessLookupError).
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
     except OSError:  # no /proc (not Linux): ask the kernel
         try:
@@ -84,7 +85,7 @@ def running(pid: int) -> bool:
             with open(f"/proc/{pid}/task/{task}/stat") as stat:
                 if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
                     return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return False
 

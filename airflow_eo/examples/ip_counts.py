@@ -5,7 +5,7 @@ record per (window, ip) it contributes to ``ip_count_sink``: key ``"<window_star
 JSON value with the window, ip, count and batch id. Summing ``count`` per key over the
 committed output gives the true count per (window, ip). Producer::
 
-    python -m airflow_eo.examples.ip_counts --bootstrap 127.0.0.1:39092 --count 10000
+    python -m airflow_eo.examples.ip_counts --bootstrap 127.0.0.1:29092 --count 10000
 """
 
 from __future__ import annotations

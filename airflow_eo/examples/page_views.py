@@ -2,7 +2,7 @@
 
 Also a producer command for the demo and the tests::
 
-    python -m airflow_eo.examples.page_views --bootstrap 127.0.0.1:39092 --count 1000
+    python -m airflow_eo.examples.page_views --bootstrap 127.0.0.1:29092 --count 1000
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ PARTS = ("master", "worker1", "worker2", "connect", "connect-token")
 
 @dataclass(frozen=True)
 class SparkCluster:
-    master: str  # spark://127.0.0.1:37077
-    connect: str  # sc://127.0.0.1:35002
-    connect_token_url: str  # sc://localhost:35003 (a token needs the host spelled "localhost": see spark_cluster.py)
+    master: str  # spark://127.0.0.1:27077
+    connect: str  # sc://127.0.0.1:25002
+    connect_token_url: str  # sc://localhost:25003 (a token needs the host spelled "localhost": see spark_cluster.py)
     token: str
     worker_python: str  # the executors' Python (no airflow_eo, no Airflow)
     started_here: bool  # this test session started the cluster (and stops it at the end)
