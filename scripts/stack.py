@@ -189,7 +189,8 @@ def kafka_node_up(home: Path, node_id: int, port: int, voters: dict[int, int], r
                 "-cp", f"{jars}/*"]
     if not (home / "data" / "meta.properties").exists():
         subprocess.run(
-            java_cmd + ["kafka.tools.StorageTool", "format", "-t", cluster or cluster_id(),
+            # "--cluster-id=": an id may start with "-", which the tool would take for an option.
+            java_cmd + ["kafka.tools.StorageTool", "format", f"--cluster-id={cluster or cluster_id()}",
                         "-c", str(config), "--ignore-formatted"],
             check=True, stdout=subprocess.DEVNULL,
         )

@@ -68,10 +68,18 @@ def reset_ip_counts(bootstrap: str, connect_kwargs: dict[str, Any], pipeline_id:
                 if attempt == 19 or exc.args[0].code() not in leadership_not_ready:
                     raise
                 time.sleep(0.5)
-    for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
+    # A fresh broker has no group coordinator yet (its __consumer_offsets partitions are being created).
+    coordinator_not_ready = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                             KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+    for attempt in range(60):
         try:
-            future.result()
-        except Exception as exc:  # the group may not exist yet
-            if "GROUP_ID_NOT_FOUND" not in str(exc):
+            for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
+                future.result()
+            break
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:  # the group may not exist yet
+                break
+            if attempt == 59 or exc.args[0].code() not in coordinator_not_ready:
                 raise
+            time.sleep(0.5)
     MySqlOffsetStore(connect_kwargs).forget_pipeline(pipeline_id)
