@@ -34,7 +34,6 @@ from airflow_eo.core.operations import (
     RewindPlan,
     RewindTarget,
     check_rewind,
-    committed_by_kafka,
     decide_branch,
     decide_unfinished,
     partition_status,
@@ -456,7 +455,7 @@ class PipelineOperations:
         group = self._kafka_group(info.pipeline_id, info)
         if group is not None:
             try:
-                committed = committed_by_kafka(batches, group.group_offsets(r.key for b in batches for r in b.ranges))
+                committed = group.committed_batches(batches)
             except Exception as exc:
                 notes.append(f"the Kafka sink's group offsets are unknown ({exc}): a batch it committed would be "
                              "rolled forward by recovery, not aborted")

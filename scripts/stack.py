@@ -443,7 +443,7 @@ def restart(service: str) -> None:
 
 # Kafka's LogManager writes its first log-start checkpoint 30s after the broker starts, then every
 # log.flush.start.offset.checkpoint.interval.ms (1s here).
-KAFKA_FIRST_CHECKPOINT_S = 30 + 2
+KAFKA_FIRST_CHECKPOINT_S = 30
 
 
 def wait_until_deleted_records_stay_deleted() -> None:

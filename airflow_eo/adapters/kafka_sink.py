@@ -134,6 +134,10 @@ class KafkaTransactionalAdapter:
                                      + f" did not become stable in {TIMEOUT_S:.0f}s")
             time.sleep(0.2)
 
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        """The unfinished batches Kafka committed (the group reached their ends) but the store did not."""
+        return committed_by_kafka(unfinished, self.group_offsets(r.key for b in unfinished for r in b.ranges))
+
     # ------------------------------------------------------------------ protocol steps
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
@@ -142,7 +146,7 @@ class KafkaTransactionalAdapter:
         self.producer()  # init_transactions: an older producer's open transaction is aborted now
         if not unfinished:
             return set()
-        committed = committed_by_kafka(unfinished, self.group_offsets(r.key for b in unfinished for r in b.ranges))
+        committed = self.committed_batches(unfinished)
         for batch_id in sorted(committed):
             log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
                         self.name, batch_id)

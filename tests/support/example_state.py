@@ -11,6 +11,7 @@ from typing import Any
 
 import pymysql
 
+from airflow_eo.adapters.kafka_offsets import retry_transient
 from airflow_eo.adapters.kafka_sink import group_id
 from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
 from airflow_eo.adapters.offset_store import MySqlOffsetStore
@@ -68,18 +69,15 @@ def reset_ip_counts(bootstrap: str, connect_kwargs: dict[str, Any], pipeline_id:
                 if attempt == 19 or exc.args[0].code() not in leadership_not_ready:
                     raise
                 time.sleep(0.5)
-    # A fresh broker has no group coordinator yet (its __consumer_offsets partitions are being created).
-    coordinator_not_ready = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                             KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
-    for attempt in range(60):
-        try:
-            for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
+
+    def delete_group() -> None:
+        for future in admin.delete_consumer_groups([group_id(pipeline_id)], request_timeout=30).values():
+            try:
                 future.result()
-            break
-        except KafkaException as exc:
-            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:  # the group may not exist yet
-                break
-            if attempt == 59 or exc.args[0].code() not in coordinator_not_ready:
-                raise
-            time.sleep(0.5)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # the group may not exist yet
+                    raise
+
+    # A fresh broker answers NOT_COORDINATOR while its __consumer_offsets partitions are being created.
+    retry_transient("deleting the pipeline's consumer group", delete_group, timeout_s=60)
     MySqlOffsetStore(connect_kwargs).forget_pipeline(pipeline_id)
