@@ -17,22 +17,16 @@ from tests.conftest import create_topic
 from tests.integration.operator_harness import rows, run
 from tests.integration.page_views import run_dag
 from tests.support.example_state import reset_ip_counts
+from tests.support.kafka_group import group_positions
 
 PIPELINE = "ip_counts_kafka"
-
-
-def group_offsets(bootstrap: str, pipeline: str, source: str) -> dict[tuple[str, int], int]:
-    """The pipeline's group offsets on every partition of ``source``."""
-    sink = KafkaTransactionalSink(topic="unused")
-    adapter = KafkaTransactionalAdapter(sink, {"bootstrap.servers": bootstrap}, pipeline)
-    return adapter.group_offsets((source, p) for p in read_topic(bootstrap, source)[1])
 
 
 def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
     assert ip_counts.output_counts(bootstrap) == ip_counts.true_counts(bootstrap)
     store = dict(((t, p), o) for t, p, o in rows(
         mysql_kwargs, "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s", (PIPELINE,)))
-    assert store == group_offsets(bootstrap, PIPELINE, ip_counts.SOURCE), "store and Kafka group disagree"
+    assert store == group_positions(bootstrap, PIPELINE, ip_counts.SOURCE), "store and Kafka group disagree"
     states = {r[0] for r in rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (PIPELINE,))}
     assert states <= {"committed", "aborted"}
 
@@ -132,7 +126,7 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
     summary = run(op)
     assert summary["records_in"] == 10 and summary["rows_out"] == 0
     assert read_topic(bootstrap, out, "read_uncommitted")[0] == []
-    assert group_offsets(bootstrap, op.pipeline_id, source) == {(source, 0): 5, (source, 1): 5}
+    assert group_positions(bootstrap, op.pipeline_id, source) == {(source, 0): 5, (source, 1): 5}
     stored = rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                   (op.pipeline_id,))
     assert sorted(stored) == [(0, 5), (1, 5)]
