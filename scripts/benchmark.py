@@ -108,8 +108,19 @@ def sql(statement: str, args: Sequence[Any] = ()) -> list[tuple]:
         conn.close()
 
 
+#: Tables the running job made: dropped when it ends, so that every job meets a server without the others' rows.
+_made_tables: list[str] = []
+
+
 def fresh_table(example: str, label: str) -> str:
-    return page_views.create_table_like(mysql_kwargs(), example, f"bench_{label}_{uuid.uuid4().hex[:6]}")
+    table = page_views.create_table_like(mysql_kwargs(), example, f"bench_{label}_{uuid.uuid4().hex[:6]}")
+    _made_tables.append(table)
+    return table
+
+
+def drop_made_tables() -> None:
+    while _made_tables:
+        sql(f"DROP TABLE IF EXISTS `{_made_tables.pop()}`")  # names made by fresh_table
 
 
 def table_rows(table: str) -> int:
@@ -232,6 +243,7 @@ def r_db(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
             done = sum(pool.map(work, [(c, table, a) for c, _, a in args]))
             timings[method] = time.monotonic() - started
             expect(f"rows loaded by {method}", (done, table_rows(table)), (events, events))
+            drop_made_tables()
     best = min(timings, key=lambda m: timings[m])
     return Job("r_db", events, parallelism, timings[best], {k: round(v, 3) for k, v in timings.items()},
                note=f"fastest: {best}")
@@ -245,8 +257,9 @@ def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int
     table = fresh_table("page_view_events", "ss")
     spark = SparkSessionHook().get_conn()
     eng = engine(parallelism)
-    # Our writer's statements, without the offset store (so without the epoch fence of our upsert sink).
-    writer = MySqlUpsertAdapter(MySqlUpsertSink(table=table, key_columns=["event_id"]), mysql_kwargs())
+    # Our writer's multi-row statements (the peer as teams write it: no bulk load), without the offset store
+    # (so without the epoch fence of our upsert sink).
+    writer = MySqlUpsertAdapter(MySqlUpsertSink(table=table, key_columns=["event_id"], bulk_load=False), mysql_kwargs())
     writer.check()
     starting, _ = spark_offsets(whole_topic(topic))
 
@@ -476,7 +489,10 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             if name.removesuffix("_lines") not in wanted:
                 continue
             memory.reset()
-            job = run()
+            try:
+                job = run()
+            finally:
+                drop_made_tables()
             job.name = name
             job.driver_peak_rss_mb = memory.peak_mb()
             jobs.append(job)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pymysql
 
 from airflow_eo.adapters.offset_store import EpochFence
@@ -30,8 +32,11 @@ from airflow_eo.core.sql import (
     DEAD_LETTER_COLUMNS,
     dead_letter_ddl,
     keeps_prepared_xa,
+    load_staging_statement,
     parse_server_version,
+    staging_table_ddl,
     supports_row_alias,
+    upsert_from_staging_statement,
     upsert_statement,
 )
 from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
@@ -48,8 +53,9 @@ ER_NO_SUCH_TABLE = 1146
 STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 
 
-def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True) -> pymysql.connections.Connection:
-    return pymysql.connect(**connect_kwargs, autocommit=autocommit, charset="utf8mb4")
+def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True,
+            local_infile: bool = False) -> pymysql.connections.Connection:
+    return pymysql.connect(**connect_kwargs, autocommit=autocommit, charset="utf8mb4", local_infile=local_infile)
 
 
 # --------------------------------------------------------------------------- XA helpers
@@ -140,27 +146,41 @@ class PartitionWriter:
     driver_pid: int
     #: upsert sink on the offset store's server: each transaction first checks the attempt's epoch
     fence: EpochFence | None = None
+    #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
+    bulk_load: bool = False
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int,
                  attempt_id: int) -> tuple[str | None, int]:
-        rows = _rows(batches, self.columns)
-        first = next(rows, None)
+        nonempty = (b for b in batches if b.num_rows)
+        first = next(nonempty, None)
         if first is None:
             return None, 0  # nothing to write: no branch at all
+        stream = _chain(first, nonempty)
+        staging_types = _staging_types(first.schema, self.columns) if self.bulk_load else None
         # XA: one branch; fenced upsert: explicit transactions (the epoch's shared lock lasts until commit).
-        conn = connect(self.connect_kwargs, autocommit=not self.xa and self.fence is None)
+        autocommit = not self.xa and self.fence is None
+        conn = connect(self.connect_kwargs, autocommit=autocommit, local_infile=staging_types is not None)
         try:
             xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
             if self.xa:
                 self._rollback_earlier_attempts(conn, xid)
-                with conn.cursor() as cur:
+            with conn.cursor() as cur:
+                hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
+                kill_executor_if_requested()  # ... or lost mid-write
+                staged = 0
+                if staging_types is not None:
+                    # Before XA START: session-private rows that belong to no branch and no transaction.
+                    staged = _stage(cur, stream, self.columns, staging_types)
+                    if not autocommit:
+                        conn.commit()
+                if self.xa:
                     cur.execute(f"XA START {xid.sql()}")
-            written = self._write(conn, _chain(first, rows))
-            if self.xa:
-                with conn.cursor() as cur:
+                written = (self._write_staged(conn, cur, staged) if staging_types is not None
+                           else self._write(conn, cur, _rows(stream, self.columns)))
+                if self.xa:
                     cur.execute(f"XA END {xid.sql()}")
                     cur.execute(f"XA PREPARE {xid.sql()}")
-                return xid.encode(), written
+                    return xid.encode(), written
             return None, written
         finally:
             conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
@@ -173,54 +193,145 @@ class PartitionWriter:
                     xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
                 xa_end_of(conn, other, "ROLLBACK")
 
-    def _write(self, conn: pymysql.connections.Connection, rows: Iterator[tuple]) -> int:
+    def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int) -> int:
+        """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
+        if self.fence is not None:
+            self.fence.check(cur, "LOCK IN SHARE MODE")
+        cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates))
+        if not self.xa:
+            conn.commit()
+        crash_if("during_write", self.driver_pid)
+        return staged
+
+    def _write(self, conn: pymysql.connections.Connection, cur: Any, rows: Iterator[tuple]) -> int:
+        """Multi-row statements (the path without bulk load)."""
         full_sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates,
                                     self.rows_per_statement, self.row_alias)
         written = 0
         chunk: list[tuple] = []
         chunk_bytes = 0
-        with conn.cursor() as cur:
-            hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
-            kill_executor_if_requested()  # ... or lost mid-write
-            if self.fence is not None:
-                self.fence.check(cur, "LOCK IN SHARE MODE")
+        if self.fence is not None:
+            self.fence.check(cur, "LOCK IN SHARE MODE")
 
-            def flush(last: bool) -> None:
-                nonlocal written, chunk_bytes
-                sql = full_sql if len(chunk) == self.rows_per_statement else upsert_statement(
-                    self.table, self.columns, self.key_columns, self.updates, len(chunk), self.row_alias)
-                cur.execute(sql, [v for r in chunk for v in r])
-                written += len(chunk)
-                chunk.clear()
-                chunk_bytes = 0
-                if not self.xa:
-                    conn.commit()
-                crash_if("during_write", self.driver_pid)
-                if self.fence is not None and not last:
-                    self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
+        def flush(last: bool) -> None:
+            nonlocal written, chunk_bytes
+            sql = full_sql if len(chunk) == self.rows_per_statement else upsert_statement(
+                self.table, self.columns, self.key_columns, self.updates, len(chunk), self.row_alias)
+            cur.execute(sql, [v for r in chunk for v in r])
+            written += len(chunk)
+            chunk.clear()
+            chunk_bytes = 0
+            if not self.xa:
+                conn.commit()
+            crash_if("during_write", self.driver_pid)
+            if self.fence is not None and not last:
+                self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
 
-            for row in rows:
-                chunk.append(row)
-                chunk_bytes += sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in row)
-                # Big records make fewer rows per statement: one statement stays far below the server's
-                # max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8) whatever the records' size.
-                if len(chunk) == self.rows_per_statement or chunk_bytes >= STATEMENT_MAX_CHARS:
-                    flush(last=False)
-            if chunk:
-                flush(last=True)
+        for row in rows:
+            chunk.append(row)
+            chunk_bytes += sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in row)
+            # Big records make fewer rows per statement: one statement stays far below the server's
+            # max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8) whatever the records' size.
+            if len(chunk) == self.rows_per_statement or chunk_bytes >= STATEMENT_MAX_CHARS:
+                flush(last=False)
+        if chunk:
+            flush(last=True)
         return written
+
+
+def _sink_array(batch: pa.RecordBatch, name: str) -> pa.Array:
+    array = batch.column(batch.schema.get_field_index(name))
+    if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+        # Spark hands out UTC instants; DATETIME columns take naive UTC values.
+        array = array.cast(pa.timestamp(array.type.unit))
+    return array
 
 
 def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator[tuple]:
     for batch in batches:
-        arrays = []
-        for name in columns:
-            array = batch.column(batch.schema.get_field_index(name))
-            if pa.types.is_timestamp(array.type) and array.type.tz is not None:
-                # Spark hands out UTC instants; DATETIME columns take naive UTC values.
-                array = array.cast(pa.timestamp(array.type.unit))
-            arrays.append(array.to_pylist())
-        yield from zip(*arrays, strict=True)
+        yield from zip(*(_sink_array(batch, name).to_pylist() for name in columns), strict=True)
+
+
+# --------------------------------------------------------------------------- bulk load (executor side)
+
+#: A staging file is loaded when it holds this many bytes of Arrow data (disk use per writer task stays bounded).
+STAGING_FILE_BYTES = 64 * 1024 * 1024
+_CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, null_string="NULL", quoting_style="needed")
+
+
+def _staging_type(arrow_type: pa.DataType) -> str | None:
+    """The staging column's type for an Arrow type whose CSV text MariaDB/MySQL reads back exactly; None for types
+    that go through the multi-row statements instead (binary, nested, time, half floats)."""
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "LONGTEXT"
+    if pa.types.is_boolean(arrow_type) or pa.types.is_signed_integer(arrow_type) or arrow_type in (
+            pa.uint8(), pa.uint16(), pa.uint32()):
+        return "BIGINT"
+    if arrow_type == pa.uint64():
+        return "BIGINT UNSIGNED"
+    if arrow_type == pa.float32():
+        return "FLOAT"  # Arrow writes a float32's shortest text: a DOUBLE would read 0.1, not float32(0.1)
+    if arrow_type == pa.float64():
+        return "DOUBLE"
+    if pa.types.is_timestamp(arrow_type):
+        return "DATETIME(6)"
+    if pa.types.is_date32(arrow_type):
+        return "DATE"
+    if pa.types.is_decimal128(arrow_type) and arrow_type.precision <= 65 and arrow_type.scale <= 30:
+        return f"DECIMAL({arrow_type.precision},{arrow_type.scale})"
+    return None
+
+
+def _staging_types(schema: pa.Schema, columns: Sequence[str]) -> list[str] | None:
+    types = [_staging_type(schema.field(name).type) for name in columns]
+    return None if None in types else [t for t in types if t is not None]
+
+
+def _stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], types: Sequence[str]) -> int:
+    """Loads the partition's rows into the session's staging table with ``LOAD DATA LOCAL INFILE``, from CSV files
+    that Arrow writes (no per-value Python), at most :data:`STAGING_FILE_BYTES` at a time; returns the rows."""
+    cur.execute(staging_table_ddl(types))
+    statement = load_staging_statement(len(columns))
+    fd, path = tempfile.mkstemp(prefix="airflow_eo_stage_", suffix=".csv")
+    os.close(fd)
+    staged = pending_rows = pending_bytes = 0
+    writer: pa_csv.CSVWriter | None = None
+    try:
+        for batch in batches:
+            arrays = [_sink_array(batch, name) for name in columns]
+            arrays = [a.cast(pa.int8()) if pa.types.is_boolean(a.type) else a for a in arrays]  # "true" -> 1
+            rows = pa.RecordBatch.from_arrays(arrays, [f"c{i}" for i in range(len(arrays))])
+            if writer is None:
+                writer = pa_csv.CSVWriter(path, rows.schema, write_options=_CSV_OPTIONS)
+            writer.write_batch(rows)
+            pending_rows += rows.num_rows
+            pending_bytes += rows.nbytes
+            if pending_bytes >= STAGING_FILE_BYTES:
+                writer.close()
+                writer = None
+                staged += _load(cur, statement, path, pending_rows)
+                pending_rows = pending_bytes = 0
+        if writer is not None:
+            writer.close()
+            staged += _load(cur, statement, path, pending_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+        os.unlink(path)
+    return staged
+
+
+def _load(cur: Any, statement: str, path: str, rows: int) -> int:
+    # LOCAL turns data errors into warnings: any warning (or a row count off) fails the task, nothing is guessed.
+    loaded = cur.execute(statement, (path,))
+    cur.execute("SHOW WARNINGS LIMIT 3")
+    warnings = cur.fetchall()
+    if warnings or loaded != rows:
+        raise pymysql.err.DataError(
+            f"bulk load of {rows} row(s) into the staging table loaded {loaded}"
+            + (f", with warnings: {'; '.join(str(w[2]) for w in warnings)}" if warnings else "")
+            + "; nothing of this task was written. Set bulk_load=False on the sink to write with statements.")
+    return loaded
 
 
 def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
@@ -256,6 +367,7 @@ class MySqlUpsertAdapter:
         self.name = spec.name
         self.store_kwargs = dict(store_kwargs) if store_kwargs else None
         self.row_alias = False
+        self.bulk_load = False  # the spec asks for it and the server allows LOAD DATA LOCAL (checked in check())
         self.table_columns: list[str] = []
 
     # -- checks before any side effect
@@ -277,6 +389,12 @@ class MySqlUpsertAdapter:
                 flavor, version = parse_server_version(row[0])
                 self.row_alias = supports_row_alias(flavor, version)
                 self._check_server(conn, flavor, version)
+                cur.execute("SELECT @@local_infile")
+                allowed = cur.fetchone()
+                self.bulk_load = bool(self.spec.bulk_load and allowed and int(allowed[0]))
+                if self.spec.bulk_load and not self.bulk_load:
+                    log.info("%s: the server does not allow LOAD DATA LOCAL INFILE (local_infile=OFF); writing with "
+                             "multi-row statements", self.name)
                 self.table_columns = self._table_columns(cur)
                 self._check_unique_key(cur)
                 cur.execute(dead_letter_ddl(self.spec.dead_letter_table))
@@ -374,7 +492,7 @@ class MySqlUpsertAdapter:
             row_alias=self.row_alias, rows_per_statement=spec.rows_per_statement, xa=self.xa,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             driver_pid=os.getpid(),  # the during_write crash point kills the driver, not the executor
-            fence=self.epoch_fence(batch),
+            fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
     def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:

