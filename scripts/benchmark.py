@@ -45,7 +45,7 @@ from typing import Any
 from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
 from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.adapters.spark_session import maven_jars
-from airflow_eo.core.config import ParseConfig, ValueFormat
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.core.sql import upsert_statement
@@ -61,7 +61,7 @@ CONNECTOR_J = ("org.mariadb.jdbc", "mariadb-java-client", "3.5.3")
 EVENT_COLUMNS = ("event_id", "app_id", "user_id", "ts")
 ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_statement
 PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn")
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters")
 LIMITS = ("r_kafka", "r_db")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
@@ -145,9 +145,10 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def engine(parallelism: int, transform: Any = None, schema: str | None = page_views.SCHEMA) -> SparkBatchEngine:
-    parse = ParseConfig(schema=schema, write_partitions=parallelism) if schema else ParseConfig(
-        value_format=ValueFormat.STRING, write_partitions=parallelism)
+def engine(parallelism: int, transform: Any = None, schema: str | None = page_views.SCHEMA,
+           on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL) -> SparkBatchEngine:
+    parse = ParseConfig(schema=schema, write_partitions=parallelism, on_bad_record=on_bad_record) if schema else (
+        ParseConfig(value_format=ValueFormat.STRING, write_partitions=parallelism, on_bad_record=on_bad_record))
     return SparkBatchEngine(SparkSessionHook().get_conn, KafkaClusterHook("kafka_default").get_config(), parse,
                             transform=transform)
 
@@ -351,18 +352,35 @@ def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job
 
 
 def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
-         schema: str | None = page_views.SCHEMA) -> Job:
+         schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL) -> Job:
     kafka = KafkaClusterHook("kafka_default")
     pipeline_id = f"bench_{name}_{topic}"
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
                         store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(),
-                        engine=engine(parallelism, transform, schema), sink=sink.adapter(pipeline_id))
+                        engine=engine(parallelism, transform, schema, on_bad_record), sink=sink.adapter(pipeline_id))
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
+    job_dead_letters[name] = summary.dead_letters
     phases = dict(summary.seconds)
     job = Job(name, events, parallelism, seconds, phases)
     job.protocol_share = sum(phases.get(k, 0.0) for k in ("plan", "commit", "finalize")) / seconds
+    return job
+
+
+job_dead_letters: dict[str, int] = {}
+
+
+def eo_xa_dead_letters(lines_topic: str, events: int, parallelism: int) -> Job:
+    """Every record bad: the text lines read with the page views' JSON schema, all dead-lettered (XA sink). Shows
+    that the driver's memory does not grow with the number of dead letters."""
+    table, dead = fresh_table("page_view_events", "xadl"), f"bench_dl_{uuid.uuid4().hex[:6]}"
+    _made_tables.append(dead)  # created by the sink's check
+    sink = MySqlXaSink(table=table, key_columns=["event_id"], dead_letter_table=dead)
+    job = ours("eo_xa_dead_letters", sink, None, lines_topic, events, parallelism,
+               on_bad_record=BadRecordPolicy.DEAD_LETTER)
+    expect("dead letters (reported, in the table, rows out)",
+           (job_dead_letters["eo_xa_dead_letters"], table_rows(dead), table_rows(table)), (events, events, 0))
     return job
 
 
@@ -482,6 +500,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
             ("eo_kafka_txn", lambda: eo_kafka_txn(lines_topic, events, parallelism)),
+            ("eo_xa_dead_letters", lambda: eo_xa_dead_letters(lines_topic, events, parallelism)),
             (EMPTY_BATCH, lambda: eo_empty_batch(topic, parallelism)),
         ]
         memory = DriverMemory(jvm_pid)

@@ -10,6 +10,7 @@ statements; in XA mode the whole partition is one branch, prepared and reported.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import tempfile
@@ -51,6 +52,8 @@ ER_SPECIFIC_ACCESS_DENIED = 1227
 ER_NO_SUCH_TABLE = 1146
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
 STATEMENT_MAX_CHARS = 2 * 1024 * 1024
+#: Dead letters per Arrow batch handed to their writer (the driver holds about this many at a time).
+DEAD_LETTER_CHUNK = 10_000
 
 
 def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True,
@@ -495,10 +498,13 @@ class MySqlUpsertAdapter:
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
-    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
-        """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows."""
-        if not records:
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows. Streamed in
+        chunks of :data:`DEAD_LETTER_CHUNK` into one writer (one XA branch)."""
+        first = next(records, None)
+        if first is None:
             return []
+        records = itertools.chain([first], records)
         writer = PartitionWriter(
             connect_kwargs=self.connect_kwargs, table=self.spec.dead_letter_table, columns=DEAD_LETTER_COLUMNS,
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
@@ -506,9 +512,13 @@ class MySqlUpsertAdapter:
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch, driver_pid=0,
             fence=self.epoch_fence(batch),
         )
-        table = pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
-                                             "batch_id": batch.batch_id} for r in records])
-        xid, _ = writer([table], partition=-1, stage_id=0, attempt_id=0)
+
+        def chunks() -> Iterator[pa.RecordBatch]:
+            while chunk := list(itertools.islice(records, DEAD_LETTER_CHUNK)):
+                yield pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
+                                                   "batch_id": batch.batch_id} for r in chunk])
+
+        xid, _ = writer(chunks(), partition=-1, stage_id=0, attempt_id=0)
         return [xid] if xid else []
 
     # -- protocol steps (nothing to do: every write is already visible and replay-safe)

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 BATCH_VIEW = "kafka_batch"  # temp view name for SQL transforms
 METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key")
-MAX_DEAD_LETTERS = 100_000  # dead letters are collected to the driver; beyond this, fail
 
 # librdkafka settings that mean the same for Spark's Java client (security, bootstrap).
 _PASSED_TO_SPARK = ("bootstrap.servers", "security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
@@ -205,7 +204,7 @@ class SparkBatchEngine:
         t0 = time.monotonic()
         row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
         records_in, bad = int(row["records"]), int(row["bad"])
-        dead_letters = self._bad_records(parsed, bad) if bad else []
+        dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises here
         good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *METADATA_COLUMNS)
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
@@ -213,8 +212,8 @@ class SparkBatchEngine:
         written = sink.write(out, batch, self)
         xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
         seconds["write"] = round(time.monotonic() - t1, 3)
-        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
-                               xids=xids, seconds=seconds)
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
+                               seconds=seconds)
 
     def _write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext,
                              sink: Sink) -> ExecutionResult:
@@ -241,13 +240,15 @@ class SparkBatchEngine:
             row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
             counted = int(row["records"]), int(row["bad"])
         records_in, bad = counted
-        dead_letters = self._bad_records(parsed, bad) if bad else []  # fail: raises, and the attempt discards
+        dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises, the attempt discards
         xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
         seconds["dead_letters"] = round(time.monotonic() - t1, 3)
-        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=len(dead_letters),
-                               xids=xids, seconds=seconds)
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
+                               seconds=seconds)
 
-    def _bad_records(self, parsed: DataFrame, bad: int) -> list[DeadLetter]:
+    def _bad_records(self, parsed: DataFrame, bad: int) -> Iterator[DeadLetter]:
+        """The batch's bad records for the dead-letter table, streamed: the driver holds one partition of them at a
+        time, whatever their number. Under ``on_bad_record="fail"`` raises at once, naming the first."""
         from pyspark.sql import functions as F
 
         rows = parsed.where(F.col("_eo_error").isNotNull()).orderBy("kafka_topic", "kafka_partition", "kafka_offset")
@@ -258,15 +259,10 @@ class SparkBatchEngine:
                 f"offset {first['kafka_offset']}: {first['_eo_error']}. Nothing was committed. Fix the producer or "
                 "the schema, or set on_bad_record='dead_letter' to divert bad records to the dead-letter table."
             )
-        if bad > MAX_DEAD_LETTERS:
-            raise BadRecordError(f"{bad} bad records in one batch exceed the dead-letter limit of {MAX_DEAD_LETTERS}; "
-                                 "nothing was committed: check the producer and the schema")
-        return [
-            DeadLetter(r["kafka_topic"], r["kafka_partition"], r["kafka_offset"], r["kafka_key"], r["kafka_value"],
-                       r["_eo_error"])
-            for r in rows.select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_key", "kafka_value",
-                                 "_eo_error").collect()
-        ]
+        selected = rows.select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_key", "kafka_value",
+                               "_eo_error")
+        return (DeadLetter(r[0], r[1], r[2], r[3], r[4], r[5])
+                for r in selected.toLocalIterator(prefetchPartitions=False))
 
     def _apply_transform(self, spark: SparkSession, good: DataFrame, batch: BatchContext) -> DataFrame:
         if self.transform is None:

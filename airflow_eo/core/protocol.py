@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -281,8 +281,9 @@ class Sink(Protocol):
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""
     def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
         """Write the batch's output (a DataFrame of the engine) invisibly (prepared) or replay-safely."""
-    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
-        """Write bad records atomically with the batch; return the xids of prepared branches."""
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        """Write bad records atomically with the batch (an iterator: there may be more than fit in memory); return
+        the xids of prepared branches."""
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord]) -> set[int]:
         """Resolve leftovers; return the ids of unfinished batches the sink already committed."""

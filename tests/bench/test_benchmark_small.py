@@ -12,7 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
-        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_empty_batch"}
+        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters",
+        "eo_empty_batch"}
 
 
 def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airflow_db):

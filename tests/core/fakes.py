@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -492,8 +492,8 @@ class _SinkBase:
         if self.check_error is not None:
             raise self.check_error
 
-    def write_dead_letters(self, batch: BatchContext, records: Sequence[DeadLetter]) -> list[str]:
-        assert not records
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        assert next(records, None) is None
         return []
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
