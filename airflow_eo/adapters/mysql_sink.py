@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pymysql
 
+from airflow_eo.adapters import mysql_connection
 from airflow_eo.adapters.offset_store import EpochFence
 from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
@@ -58,7 +59,8 @@ DEAD_LETTER_CHUNK = 10_000
 
 def connect(connect_kwargs: Mapping[str, Any], autocommit: bool = True,
             local_infile: bool = False) -> pymysql.connections.Connection:
-    return pymysql.connect(**connect_kwargs, autocommit=autocommit, charset="utf8mb4", local_infile=local_infile)
+    return mysql_connection.connect(connect_kwargs, autocommit=autocommit, charset="utf8mb4",
+                                    local_infile=local_infile)
 
 
 # --------------------------------------------------------------------------- XA helpers
@@ -99,7 +101,8 @@ def read_dead_letters(connect_kwargs: Mapping[str, Any], table: str, pipeline_id
     if batch_id is not None:
         where += " AND batch_id = %s"
         args.append(batch_id)
-    conn = pymysql.connect(**connect_kwargs, autocommit=True, charset="utf8mb4", cursorclass=pymysql.cursors.DictCursor)
+    conn = mysql_connection.connect(connect_kwargs, autocommit=True, charset="utf8mb4",
+                                    cursorclass=pymysql.cursors.DictCursor)
     try:
         with conn.cursor() as cur:
             cur.execute("SET time_zone = '+00:00'")  # created_at (TIMESTAMP) in UTC

@@ -22,6 +22,7 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT
 
+from airflow_eo.adapters import mysql_connection
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -178,8 +179,8 @@ class MySqlOffsetStore:
     @contextmanager
     def transaction(self) -> Iterator[pymysql.cursors.DictCursor]:
         """One connection, one transaction: committed on success, rolled back on error."""
-        conn = pymysql.connect(
-            **self._connect_kwargs,
+        conn = mysql_connection.connect(
+            self._connect_kwargs,
             autocommit=False,
             cursorclass=pymysql.cursors.DictCursor,
             # Affected rows = matched rows, so a compare-and-set that rewrites an
