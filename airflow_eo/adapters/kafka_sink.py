@@ -222,6 +222,9 @@ class KafkaTransactionalAdapter:
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None
 
+    def can_hold_writes(self, out: Any) -> bool:
+        return False  # nothing to hold: its writes are invisible until the commit point
+
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         # check_pipeline refuses on_bad_record='dead_letter' with this sink when the DAG is parsed.
         assert next(records, None) is None, f"{self.name} keeps no dead letters"

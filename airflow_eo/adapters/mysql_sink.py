@@ -155,14 +155,16 @@ class PartitionWriter:
     #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
     bulk_load: bool = False
 
-    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int,
-                 attempt_id: int) -> tuple[str | None, int]:
+    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
         nonempty = (b for b in batches if b.num_rows)
         first = next(nonempty, None)
         if first is None:
             return None, 0  # nothing to write: no branch at all
         stream = _chain(first, nonempty)
         staging_types = _staging_types(first.schema, self.columns) if self.bulk_load else None
+        if agreed is not None and staging_types is None:
+            raise RuntimeError("a writer without bulk load cannot hold its rows (can_hold_writes said no)")
         # XA: one branch; fenced upsert: explicit transactions (the epoch's shared lock lasts until commit).
         autocommit = not self.xa and self.fence is None
         conn = connect(self.connect_kwargs, autocommit=autocommit, local_infile=staging_types is not None)
@@ -179,6 +181,8 @@ class PartitionWriter:
                     staged = _stage(cur, stream, self.columns, staging_types)
                     if not autocommit:
                         conn.commit()
+                    if agreed is not None and not agreed():
+                        return None, 0  # another partition found a bad record: write nothing
                 if self.xa:
                     cur.execute(f"XA START {xid.sql()}")
                 written = (self._write_staged(conn, cur, staged) if staging_types is not None
@@ -465,6 +469,14 @@ class MySqlUpsertAdapter:
     def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
         """Every Spark task writes its partition (one XA branch each in XA mode)."""
         return runner.run_partitions(out, self.partition_writer(batch, out.columns))
+
+    def can_hold_writes(self, out: Any) -> bool:
+        """Yes when the bulk load takes every output column: a partition is staged before anything is written."""
+        if not self.bulk_load:
+            return False
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return _staging_types(to_arrow_schema(out.schema), out.columns) is not None
 
     def epoch_fence(self, batch: BatchContext) -> EpochFence | None:
         """The fence of this attempt's writes, checked once here on the driver (which also tells a sink

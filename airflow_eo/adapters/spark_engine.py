@@ -87,6 +87,8 @@ class SparkBatchEngine:
     _unfiltered: Any = field(default=None, init=False)
     _good: Any = field(default=None, init=False)
     _counted: tuple[int, int] | None = field(default=None, init=False)
+    # The one pass's partition writers hold their rows until every task has counted its bad records.
+    _hold: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.transform = resolve_transform(self.transform)
@@ -183,10 +185,15 @@ class SparkBatchEngine:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
             # One pass when the bad records can ride along to the partition writers (no transform in between)
             # and finding one after the write still commits nothing: the sink's writes stay invisible until the
-            # commit point, or bad records are not fatal (dead letters).
-            if self.transform is None and (not sink.writes_visible_before_commit
-                                           or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER):
-                return self._write_then_validate(parsed, payload, batch, sink)
+            # commit point, or bad records are not fatal (dead letters), or the writers hold their partitions
+            # until every task has counted its bad records (a barrier stage).
+            self._hold = False
+            if self.transform is None:
+                if not sink.writes_visible_before_commit or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER:
+                    return self._write_then_validate(parsed, payload, batch, sink)
+                if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*payload)):
+                    self._hold = True
+                    return self._write_then_validate(parsed, payload, batch, sink)
             return self._validate_then_write(spark, parsed, payload, batch, sink)
         finally:
             spark.removeTag(self._job_tag)
@@ -221,7 +228,9 @@ class SparkBatchEngine:
         bad ones (:meth:`run_partitions`); the bad records are read again only when there are some.
 
         Under ``on_bad_record="fail"`` a bad record raises after the write and before the commit point: the
-        attempt's ``discard`` rolls back what was written (prepared branches, an open Kafka transaction).
+        attempt's ``discard`` rolls back what was written (prepared branches, an open Kafka transaction). A sink
+        whose writes are visible at once takes part only when its writers hold their partitions (``self._hold``):
+        they write only after every task of the (barrier) stage has reported no bad record.
         """
         from pyspark.sql import functions as F
 
@@ -234,6 +243,7 @@ class SparkBatchEngine:
             counted = self._counted
         finally:
             self._unfiltered = self._good = self._counted = None
+            self._hold = False
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
         t1 = time.monotonic()
         if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
@@ -272,15 +282,28 @@ class SparkBatchEngine:
             return spark.sql(self.transform)
         return self.transform(good, batch)
 
+    def _barrier_possible(self, spark: SparkSession) -> bool:
+        """A barrier stage runs every writer task at once: a classic session without dynamic allocation, with at
+        least as many task slots as writer tasks (Spark Connect: not known, so not tried)."""
+        if is_connect(spark):
+            return False
+        conf = spark.sparkContext.getConf()
+        if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true" or \
+                conf.get("spark.task.cpus", "1") != "1":
+            return False
+        slots = _default_parallelism(spark)
+        return (self.parse.write_partitions or slots) <= slots
+
     def run_partitions(self, out: DataFrame, writer: PartitionWriter) -> WriteResult:
         """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows).
 
         When ``out`` is the good records of a one-pass batch (:meth:`_write_then_validate`), the tasks get every
         record, hand the good ones to ``writer`` and count the bad ones, in the same job.
         """
-        from pyspark import TaskContext
+        from pyspark import BarrierTaskContext, TaskContext
 
         counting = self._good is not None and out is self._good
+        hold = counting and self._hold
         source = self._unfiltered if counting else out
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks.
@@ -290,9 +313,17 @@ class SparkBatchEngine:
             import pyarrow as pa
             import pyarrow.compute as pc
 
-            ctx = TaskContext.get()
+            ctx = BarrierTaskContext.get() if hold else TaskContext.get()
             assert ctx is not None, "mapInArrow runs this inside a Spark task"
             seen = {"records": 0, "bad": 0}
+            verdict: list[bool] = []
+
+            def agreed() -> bool:
+                """Every task of the barrier stage calls this once, when it has counted its bad records."""
+                if not verdict:
+                    assert isinstance(ctx, BarrierTaskContext)
+                    verdict.append(sum(int(bad) for bad in ctx.allGather(str(seen["bad"]))) == 0)
+                return verdict[0]
 
             def good_batches() -> Iterator[Any]:
                 for batch in batches:
@@ -304,9 +335,14 @@ class SparkBatchEngine:
                     yield batch
 
             rows_in = good_batches()
-            xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            if hold:
+                xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(), agreed)
+            else:
+                xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
             for _ in rows_in:  # a writer that stopped early: the rest of the partition is still counted
                 pass
+            if hold:
+                agreed()  # a task with nothing to write still takes part in the vote
             if xid and fault_requested(TASK_FAILURE) and first_failure(f"{xid.split('/')[0]}-{ctx.partitionId()}"):
                 raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
             yield pa.RecordBatch.from_pydict(
@@ -314,7 +350,8 @@ class SparkBatchEngine:
                 schema=pa.schema([("xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),
                                   ("bad", pa.int64())]))
 
-        reports = keyed.mapInArrow(write_partition, "xid string, rows long, records long, bad long").collect()
+        reports = keyed.mapInArrow(write_partition, "xid string, rows long, records long, bad long",
+                                   barrier=hold).collect()
         if counting:
             self._counted = sum(r["records"] for r in reports), sum(r["bad"] for r in reports)
         return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports))

@@ -252,9 +252,14 @@ class PartitionWriter(Protocol):
     def key_columns(self) -> tuple[str, ...]:
         """Rows with the same key go to the same partition (XA branches never wait on each other)."""
 
-    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int,
-                 attempt_id: int) -> tuple[str | None, int]:
-        """Write the partition's Arrow record batches; return (xid of its prepared branch or None, rows)."""
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        """Write the partition's Arrow record batches; return (xid of its prepared branch or None, rows).
+
+        ``agreed`` (only for a sink whose ``can_hold_writes`` said yes): take in the whole partition without making
+        any of it visible, then call it once; write only if it returns True, else write nothing and return
+        ``(None, 0)``.
+        """
 
 
 class PartitionRunner(Protocol):
@@ -281,6 +286,10 @@ class Sink(Protocol):
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""
     def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
         """Write the batch's output (a DataFrame of the engine) invisibly (prepared) or replay-safely."""
+    def can_hold_writes(self, out: Any) -> bool:
+        """Whether this sink's partition writers can take in a whole partition of ``out`` (the output DataFrame)
+        without making any of it visible and write it only when every partition agrees (``agreed``): a sink whose
+        writes are visible before the commit point then needs one pass, not a first one to find bad records."""
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Write bad records atomically with the batch (an iterator: there may be more than fit in memory); return
         the xids of prepared branches."""

@@ -492,6 +492,9 @@ class _SinkBase:
         if self.check_error is not None:
             raise self.check_error
 
+    def can_hold_writes(self, out: Any) -> bool:
+        return False
+
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         assert next(records, None) is None
         return []

@@ -65,6 +65,27 @@ def test_a_bad_record_found_while_the_xa_sink_writes_still_commits_nothing(boots
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (op.pipeline_id,)) == [("planned",)]
 
 
+@pytest.mark.parametrize("bulk_load", [True, False])
+def test_the_upsert_sink_writes_nothing_when_any_partition_has_a_bad_record(bulk_load, bootstrap, mysql_kwargs,
+                                                                            topic_name):
+    """Its rows are visible as they are written. With bulk load the writer tasks stage their partitions and write
+    only when every task of the (barrier) stage counted no bad record: one pass. Without, a first pass counts."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 400, topic=topic_name, raw_values=BAD_VALUES[:1])
+    table = events_table(mysql_kwargs)
+    sink = MySqlUpsertSink(table=table, key_columns=["event_id"], bulk_load=bulk_load)
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*malformed JSON.*Nothing was committed"):
+        run(operator(topic_name, sink, write_partitions=2))
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+
+    good_topic = create_topic(bootstrap, f"{topic_name}_good", 2)
+    good = produce_page_views(bootstrap, 400, topic=good_topic)
+    summary = run(operator(good_topic, sink, write_partitions=2))
+    assert summary["rows_out"] == 400
+    assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
+    assert ("read_transform" in summary["seconds"]) is not bulk_load  # one Spark job with bulk load, else two
+
+
 @pytest.mark.parametrize("sink_class", [MySqlXaSink, MySqlUpsertSink])
 def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 3)
