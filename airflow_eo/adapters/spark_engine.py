@@ -335,10 +335,8 @@ class SparkBatchEngine:
                     yield batch
 
             rows_in = good_batches()
-            if hold:
-                xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(), agreed)
-            else:
-                xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(),
+                               agreed if hold else None)
             for _ in rows_in:  # a writer that stopped early: the rest of the partition is still counted
                 pass
             if hold:
