@@ -153,8 +153,8 @@ class MySqlUpsertSink(SinkSpec):
         return self.table
 
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
-        from airflow_eo.adapters.mysql_sink import MySqlUpsertAdapter
         from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+        from airflow_eo.mysql.sink import MySqlUpsertAdapter
 
         store = OffsetStoreHook(offset_store_conn_id).get_connect_kwargs() if offset_store_conn_id else None
         return MySqlUpsertAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs(), store)
@@ -181,8 +181,8 @@ class MySqlXaSink(MySqlUpsertSink):
 
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
         # Prepared branches of an older attempt are never committed: no epoch fence needed.
-        from airflow_eo.adapters.mysql_sink import MySqlXaAdapter
         from airflow_eo.hooks.mysql import EoMySqlHook
+        from airflow_eo.mysql.sink import MySqlXaAdapter
 
         return MySqlXaAdapter(self, EoMySqlHook(self.conn_id).get_connect_kwargs())
 
@@ -224,8 +224,8 @@ class KafkaTransactionalSink(SinkSpec):
 
     def adapter(self, pipeline_id: str, offset_store_conn_id: str | None = None) -> Sink:
         # init_transactions fences an older attempt's producer: no store epoch needed.
-        from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
         from airflow_eo.hooks.kafka import KafkaClusterHook
+        from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 
         return KafkaTransactionalAdapter(self, KafkaClusterHook(self.conn_id).get_config(), pipeline_id)
 

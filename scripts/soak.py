@@ -35,11 +35,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' reset helpers, as scripts/demo.py uses them
 
-from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource  # noqa: E402
 from airflow_eo.core.faults import FAULT_ENV  # noqa: E402
 from airflow_eo.examples import ip_counts, page_views  # noqa: E402
 from airflow_eo.examples.topics import read_topic  # noqa: E402
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
+from airflow_eo.kafka.offsets import KafkaOffsetSource  # noqa: E402
 from tests.integration.page_views import our_prepared_branches, sink_state  # noqa: E402
 from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
 

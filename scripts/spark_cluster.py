@@ -360,7 +360,7 @@ def connect_up(part: Part, port: int, worker_python: Path, env: dict[str, str], 
         say(f"{part.name} already running on {HOST}:{port}")
         return
     check_free(part)
-    from airflow_eo.adapters.spark_session import kafka_connector_jars
+    from airflow_eo.spark.session import kafka_connector_jars
 
     jars = kafka_connector_jars()
     if not jars:

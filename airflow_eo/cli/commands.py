@@ -1,4 +1,4 @@
-"""``airflow eo`` commands: arguments in, :class:`~airflow_eo.operations.PipelineOperations` call, output out.
+"""``airflow eo`` commands: arguments in, :class:`~airflow_eo.ops.service.PipelineOperations` call, output out.
 
 Tables for people (``--output table``, the default, or ``plain``), one JSON/YAML document for scripts
 (``--output json|yaml``), as Airflow's own commands print them (``AirflowConsole``). A command that
@@ -18,11 +18,12 @@ from airflow.utils.cli import suppress_logs_and_warning
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 from rich.markup import escape
 
+from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.definition import DOUBLE_COUNT_FLAG
 from airflow_eo.core.errors import AirflowEoError, OperationError
-from airflow_eo.core.operations import RewindKind, RewindTarget, parse_offsets
+from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.operations import PipelineOperations, audit_dict, batch_dict
+from airflow_eo.ops.service import PipelineOperations, audit_dict, batch_dict
 
 F = TypeVar("F", bound=Callable[..., Any])
 Rows = list[dict[str, Any]]

@@ -377,7 +377,7 @@ def recover_pipeline(store: OffsetStore, sink: Sink, pipeline_id: str, epoch: in
     """Step 2 of :func:`run_batch`: resolve what earlier attempts left, under the caller's freshly taken epoch.
 
     The sink resolves its leftovers (XA branches: committed when their batch committed and recorded them,
-    else rolled back, see :func:`airflow_eo.core.operations.decide_branch`; a Kafka sink names the unfinished
+    else rolled back, see :func:`airflow_eo.core.recovery.decide_branch`; a Kafka sink names the unfinished
     batches it committed, which the store then records: rolled forward). Then, for a task attempt of run
     ``run_id``: if the run already committed, stop there (a clear: nothing else is touched); the run's own
     unfinished batch is to be resumed; every other unfinished batch is aborted. ``airflow eo recover`` calls

@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 
-from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
 from airflow_eo.core.backlog import backlog
+from airflow_eo.kafka.offsets import KafkaOffsetSource
 
 
 class KafkaClusterHook(KafkaBaseHook):

@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
+from airflow_eo.mysql.store import MySqlOffsetStore
 
 # Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
 # (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.

@@ -1,4 +1,4 @@
-"""Airflow connections → :class:`~airflow_eo.operations.PipelineOperations` (what ``airflow eo`` runs)."""
+"""Airflow connections → :class:`~airflow_eo.ops.service.PipelineOperations` (what ``airflow eo`` runs)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import socket
 from typing import Any
 
 from airflow_eo import CONFIG_SECTION
-from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.protocol import Sink
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
-from airflow_eo.operations import PipelineOperations
+from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import KafkaTransactionalSink, spec_from_record
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_eo.adapters.spark_session import get_session
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.spark.session import get_session
 
 
 class SparkSessionHook(BaseHook):

@@ -8,9 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
-from airflow_eo.adapters.kafka_offsets import parse_starting_offsets
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
-from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_topic
@@ -19,8 +16,11 @@ from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
+from airflow_eo.kafka.offsets import parse_starting_offsets
+from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.operators.metrics import emit_batch_metrics
 from airflow_eo.sinks import SinkSpec
+from airflow_eo.spark.engine import SparkBatchEngine
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -8,7 +8,7 @@ no per-DAG condition: a DAG without micro-batch tasks gets a page that says so).
 guarded by Airflow's own ``requires_access_dag("GET")``: the browser's session cookie identifies the
 user, as for the UI's own API calls. Read-only: changes go through ``airflow eo`` (audited).
 
-Everything shown comes from :class:`~airflow_eo.operations.PipelineOperations`, the module the CLI
+Everything shown comes from :class:`~airflow_eo.ops.service.PipelineOperations`, the module the CLI
 runs; this one only finds the DAG's tasks and draws. Settings (``[eo]`` section, see the provider's
 ``config``): ``offset_store_conn_id``, ``kafka_conn_id``, ``in_doubt_warning_seconds``, ``ui_batch_limit``.
 """
@@ -31,7 +31,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow_eo import CONFIG_SECTION
-from airflow_eo.operations import PipelinePage
+from airflow_eo.ops.service import PipelinePage
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """In-memory fakes of the roles of the commit protocol (``airflow_eo.core.protocol``) for ``test_protocol.py``.
 
-- :class:`FakeStore` copies :class:`airflow_eo.adapters.offset_store.MySqlOffsetStore`: every write after a
+- :class:`FakeStore` copies :class:`airflow_eo.mysql.store.MySqlOffsetStore`: every write after a
   take is fenced by the attempt's epoch (the pipeline's, or in interval mode the interval's), the commit point
   is one atomic compare-and-set of every partition's offset plus the batch state, transitions follow
   ``core.states``, ``adopt_batch`` resets a batch to ``planned`` and drops its xids, ``abort_batch`` frees
@@ -30,7 +30,6 @@ from typing import Any
 
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
-from airflow_eo.core.operations import BranchAction, committed_by_kafka, decide_branch
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
 from airflow_eo.core.protocol import (
     BatchContext,
@@ -43,6 +42,7 @@ from airflow_eo.core.protocol import (
     run_batch,
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
+from airflow_eo.core.recovery import BranchAction, committed_by_kafka, decide_branch
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.core.xid import Xid, pipeline_key
 

@@ -1,5 +1,5 @@
-"""The decisions behind ``airflow eo`` (``airflow_eo.core.operations``) and the recovery it shares with a task
-attempt (``protocol.recover_pipeline``), as plain code against the fakes of ``tests/core/fakes.py``."""
+"""The decisions behind ``airflow eo`` (``airflow_eo.core.recovery``, ``rewind``, ``status``) and the recovery it
+shares with a task attempt (``protocol.recover_pipeline``), as plain code against the fakes of ``tests/core/fakes.py``."""
 
 from __future__ import annotations
 
@@ -7,28 +7,17 @@ from datetime import datetime, timezone
 
 import pytest
 
+from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.core import protocol
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
-from airflow_eo.core.operations import (
-    DOUBLE_COUNT_FLAG,
-    BatchAction,
-    BranchAction,
-    PartitionStatus,
-    RewindKind,
-    RewindTarget,
-    check_rewind,
-    committed_by_kafka,
-    decide_branch,
-    decide_unfinished,
-    parse_offsets,
-    partition_status,
-    plan_rewind,
-)
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import BatchRecord, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.core.recovery import BatchAction, BranchAction, committed_by_kafka, decide_branch, decide_unfinished
+from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindTarget, check_rewind, plan_rewind
 from airflow_eo.core.states import BatchState
+from airflow_eo.core.status import PartitionStatus, partition_status
 from airflow_eo.core.xid import Xid, pipeline_key
 from tests.core import fakes
 from tests.core.fakes import Killed, Process, World

@@ -3,7 +3,7 @@ import pytest
 from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.sql import (
+from airflow_eo.mysql.sql import (
     keeps_prepared_xa,
     parse_server_version,
     supports_row_alias,

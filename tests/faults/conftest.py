@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.faults import FAULT_DIR_ENV, FAULT_ENV, FAULT_KILL_ENV, running
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.examples.topics import read_topic
 from airflow_eo.hooks.spark import SparkSessionHook
+from airflow_eo.mysql.sink import xa_recover
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
 from tests.support.kafka_group import group_positions

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
-from airflow_eo.core.sql import dead_letter_ddl, upsert_statement
+from airflow_eo.mysql.sql import dead_letter_ddl, upsert_statement
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 from tests.conftest import create_topic
 from tests.faults.conftest import prepared

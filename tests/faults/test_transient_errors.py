@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from airflow_eo.adapters.kafka_offsets import retry_transient
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
+from airflow_eo.kafka.offsets import retry_transient
 
 
 def answers(*errors: int):

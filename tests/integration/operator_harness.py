@@ -8,7 +8,6 @@ from typing import Any
 
 import pymysql
 
-from airflow_eo.adapters.spark_engine import SparkBatchEngine
 from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.protocol import RunRequest
 from airflow_eo.examples import page_views
@@ -17,6 +16,7 @@ from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
+from airflow_eo.spark.engine import SparkBatchEngine
 
 
 def example_table(mysql_kwargs: dict[str, Any], example: str) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pymysql
 
-from airflow_eo.adapters.mysql_sink import xa_recover
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
+from airflow_eo.mysql.sink import xa_recover
 from tests.integration.operator_harness import rows
 from tests.support.example_state import reset_page_views
 

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pymysql
 import pytest
 
-from airflow_eo.adapters.mysql_sink import PartitionWriter, _staging_types, xa_end_of
 from airflow_eo.core.xid import Xid, pipeline_key
+from airflow_eo.mysql.sink import PartitionWriter, _staging_types, xa_end_of
 
 HOSTILE = ["a,b", 'q"x', '"', '""', "", "NULL", "\\N", "l1\nl2", "cr\r\nlf", "tab\there", "back\\slash", "’ünï 😀",
            "'; DROP TABLE x; --", "end\\", ",", "\n"]
@@ -78,7 +78,7 @@ def contents(mysql, table: str) -> list[tuple]:
 
 
 def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwargs, tables, monkeypatch):
-    import airflow_eo.adapters.mysql_sink as mysql_sink
+    import airflow_eo.mysql.sink as mysql_sink
 
     monkeypatch.setattr(mysql_sink, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
     assert _staging_types(batch([]).schema, COLUMNS) is not None, "every column of this table is staged"

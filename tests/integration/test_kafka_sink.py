@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter, group_id
 from airflow_eo.examples import ip_counts
 from airflow_eo.examples.topics import read_topic
+from airflow_eo.kafka.sink import KafkaTransactionalAdapter, group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
 from tests.conftest import create_topic

@@ -3,7 +3,7 @@ cost ~36 ms), and still work with and without TLS options."""
 
 from __future__ import annotations
 
-from airflow_eo.adapters import mysql_connection
+from airflow_eo.mysql import connection as mysql_connection
 
 
 def test_connections_without_tls_options_share_one_context_and_work(mysql_kwargs):

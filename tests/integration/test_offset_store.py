@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.core.errors import CommitConflictError, FencedError
 from airflow_eo.core.protocol import BatchSummary, ExecutionResult
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.states import BatchState
+from airflow_eo.mysql.store import MySqlOffsetStore
 
 
 @pytest.fixture

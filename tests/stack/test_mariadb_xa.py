@@ -6,8 +6,8 @@ import uuid
 
 import pymysql
 
-from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
 from airflow_eo.core.xid import Xid
+from airflow_eo.mysql.sink import xa_end_of, xa_recover
 
 
 def test_prepared_branch_survives_disconnect_and_is_resolved_from_another_connection(mysql_kwargs):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from airflow_eo.adapters.spark_session import get_session
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
+from airflow_eo.spark.session import get_session
 from tests.conftest import create_topic
 
 

@@ -1,7 +1,7 @@
 """Put the example pipelines back to their first run: forget their progress, empty their outputs.
 
 Used by the tests and ``scripts/demo.py``; a pipeline's progress is forgotten through the
-store's own :meth:`~airflow_eo.adapters.offset_store.MySqlOffsetStore.forget_pipeline`.
+store's own :meth:`~airflow_eo.mysql.store.MySqlOffsetStore.forget_pipeline`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import pymysql
 
-from airflow_eo.adapters.kafka_offsets import retry_transient
-from airflow_eo.adapters.kafka_sink import group_id
-from airflow_eo.adapters.mysql_sink import xa_end_of, xa_recover
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
+from airflow_eo.kafka.offsets import retry_transient
+from airflow_eo.kafka.sink import group_id
+from airflow_eo.mysql.sink import xa_end_of, xa_recover
+from airflow_eo.mysql.store import MySqlOffsetStore
 
 
 def forget_pipelines(connect_kwargs: dict[str, Any], *pipelines: str) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
+from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.sinks import KafkaTransactionalSink
 
 

@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.operations import RewindKind, RewindTarget
 from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.examples import page_views
 from airflow_eo.examples.page_views import produce_page_views
 from airflow_eo.hooks.operations import pipeline_operations

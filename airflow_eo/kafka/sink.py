@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if, fault_requested
-from airflow_eo.core.operations import committed_by_kafka
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
+from airflow_eo.core.recovery import committed_by_kafka
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

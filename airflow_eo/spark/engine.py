@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.adapters.spark_session import is_connect
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
 from airflow_eo.core.protocol import BatchContext, DeadLetter, ExecutionResult, PartitionWriter, Sink, WriteResult
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -22,7 +22,6 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT
 
-from airflow_eo.adapters import mysql_connection
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -33,11 +32,13 @@ from airflow_eo.core.errors import (
 )
 from airflow_eo.core.faults import crash_if
 from airflow_eo.core.identifiers import quote_identifier
-from airflow_eo.core.operations import AuditEntry, BatchInfo, PipelineInfo, RewindPlan
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchRecord, BatchSummary
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_from_json, ranges_to_json
+from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
+from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
+from airflow_eo.mysql import connection as mysql_connection
 
 # Versioned migrations: (version, statements). Append only; each statement is idempotent.
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -569,7 +570,7 @@ class MySqlOffsetStore:
         :param plan: the rewind (old -> new per partition).
         :param actor: who runs it.
         :param reason: why.
-        :param check: the refusal rules (:func:`airflow_eo.core.operations.check_rewind`), run under the lock.
+        :param check: the refusal rules (:func:`airflow_eo.core.rewind.check_rewind`), run under the lock.
         :return: the epoch taken.
         """
         p = plan.pipeline_id

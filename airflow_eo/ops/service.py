@@ -2,7 +2,7 @@
 
 The one place for operations: ``airflow eo`` (``airflow_eo/cli``) is a thin layer over
 :class:`PipelineOperations`, and a UI would be another. Every decision comes from the core
-(``airflow_eo/core/operations.py``: what happens to an in-doubt branch, lag, what a rewind moves and
+(``airflow_eo/core/recovery.py``: what happens to an in-doubt branch, lag, what a rewind moves and
 when it is refused), and :meth:`PipelineOperations.recover` runs the very step 2 of a task attempt
 (:func:`airflow_eo.core.protocol.recover_pipeline`). This module does the I/O through the adapters and
 imports nothing of Airflow: where the connections come from is :class:`Connections`' business
@@ -17,32 +17,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from airflow_eo.adapters.kafka_offsets import KafkaOffsetSource
-from airflow_eo.adapters.kafka_sink import KafkaTransactionalAdapter
-from airflow_eo.adapters.mysql_sink import prepared_branches, read_dead_letters
-from airflow_eo.adapters.offset_store import MySqlOffsetStore
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
-from airflow_eo.core.operations import (
-    AuditEntry,
-    BatchAction,
-    BatchInfo,
-    BranchDecision,
-    PartitionStatus,
-    PipelineInfo,
-    RewindKind,
-    RewindPlan,
-    RewindTarget,
-    check_rewind,
-    decide_branch,
-    decide_unfinished,
-    partition_status,
-    plan_rewind,
-)
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
+from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
+from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
+from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.xid import Xid
+from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.sink import KafkaTransactionalAdapter
+from airflow_eo.mysql.sink import prepared_branches, read_dead_letters
+from airflow_eo.mysql.store import MySqlOffsetStore
 
 log = logging.getLogger(__name__)
 
@@ -360,7 +347,7 @@ class PipelineOperations:
         Applying takes the epoch (fencing any running attempt) in the same store transaction that
         moves the offsets and records the audit row; it is refused while a batch is unfinished, for
         interval-mode pipelines, and, when it reprocesses offsets, for accumulating sinks unless
-        ``allow_double_count`` (:func:`~airflow_eo.core.operations.check_rewind`).
+        ``allow_double_count`` (:func:`~airflow_eo.core.rewind.check_rewind`).
 
         :param pipeline_id: the pipeline.
         :param target: where to.

@@ -22,15 +22,15 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pymysql
 
-from airflow_eo.adapters import mysql_connection
-from airflow_eo.adapters.offset_store import EpochFence
 from airflow_eo.core.config import UpdateMode
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.faults import HOLD_WRITE, crash_if, hold_if, kill_executor_if_requested
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.operations import BranchAction, decide_branch
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
-from airflow_eo.core.sql import (
+from airflow_eo.core.recovery import BranchAction, decide_branch
+from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
+from airflow_eo.mysql import connection as mysql_connection
+from airflow_eo.mysql.sql import (
     DEAD_LETTER_COLUMNS,
     dead_letter_ddl,
     keeps_prepared_xa,
@@ -41,7 +41,7 @@ from airflow_eo.core.sql import (
     upsert_from_staging_statement,
     upsert_statement,
 )
-from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
+from airflow_eo.mysql.store import EpochFence
 
 if TYPE_CHECKING:
     from airflow_eo.sinks import MySqlUpsertSink
@@ -358,7 +358,7 @@ class MySqlUpsertAdapter:
     Writes are visible at once, so a late write of an older attempt (an executor that outlived its
     SIGKILLed driver) could overwrite a newer row of the same key. When the offset store lives on
     the same server (same host and port), every write transaction first reads the pipeline's epoch
-    with a shared lock (:class:`~airflow_eo.adapters.offset_store.EpochFence`): a newer attempt's
+    with a shared lock (:class:`~airflow_eo.mysql.store.EpochFence`): a newer attempt's
     take waits for the writes in flight, and the older attempt's later writes abort. On another
     server there is no such fence: stop a dead attempt's Spark application before re-running it.
 
@@ -582,7 +582,7 @@ class MySqlXaAdapter(MySqlUpsertAdapter):
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> set[int]:
         """Resolve every prepared branch of this pipeline: commit if its batch committed and lists it, else roll
-        back (:func:`~airflow_eo.core.operations.decide_branch`)."""
+        back (:func:`~airflow_eo.core.recovery.decide_branch`)."""
         key = pipeline_key(pipeline_id)
         conn = connect(self.connect_kwargs)
         try:

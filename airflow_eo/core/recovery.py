@@ -1,0 +1,105 @@
+"""The recovery decisions, as plain functions over plain data: each written once, applied by
+:func:`airflow_eo.core.protocol.recover_pipeline` (a task attempt's step 2, ``airflow eo recover``) and shown by
+``airflow eo status`` and the DAG tab before anything is done.
+
+What happens to an in-doubt branch of a two-phase sink (:func:`decide_branch`), which unfinished batches a sink
+that owns its commit point already committed (:func:`committed_by_kafka`), and what becomes of every unfinished
+batch (:func:`decide_unfinished`). No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from airflow_eo.core.protocol import BatchRecord
+from airflow_eo.core.ranges import TopicPartition
+from airflow_eo.core.states import BatchState
+from airflow_eo.core.xid import Xid
+
+# --------------------------------------------------------------------------- in-doubt XA branches
+
+
+class BranchAction(str, Enum):
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+
+
+@dataclass(frozen=True)
+class BranchDecision:
+    """What recovery does with one prepared XA branch of the pipeline, and why."""
+
+    xid: str
+    batch_id: int
+    epoch: int
+    partition: int
+    action: BranchAction
+    reason: str
+
+
+def decide_branch(xid: Xid, batch: BatchRecord | None) -> BranchDecision:
+    """Commit a prepared branch if its batch is committed and lists the xid, else roll it back.
+
+    The store's commit point decides: a batch counts once committed, and then exactly with the
+    branches it recorded. Every recovery of an XA sink (a task attempt's step 2, ``airflow eo recover``)
+    and every report of what it would do (``airflow eo status``) goes through here.
+
+    :param xid: the prepared branch (``XA RECOVER``).
+    :param batch: its batch's row in the store (``xid.batch_id``), None when there is none.
+    """
+    b = xid.batch_id
+    if batch is None:
+        action, reason = BranchAction.ROLLBACK, (f"batch {b} is not in the offset store (forgotten, or never "
+                                                 "recorded): nothing of it counts")
+    elif batch.state == BatchState.COMMITTED and xid.encode() in batch.xids:
+        action, reason = BranchAction.COMMIT, (f"batch {b} passed its commit point and recorded this branch: "
+                                               "its rows count, only the XA COMMIT is missing")
+    elif batch.state == BatchState.COMMITTED:
+        action, reason = BranchAction.ROLLBACK, (f"batch {b} committed without this branch (a failed Spark task's "
+                                                 "or an older attempt's): its rows are not part of the batch")
+    elif batch.state == BatchState.ABORTED:
+        action, reason = BranchAction.ROLLBACK, f"batch {b} was aborted"
+    else:
+        action, reason = BranchAction.ROLLBACK, (f"batch {b} is {batch.state.value} and never reached its commit "
+                                                 "point: its records are written again when the batch runs again")
+    return BranchDecision(xid.encode(), b, xid.epoch, xid.partition, action, reason)
+
+
+# --------------------------------------------------------------------------- unfinished batches
+
+
+def committed_by_kafka(unfinished: Sequence[BatchRecord], group_offsets: Mapping[TopicPartition, int]) -> set[int]:
+    """The unfinished batches a Kafka transactional sink committed (its commit point) but the store did not.
+
+    Kafka committed a batch when the pipeline's consumer group reached the end of each of its
+    non-empty ranges: the group's offsets move only inside the batch's transaction.
+
+    :param unfinished: the store's unfinished batches of the pipeline.
+    :param group_offsets: the group's committed offsets (``read_committed``, stable).
+    """
+    committed = set()
+    for batch in unfinished:
+        moved = [r for r in batch.ranges if r.size > 0]
+        if moved and all(group_offsets.get(r.key) == r.until_offset for r in moved):
+            committed.add(batch.batch_id)
+    return committed
+
+
+class BatchAction(str, Enum):
+    ROLL_FORWARD = "roll forward"
+    ABORT = "abort"
+
+
+def decide_unfinished(batch: BatchRecord, committed_by_sink: set[int]) -> tuple[BatchAction, str]:
+    """What ``airflow eo recover`` (:func:`~airflow_eo.core.protocol.recover_pipeline` without a run) does with
+    an unfinished batch, and why; a retry of the batch's own run would resume it instead of aborting it.
+
+    :param batch: the unfinished batch.
+    :param committed_by_sink: ids of the batches the sink reports committed (its own commit point).
+    """
+    if batch.batch_id in committed_by_sink:
+        return BatchAction.ROLL_FORWARD, ("the sink committed it (its own commit point) but the store did not "
+                                          "record it: the store records it now")
+    return BatchAction.ABORT, (f"{batch.state.value}, never committed: aborted (its branches rolled back); "
+                               "its ranges are planned again by the next run")
