@@ -6,6 +6,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 CONFIG_SECTION = "eo"  # the provider's airflow.cfg section (``[eo]``, ``AIRFLOW__EO__...``)
+#: The offset store\'s default Airflow connection id (the operator, sensors, triggers and `airflow eo`).
+DEFAULT_OFFSET_STORE_CONN_ID = "eo_offset_store"
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -42,7 +44,7 @@ def get_provider_info() -> dict[str, Any]:
                 "description": "Where `airflow eo` and the Exactly-once tab find pipelines, and what the tab shows.",
                 "options": {
                     "offset_store_conn_id": _option("mysql connection of the offset store (the operator's default).",
-                                                    "eo_offset_store"),
+                                                    DEFAULT_OFFSET_STORE_CONN_ID),
                     "kafka_conn_id": _option("kafka connection of the source cluster, for lag.", "kafka_default"),
                     "in_doubt_warning_seconds": _option(
                         "The tab highlights an in-doubt XA branch older than this.", "300", "float"),

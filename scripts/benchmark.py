@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
-from airflow_eo.core.protocol import BatchContext, RunRequest, run_batch
+from airflow_eo.core.protocol import BatchContext, RunRequest, WritePlan, run_batch
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.examples.topics import ensure_topic, read_topic
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.mysql.sql import upsert_statement
@@ -260,14 +261,15 @@ def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int
     eng = engine(parallelism)
     # Our writer's multi-row statements (the peer as teams write it: no bulk load), without the offset store
     # (so without the epoch fence of our upsert sink).
-    writer = MySqlUpsertAdapter(MySqlUpsertSink(table=table, key_columns=["event_id"], bulk_load=False), mysql_kwargs())
+    writer = MySqlUpsertAdapter(mysql_kwargs(), name="MySqlUpsertSink", table=table, key_columns=("event_id",),
+                                updates={}, rows_per_statement=500, dead_letter_table="eo_dead_letter", bulk_load=False)
     writer.check()
     starting, _ = spark_offsets(whole_topic(topic))
 
     def upsert(df: Any, epoch_id: int) -> None:
         batch = BatchContext("bench_ss", epoch_id, "bench", 0, ())
         out = parsed_events(df)
-        eng.run_partitions(out, writer.partition_writer(batch, out.columns))
+        eng.run_partitions(WritePlan(out, eng), writer.partition_writer(batch, out.columns))
 
     started = time.monotonic()
     query = (spark.readStream.format("kafka")
@@ -358,7 +360,8 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
                         store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(),
-                        engine=engine(parallelism, transform, schema, on_bad_record), sink=sink.adapter(pipeline_id))
+                        engine=engine(parallelism, transform, schema, on_bad_record),
+                        sink=build_sink(sink, pipeline_id))
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
     job_dead_letters[name] = summary.dead_letters
@@ -433,7 +436,7 @@ def empty_batch_in_this_process(topic: str, parallelism: int) -> Job:
         summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id=run, topics=[topic], starting_offsets="latest"),
                             store=OffsetStoreHook().get_store(), source=KafkaClusterHook("kafka_default")
                             .get_offset_source(), engine=engine(parallelism),
-                            sink=MySqlUpsertSink(table=table, key_columns=["event_id"]).adapter(pipeline_id))
+                            sink=build_sink(MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id))
         seconds.append(time.monotonic() - started)
         expect("records in an empty batch", summary.records_in, 0)
         phases = dict(summary.seconds)

@@ -55,6 +55,7 @@ from airflow_eo.core.planning import (
     plan_interval,
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, check_contiguous
+from airflow_eo.core.recovery import BatchAction, BatchDecision, BranchDecision, SinkRecovery, decide_unfinished
 from airflow_eo.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,48 @@ class DeadLetter:
 
 @dataclass
 class WriteResult:
-    """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written."""
+    """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written.
+
+    When the plan's partition writers counted the batch's records (:attr:`WritePlan.counts_bad_records`), ``counted``
+    holds ``(records, bad records)``; None when nothing was counted with the write.
+    """
 
     xids: list[str] = field(default_factory=list)
     rows: int = 0
+    counted: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What the engine hands a sink's :meth:`Sink.write` for one execution of a batch (made per execution).
+
+    A sink writes :attr:`output` by driving it itself (driver-side sinks iterate it) or by handing a partition writer
+    to :meth:`run_partitions`, which writes the output (or a projection of it to ``columns``) where the data is. The
+    plan says how that run goes; the sink cannot lose it by writing a derived DataFrame, because the runner derives
+    what the writers get from the plan:
+
+    - ``counts_bad_records``: the batch is one pass: the partition writers get every parsed record, write the good
+      ones and count the bad ones (``WriteResult.counted``); the engine then fails the batch (under
+      ``on_bad_record="fail"``) or dead-letters them before the commit point.
+    - ``vote``: the writers hold their whole partition without making any of it visible and write only if every
+      writer task reported no bad record (the barrier vote: a sink whose writes are visible at once, see
+      :meth:`Sink.can_hold_writes`).
+    """
+
+    output: Any  # the rows to write (the engine's DataFrame): the batch's good records, transformed
+    runner: PartitionRunner
+    counts_bad_records: bool = False
+    vote: bool = False
+    #: the runner's own: every parsed record with its error column, when the writers count bad records
+    unfiltered: Any = None
+
+    def __post_init__(self) -> None:
+        if self.vote and not self.counts_bad_records:
+            raise ValueError("a write plan votes on the bad records its writers count: vote needs counts_bad_records")
+
+    def run_partitions(self, writer: PartitionWriter, columns: Sequence[str] | None = None) -> WriteResult:
+        """Run ``writer`` on every partition of the output, or of its projection to ``columns`` (output columns)."""
+        return self.runner.run_partitions(self, writer, columns)
 
 
 @dataclass
@@ -265,13 +304,16 @@ class PartitionWriter(Protocol):
 class PartitionRunner(Protocol):
     """The engine's service to sinks that write from the executors: run a writer on every partition."""
 
-    def run_partitions(self, out: Any, writer: PartitionWriter) -> WriteResult: ...
+    def run_partitions(self, plan: WritePlan, writer: PartitionWriter, columns: Sequence[str] | None = None
+                       ) -> WriteResult:
+        """Run ``writer`` on every partition of ``plan.output`` (projected to ``columns``), as the plan says: counting
+        the bad records and holding the vote when it asks so."""
 
 
 class Sink(Protocol):
     """A sink's run-time adapter: everything the protocol and the engine call on it.
 
-    A sink spec (``airflow_eo.sinks``) turns itself into one with ``spec.adapter(pipeline_id)``.
+    A sink kind's factory builds one from its spec and connections (:mod:`airflow_eo.core.sinks`).
     """
 
     name: str
@@ -284,8 +326,9 @@ class Sink(Protocol):
 
     def check(self) -> None:
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""
-    def write(self, out: Any, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
-        """Write the batch's output (a DataFrame of the engine) invisibly (prepared) or replay-safely."""
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        """Write the batch's output (``plan.output``, a DataFrame of the engine) invisibly (prepared) or
+        replay-safely; executor-side sinks through ``plan.run_partitions`` (whose result they return)."""
     def can_hold_writes(self, out: Any) -> bool:
         """Whether this sink's partition writers can take in a whole partition of ``out`` (the output DataFrame)
         without making any of it visible and write it only when every partition agrees (``agreed``): a sink whose
@@ -294,8 +337,9 @@ class Sink(Protocol):
         """Write bad records atomically with the batch (an iterator: there may be more than fit in memory); return
         the xids of prepared branches."""
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord]) -> set[int]:
-        """Resolve leftovers; return the ids of unfinished batches the sink already committed."""
+                unfinished: Sequence[BatchRecord]) -> SinkRecovery:
+        """Resolve leftovers (in-doubt branches, :func:`~airflow_eo.core.recovery.decide_branch`); return the
+        decisions taken and the ids of unfinished batches the sink already committed."""
     def commit(self, batch: BatchRecord) -> None:
         """The commit point when ``owns_commit_point``; nothing otherwise."""
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
@@ -364,24 +408,28 @@ def run_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, eng
 
 @dataclass(frozen=True)
 class Recovery:
-    """What step 2 (:func:`recover_pipeline`) did and found."""
+    """What step 2 (:func:`recover_pipeline`) did and found, with every decision it applied and why (``airflow eo
+    recover`` prints these)."""
 
     rolled_forward: tuple[int, ...] = ()  # batches the sink had committed, now recorded by the store
     aborted: tuple[int, ...] = ()  # other runs' unfinished batches, aborted (their branches rolled back)
     already_committed: BatchRecord | None = None  # the run's own batch, committed before (a clear)
     resume: BatchRecord | None = None  # the run's own unfinished batch, to resume with its recorded ranges
+    branches: tuple[BranchDecision, ...] = field(default=(), compare=False)  # the sink's in-doubt branches
+    batches: tuple[BatchDecision, ...] = field(default=(), compare=False)  # every unfinished batch's
 
 
 def recover_pipeline(store: OffsetStore, sink: Sink, pipeline_id: str, epoch: int,
                      run_id: str | None = None) -> Recovery:
     """Step 2 of :func:`run_batch`: resolve what earlier attempts left, under the caller's freshly taken epoch.
 
-    The sink resolves its leftovers (XA branches: committed when their batch committed and recorded them,
-    else rolled back, see :func:`airflow_eo.core.recovery.decide_branch`; a Kafka sink names the unfinished
-    batches it committed, which the store then records: rolled forward). Then, for a task attempt of run
-    ``run_id``: if the run already committed, stop there (a clear: nothing else is touched); the run's own
-    unfinished batch is to be resumed; every other unfinished batch is aborted. ``airflow eo recover`` calls
-    this with ``run_id=None``: every unfinished batch is then another run's, and aborted.
+    The sink resolves its leftovers (two-phase branches: committed when their batch committed and recorded them,
+    else rolled back, :func:`airflow_eo.core.recovery.decide_branch`; a sink that owns its commit point names the
+    unfinished batches it committed, which the store then records: rolled forward). Then, for a task attempt of
+    run ``run_id``: if the run already committed, stop there (a clear: nothing else is touched); the run's own
+    unfinished batch is to be resumed; every other unfinished batch is aborted
+    (:func:`airflow_eo.core.recovery.decide_unfinished`). ``airflow eo recover`` calls this with ``run_id=None``:
+    every unfinished batch is then another run's, and aborted.
 
     :param store: the offset store.
     :param sink: the pipeline's sink adapter.
@@ -391,28 +439,35 @@ def recover_pipeline(store: OffsetStore, sink: Sink, pipeline_id: str, epoch: in
     """
     p = pipeline_id
     unfinished = store.unfinished_batches(p)
-    committed_by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
+    by_sink = sink.recover(p, lambda batch_id: store.get_batch(p, batch_id), unfinished)
+    decisions: list[BatchDecision] = []
     rolled_forward = []
     for batch in unfinished:
-        if batch.batch_id in committed_by_sink:  # the sink's commit point passed, the mirror did not
+        action, reason = decide_unfinished(batch, by_sink.committed, run_id)
+        if action is BatchAction.ROLL_FORWARD:  # the sink's commit point passed, the mirror did not
             store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch, rolled_forward=True))
             rolled_forward.append(batch.batch_id)
+            decisions.append(BatchDecision(batch.batch_id, batch.run_id, action, reason))
     if run_id is not None:
         done = store.batch_for_run(p, run_id)
         if done is not None and done.state == BatchState.COMMITTED:
-            return Recovery(tuple(rolled_forward), already_committed=done)
+            return Recovery(tuple(rolled_forward), already_committed=done, branches=by_sink.branches,
+                            batches=tuple(decisions))
 
     resumed: BatchRecord | None = None
     aborted = []
     for unfinished_batch in store.unfinished_batches(p):
-        if run_id is not None and unfinished_batch.run_id == run_id:
+        action, reason = decide_unfinished(unfinished_batch, frozenset(), run_id)
+        decisions.append(BatchDecision(unfinished_batch.batch_id, unfinished_batch.run_id, action, reason))
+        if action is BatchAction.RESUME:
             resumed = unfinished_batch
         else:
             log.warning("aborting batch %d left unfinished by run %s", unfinished_batch.batch_id,
                         unfinished_batch.run_id)
             store.abort_batch(unfinished_batch, epoch)
             aborted.append(unfinished_batch.batch_id)
-    return Recovery(tuple(rolled_forward), tuple(aborted), resume=resumed)
+    return Recovery(tuple(rolled_forward), tuple(aborted), resume=resumed, branches=by_sink.branches,
+                    batches=tuple(decisions))
 
 
 def run_interval_batch(request: RunRequest, store: OffsetStore, source: OffsetSource, engine: Engine,

@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from airflow_eo.core.protocol import BatchRecord
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
+
+if TYPE_CHECKING:  # the protocol applies these decisions: it imports this module
+    from airflow_eo.core.protocol import BatchRecord
 
 # --------------------------------------------------------------------------- in-doubt XA branches
 
@@ -88,18 +91,42 @@ def committed_by_kafka(unfinished: Sequence[BatchRecord], group_offsets: Mapping
 
 class BatchAction(str, Enum):
     ROLL_FORWARD = "roll forward"
+    RESUME = "resume"
     ABORT = "abort"
 
 
-def decide_unfinished(batch: BatchRecord, committed_by_sink: set[int]) -> tuple[BatchAction, str]:
-    """What ``airflow eo recover`` (:func:`~airflow_eo.core.protocol.recover_pipeline` without a run) does with
-    an unfinished batch, and why; a retry of the batch's own run would resume it instead of aborting it.
+@dataclass(frozen=True)
+class BatchDecision:
+    """What recovery does with one unfinished batch of the pipeline, and why."""
+
+    batch_id: int
+    run_id: str
+    action: BatchAction
+    reason: str
+
+
+def decide_unfinished(batch: BatchRecord, committed_by_sink: set[int] | frozenset[int],
+                      run_id: str | None = None) -> tuple[BatchAction, str]:
+    """What recovery (:func:`~airflow_eo.core.protocol.recover_pipeline`) does with an unfinished batch, and why.
 
     :param batch: the unfinished batch.
     :param committed_by_sink: ids of the batches the sink reports committed (its own commit point).
+    :param run_id: the run of the recovering task attempt; None for ``airflow eo recover`` (no run of its own).
     """
     if batch.batch_id in committed_by_sink:
         return BatchAction.ROLL_FORWARD, ("the sink committed it (its own commit point) but the store did not "
                                           "record it: the store records it now")
+    if run_id is not None and batch.run_id == run_id:
+        return BatchAction.RESUME, (f"{batch.state.value} by an earlier attempt of this run: resumed with its "
+                                    "recorded ranges")
     return BatchAction.ABORT, (f"{batch.state.value}, never committed: aborted (its branches rolled back); "
                                "its ranges are planned again by the next run")
+
+
+@dataclass(frozen=True)
+class SinkRecovery:
+    """What a sink's ``recover`` did: its decision on each in-doubt branch it resolved, and the unfinished batches
+    it had committed itself (a sink that owns its commit point), which the store then records."""
+
+    branches: tuple[BranchDecision, ...] = ()
+    committed: frozenset[int] = frozenset()

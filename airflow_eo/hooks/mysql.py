@@ -6,17 +6,18 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.hooks.sinks import AirflowConnectionResolver
+from airflow_eo.mysql.connection import connect_kwargs
 from airflow_eo.mysql.store import MySqlOffsetStore
 
-# Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
-# (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.
-TIMEOUTS = {"connect_timeout": 10, "read_timeout": 600, "write_timeout": 600}
 
 class EoMySqlHook(BaseHook):
     """Reads an Airflow ``mysql`` connection into pymysql arguments (the password never reaches logs).
 
     :param mysql_conn_id: the connection id (default ``mysql_default``). Its extra may set
-        ``connect_timeout``, ``read_timeout`` and ``write_timeout`` (seconds, see ``TIMEOUTS``).
+        ``connect_timeout``, ``read_timeout`` and ``write_timeout`` (seconds, see
+        :data:`airflow_eo.mysql.connection.TIMEOUTS`) and ``ssl``.
     """
 
     conn_name_attr = "mysql_conn_id"
@@ -29,22 +30,7 @@ class EoMySqlHook(BaseHook):
         self.mysql_conn_id = mysql_conn_id
 
     def get_connect_kwargs(self) -> dict[str, Any]:
-        conn = self.get_connection(self.mysql_conn_id)
-        kwargs: dict[str, Any] = {
-            "host": conn.host or "localhost",
-            "port": int(conn.port or 3306),
-            "user": conn.login or "",
-            "password": conn.password or "",
-            "database": conn.schema or None,
-        }
-        extra = conn.extra_dejson
-        # A server that stops answering (a crash that leaves the socket open, a network partition)
-        # fails the attempt after these seconds instead of hanging it; the next attempt recovers.
-        for name, default in TIMEOUTS.items():
-            kwargs[name] = int(extra.get(name, default))
-        if extra.get("ssl"):
-            kwargs["ssl"] = extra["ssl"]
-        return kwargs
+        return connect_kwargs(AirflowConnectionResolver().connection(self.mysql_conn_id))
 
 
 class OffsetStoreHook(EoMySqlHook):
@@ -53,7 +39,7 @@ class OffsetStoreHook(EoMySqlHook):
     See ``docs/architecture.md``, "The offset store".
     """
 
-    default_conn_name = "eo_offset_store"
+    default_conn_name = DEFAULT_OFFSET_STORE_CONN_ID
     hook_name = "airflow_eo offset store"
 
     def __init__(self, mysql_conn_id: str = default_conn_name) -> None:

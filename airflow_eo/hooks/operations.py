@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import getpass
 import socket
-from typing import Any
 
-from airflow_eo import CONFIG_SECTION
+from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.protocol import Sink
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.ops.service import PipelineOperations
-from airflow_eo.sinks import KafkaTransactionalSink, spec_from_record
+from airflow_eo.sinks import sink_kind, spec_from_record
 
 
 class AirflowConnections:
@@ -23,14 +23,15 @@ class AirflowConnections:
     :param offset_store_conn_id: ``mysql`` connection of the offset store.
     :param kafka_conn_id: ``kafka`` connection of the source cluster.
     :param mysql_conn_id: ``mysql`` connection of a MySQL sink's database (XA branches, dead letters); None:
-        the connection the pipeline's sink declared (recorded in the store), else ``mysql_default``.
+        the connection the pipeline's sink declared (recorded in the store).
     """
 
-    def __init__(self, offset_store_conn_id: str = "eo_offset_store", kafka_conn_id: str = "kafka_default",
-                 mysql_conn_id: str | None = None) -> None:
+    def __init__(self, offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
+                 kafka_conn_id: str = "kafka_default", mysql_conn_id: str | None = None) -> None:
         self.offset_store_conn_id = offset_store_conn_id
         self.kafka_conn_id = kafka_conn_id
-        self.mysql_conn_id = mysql_conn_id
+        # Another connection of the sink's database, by connection type (the command line names it).
+        self.sink_conn_ids = {"mysql": mysql_conn_id} if mysql_conn_id else {}
 
     def store(self) -> MySqlOffsetStore:
         return OffsetStoreHook(self.offset_store_conn_id).get_store()
@@ -39,13 +40,9 @@ class AirflowConnections:
         return KafkaClusterHook(self.kafka_conn_id).get_offset_source()
 
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
-        # A Kafka sink keeps its own (recorded) connection; a MySQL sink's may be named on the command line.
-        conn_id = None if record.kind == KafkaTransactionalSink.__name__ else self.mysql_conn_id
-        return spec_from_record(record, conn_id).adapter(pipeline_id)
-
-    def sink_database(self, record: SinkRecord | None) -> dict[str, Any]:
-        recorded = record.conn_id if record is not None and record.kind != KafkaTransactionalSink.__name__ else None
-        return EoMySqlHook(self.mysql_conn_id or recorded or "mysql_default").get_connect_kwargs()
+        kind = sink_kind(record.kind)
+        spec = spec_from_record(record, self.sink_conn_ids.get(kind.capabilities.connection_type))
+        return kind.build(spec, pipeline_id, AirflowConnectionResolver(), None)
 
 
 def local_actor() -> str:
@@ -70,6 +67,7 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
     """
     from airflow.configuration import conf
 
-    store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id", fallback="eo_offset_store")
+    store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
+                                             fallback=DEFAULT_OFFSET_STORE_CONN_ID)
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
     return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id), actor or local_actor())

@@ -21,13 +21,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.faults import crash_if, fault_requested
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, PartitionRunner, WriteResult
-from airflow_eo.core.recovery import committed_by_kafka
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-    from airflow_eo.sinks import KafkaTransactionalSink
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +43,27 @@ def group_id(pipeline_id: str) -> str:
 
 
 class KafkaTransactionalAdapter:
-    """The run-time side of :class:`~airflow_eo.sinks.KafkaTransactionalSink` (a ``core.protocol.Sink``).
+    """The run-time side of :class:`~airflow_eo.kafka.specs.KafkaTransactionalSink` (a ``core.protocol.Sink``).
 
-    :param spec: the validated sink spec (topic, key and value columns, transaction timeout).
     :param config: librdkafka config of the target cluster's Airflow ``kafka`` connection.
     :param pipeline_id: the pipeline whose producer and consumer group this is.
+    :param name: the sink kind's name, for messages.
+    :param topic: the output topic.
+    :param key_column: the output's column written as the record key.
+    :param value_column: the output's column written as the record value.
+    :param transaction_timeout_ms: longest a batch's transaction may stay open.
     """
 
     owns_commit_point = True
     writes_visible_before_commit = False  # read_committed readers see nothing before commit_transaction
 
-    def __init__(self, spec: KafkaTransactionalSink, config: Mapping[str, Any], pipeline_id: str) -> None:
-        self.spec, self.name = spec, spec.name
+    def __init__(self, config: Mapping[str, Any], pipeline_id: str, *, name: str, topic: str, key_column: str,
+                 value_column: str, transaction_timeout_ms: int) -> None:
+        self.name = name
         self.config = {k: v for k, v in config.items() if k not in _NOT_FOR_CLIENTS}
-        self.topic, self.pipeline_id = spec.topic, pipeline_id
-        self.key_column, self.value_column = spec.key_column, spec.value_column
-        self.transaction_timeout_ms = spec.transaction_timeout_ms
+        self.topic, self.pipeline_id = topic, pipeline_id
+        self.key_column, self.value_column = key_column, value_column
+        self.transaction_timeout_ms = transaction_timeout_ms
         self._producer: Producer | None = None
         self._in_txn = False
         self._admin = AdminClient(self.config)
@@ -141,16 +144,16 @@ class KafkaTransactionalAdapter:
     # ------------------------------------------------------------------ protocol steps
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Fence older producers, then name the unfinished batches Kafka already committed."""
         self.producer()  # init_transactions: an older producer's open transaction is aborted now
         if not unfinished:
-            return set()
+            return SinkRecovery()
         committed = self.committed_batches(unfinished)
         for batch_id in sorted(committed):
             log.warning("%s: Kafka committed batch %d but the store did not record it; rolling forward",
                         self.name, batch_id)
-        return committed
+        return SinkRecovery(committed=frozenset(committed))
 
     def move_group_offsets(self, positions: Mapping[tuple[str, int], int]) -> None:
         """Set the pipeline's consumer-group offsets (``airflow eo rewind``): recovery compares unfinished batches
@@ -165,11 +168,13 @@ class KafkaTransactionalAdapter:
         for future in self._admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S).values():
             future.result()
 
-    def write(self, out: DataFrame, batch: BatchContext, runner: PartitionRunner) -> WriteResult:
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         """Stream the output from Spark into one open transaction (one partition in driver memory at a time).
 
-        The driver produces (one producer: one transaction); ``runner`` is not needed.
+        The driver produces (one producer: one transaction); no partition writers: the engine counts the batch's
+        bad records itself.
         """
+        out: DataFrame = plan.output
         missing = [c for c in (self.key_column, self.value_column) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "

@@ -8,6 +8,12 @@ from typing import Any
 
 import pymysql
 
+from airflow_eo.core.sinks import ConnectionInfo
+
+# Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
+# (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.
+TIMEOUTS = {"connect_timeout": 10, "read_timeout": 600, "write_timeout": 600}
+
 _preferred_tls: ssl.SSLContext | None = None
 
 
@@ -37,3 +43,26 @@ def connect(connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
     :param options: the caller's session options (autocommit, cursor class, client flags, ...).
     """
     return _Connection(**connect_kwargs, **options)
+
+
+def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
+    """pymysql arguments of a ``mysql`` connection (its extra may set ``connect_timeout``, ``read_timeout``,
+    ``write_timeout`` in seconds, see :data:`TIMEOUTS`, and ``ssl``).
+
+    :param info: the connection.
+    """
+    kwargs: dict[str, Any] = {
+        "host": info.host or "localhost",
+        "port": int(info.port or 3306),
+        "user": info.login or "",
+        "password": info.password or "",
+        "database": info.schema or None,
+    }
+    extra = info.extra
+    # A server that stops answering (a crash that leaves the socket open, a network partition)
+    # fails the attempt after these seconds instead of hanging it; the next attempt recovers.
+    for name, default in TIMEOUTS.items():
+        kwargs[name] = int(extra.get(name, default))
+    if extra.get("ssl"):
+        kwargs["ssl"] = extra["ssl"]
+    return kwargs

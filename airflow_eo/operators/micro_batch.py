@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
+from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_topic
@@ -15,6 +16,8 @@ from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import parse_starting_offsets
 from airflow_eo.mysql.store import MySqlOffsetStore
@@ -103,7 +106,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         mode: Mode | str = Mode.CONTINUOUS,
         idle_partition_timeout: timedelta | float | None = None,
         kafka_conn_id: str = "kafka_default",
-        offset_store_conn_id: str = "eo_offset_store",
+        offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
         spark_conn_id: str | None = None,
         spark_conf: Mapping[str, Any] | None = None,
         write_partitions: int | None = None,
@@ -191,7 +194,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             store=store,
             source=kafka_hook.get_offset_source(),
             engine=self._engine,
-            sink=self.sink.adapter(pipeline_id, self.offset_store_conn_id),
+            sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
         )
         self._emit_metrics(summary, store, kafka_hook)
         self.log.info(
@@ -200,7 +203,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             " (already committed earlier)" if summary.already_committed else "", dict(summary.seconds),
         )
         result = summary.to_dict()
-        sink_asset = self.sink.asset()
+        sink_asset = sink_asset_of(self.sink)
         bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
         self._lineage = (f"kafka://{bootstrap}", sink_asset.namespace, sink_asset.name)
         if not summary.already_committed and "outlet_events" in context:

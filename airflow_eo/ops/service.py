@@ -24,17 +24,15 @@ from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
+from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
-from airflow_eo.core.xid import Xid
 from airflow_eo.kafka.offsets import KafkaOffsetSource
-from airflow_eo.kafka.sink import KafkaTransactionalAdapter
-from airflow_eo.mysql.sink import prepared_branches, read_dead_letters
 from airflow_eo.mysql.store import MySqlOffsetStore
 
 log = logging.getLogger(__name__)
 
-XA_SINK, KAFKA_SINK = "MySqlXaSink", "KafkaTransactionalSink"
-DEFAULT_DEAD_LETTER_TABLE = "eo_dead_letter"
+#: How many of the newest batch rows a recovery report reads for the batches it names.
+RECENT_BATCHES = 500
 
 
 class Connections(Protocol):
@@ -43,9 +41,7 @@ class Connections(Protocol):
     def store(self) -> MySqlOffsetStore: ...
     def offset_source(self) -> KafkaOffsetSource: ...
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
-        """The adapter of the recorded sink (its recovery is the one a task attempt runs)."""
-    def sink_database(self, record: SinkRecord | None) -> dict[str, Any]:
-        """pymysql arguments of a MySQL sink's database (XA branches, dead letters)."""
+        """The adapter of the recorded sink (its recovery is the one a task attempt runs), built by its kind."""
 
 
 # --------------------------------------------------------------------------- read models
@@ -263,13 +259,16 @@ class PipelineOperations:
         :param limit: at most this many.
         """
         info = self.store.pipeline(pipeline_id)
-        if info.sink is not None and info.sink.dead_letter_table is None:
+        if info.sink is None:
+            raise OperationError(f"the offset store does not know pipeline {pipeline_id!r}'s sink yet (its last run "
+                                 "predates sink recording): run it once, then its dead letters can be found")
+        capabilities = capabilities_of(info.sink)
+        if capabilities is None or not capabilities.dead_letters:
             raise OperationError(f"pipeline {pipeline_id!r} writes through {info.sink.kind}, which keeps no dead "
                                  "letters (its bad records fail the batch)")
-        table = info.sink.dead_letter_table if info.sink is not None else DEFAULT_DEAD_LETTER_TABLE
-        rows = read_dead_letters(self.connections.sink_database(info.sink), table or DEFAULT_DEAD_LETTER_TABLE,
-                                 pipeline_id, batch_id, limit)
-        return [_dead_letter(row) for row in rows or []]
+        sink = self.connections.sink(pipeline_id, info.sink)
+        assert isinstance(sink, DeadLetterSink), f"{info.sink.kind} keeps dead letters: its adapter reads them"
+        return [_dead_letter(row) for row in sink.dead_letters(pipeline_id, batch_id, limit) or []]
 
     def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
         """The pipelines the DAG's tasks own (``owner`` = ``<dag_id>.<task_id>``, as the operator records it).
@@ -291,7 +290,8 @@ class PipelineOperations:
         """
         status = self.status(pipeline_id)
         dead_letters = None
-        if status.info.sink is None or status.info.sink.dead_letter_table is not None:
+        capabilities = capabilities_of(status.info.sink)
+        if capabilities is not None and capabilities.dead_letters:
             try:
                 dead_letters = self.dead_letters(pipeline_id, limit=limit)
             except Exception as exc:  # a sink database that is down must not hide the store's view
@@ -329,9 +329,14 @@ class PipelineOperations:
         sink = self.connections.sink(pipeline_id, info.sink)
         epoch = self.store.take_pipeline(pipeline_id)  # fences every running attempt; owner and sink unchanged
         log.info("pipeline %s taken with epoch %d to recover it", pipeline_id, epoch)
-        # What recovery finds now that no older attempt can commit any more (the report), then recovery itself.
-        branches, batches = self._in_doubt(info, notes), self._unfinished(info, notes)
-        recover_pipeline(self.store, sink, pipeline_id, epoch, run_id=None)
+        # Recovery itself; the report is what it decided and did (its decisions, returned), with each branch's age.
+        # The batch rows as recovery finds them (newest first; in-doubt branches are of recent batches).
+        found = {b.record.batch_id: b for b in self.store.batch_history(pipeline_id, RECENT_BATCHES)}
+        recovery = recover_pipeline(self.store, sink, pipeline_id, epoch, run_id=None)
+        now = datetime.now(timezone.utc)
+        branches = [InDoubtBranch(d, _age(d.epoch, found.get(d.batch_id), now)) for d in recovery.branches]
+        batches = [UnfinishedBatch(found[d.batch_id].record, found[d.batch_id].updated_at, d.action, d.reason)
+                   for d in recovery.batches if d.batch_id in found]
         left = [b.decision.xid for b in self._in_doubt(info, notes)]
         report = RecoverReport(pipeline_id, False, epoch, branches, batches, left)
         if branches or batches:
@@ -426,11 +431,12 @@ class PipelineOperations:
             raise OperationError(f"cannot plan a rewind: {note}")
         return broker
 
-    def _kafka_group(self, pipeline_id: str, info: PipelineInfo) -> KafkaTransactionalAdapter | None:
-        if info.sink is None or info.sink.kind != KAFKA_SINK:
+    def _kafka_group(self, pipeline_id: str, info: PipelineInfo) -> ConsumerGroupSink | None:
+        capabilities = capabilities_of(info.sink)
+        if info.sink is None or capabilities is None or not capabilities.consumer_group:
             return None
         sink = self.connections.sink(pipeline_id, info.sink)
-        assert isinstance(sink, KafkaTransactionalAdapter)
+        assert isinstance(sink, ConsumerGroupSink), f"{info.sink.kind} keeps a consumer group: its adapter reads it"
         return sink
 
     def _unfinished(self, info: PipelineInfo, notes: list[str]) -> list[UnfinishedBatch]:
@@ -451,21 +457,18 @@ class PipelineOperations:
         return [UnfinishedBatch(b, when.get(b.batch_id), *decide_unfinished(b, committed)) for b in batches]
 
     def _in_doubt(self, info: PipelineInfo, notes: list[str]) -> list[InDoubtBranch]:
-        """The pipeline's prepared XA branches on its sink's server, each with recovery's decision and its age."""
-        if info.sink is not None and info.sink.kind != XA_SINK:
-            return []  # only the XA sink prepares branches
-        try:
-            xids = prepared_branches(self.connections.sink_database(info.sink), info.pipeline_id)
-        except Exception as exc:
-            if info.sink is None:  # maybe no MySQL sink at all: say so, do not fail
-                notes.append(f"XA branches unknown: {exc}")
-                return []
-            raise
+        """The pipeline's prepared branches on its sink's server, each with recovery's decision and its age."""
+        capabilities = capabilities_of(info.sink)
+        if info.sink is None or capabilities is None or not capabilities.in_doubt_branches:
+            return []  # only two-phase sinks prepare branches
+        sink = self.connections.sink(info.pipeline_id, info.sink)
+        assert isinstance(sink, InDoubtSink), f"{info.sink.kind} prepares branches: its adapter lists them"
+        xids = sink.in_doubt(info.pipeline_id)
         batch_ids = sorted({x.batch_id for x in xids})
         found = {b.record.batch_id: b for b in self.store.batch_history(info.pipeline_id, len(batch_ids), batch_ids)}
         now = datetime.now(timezone.utc)
         return [InDoubtBranch(decide_branch(x, found[x.batch_id].record if x.batch_id in found else None),
-                              _age(x, found.get(x.batch_id), now)) for x in xids]
+                              _age(x.epoch, found.get(x.batch_id), now)) for x in xids]
 
 
 # --------------------------------------------------------------------------- JSON shapes
@@ -520,13 +523,13 @@ def _topics(committed: Mapping[TopicPartition, int], latest: BatchInfo | None) -
     return sorted(found)
 
 
-def _age(xid: Xid, batch: BatchInfo | None, now: datetime) -> float | None:
+def _age(epoch: int, batch: BatchInfo | None, now: datetime) -> float | None:
     """How long the branch has been in doubt, about: since its batch row was last written by the attempt that
     prepared it (it planned or resumed the batch just before, and records or commits it just after), else
     since the batch was planned."""
     if batch is None:
         return None
-    since = batch.updated_at if batch.record.epoch == xid.epoch else batch.created_at
+    since = batch.updated_at if batch.record.epoch == epoch else batch.created_at
     return None if since is None else max(0.0, (now - since).total_seconds())
 
 

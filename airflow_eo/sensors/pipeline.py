@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
+from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.backlog import backlog_reached
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -73,7 +74,7 @@ class KafkaBacklogSensor(_DeferrableSensor):
 
     def __init__(self, *, pipeline_id: str, topics: Sequence[str] | str, min_records: int = 1,
                  per_partition: bool = False, starting_offsets: str | int = "earliest",
-                 kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = "eo_offset_store",
+                 kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -125,7 +126,7 @@ class BatchCommittedSensor(_DeferrableSensor):
     template_fields: Sequence[str] = ("pipeline_id", "after_batch_id")
 
     def __init__(self, *, pipeline_id: str, after_batch_id: int | str = -1, for_data_interval: bool = False,
-                 offset_store_conn_id: str = "eo_offset_store",
+                 offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -15,14 +15,22 @@ import importlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
-from airflow_eo.core.protocol import BatchContext, DeadLetter, ExecutionResult, PartitionWriter, Sink, WriteResult
+from airflow_eo.core.protocol import (
+    BatchContext,
+    DeadLetter,
+    ExecutionResult,
+    PartitionWriter,
+    Sink,
+    WritePlan,
+    WriteResult,
+)
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.spark.session import is_connect
 
@@ -80,15 +88,10 @@ class SparkBatchEngine:
     transform: Transform | str | None = None
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     connect_early: bool = False
+    # The session and the running batch's job tag, for cancel() (on_kill); a batch's write is described by its
+    # WritePlan, not by engine state.
     _job_tag: str | None = field(default=None, init=False)
     _spark: Any = field(default=None, init=False)
-    # A one-pass batch (_write_then_validate): every parsed record, its good ones as the sink sees them, and
-    # (records, bad) as the partition writers counted them.
-    _unfiltered: Any = field(default=None, init=False)
-    _good: Any = field(default=None, init=False)
-    _counted: tuple[int, int] | None = field(default=None, init=False)
-    # The one pass's partition writers hold their rows until every task has counted its bad records.
-    _hold: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.transform = resolve_transform(self.transform)
@@ -187,13 +190,11 @@ class SparkBatchEngine:
             # and finding one after the write still commits nothing: the sink's writes stay invisible until the
             # commit point, or bad records are not fatal (dead letters), or the writers hold their partitions
             # until every task has counted its bad records (a barrier stage).
-            self._hold = False
             if self.transform is None:
                 if not sink.writes_visible_before_commit or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER:
-                    return self._write_then_validate(parsed, payload, batch, sink)
+                    return self._write_then_validate(parsed, payload, batch, sink, vote=False)
                 if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*payload)):
-                    self._hold = True
-                    return self._write_then_validate(parsed, payload, batch, sink)
+                    return self._write_then_validate(parsed, payload, batch, sink, vote=True)
             return self._validate_then_write(spark, parsed, payload, batch, sink)
         finally:
             spark.removeTag(self._job_tag)
@@ -216,36 +217,32 @@ class SparkBatchEngine:
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
         t1 = time.monotonic()
-        written = sink.write(out, batch, self)
+        written = sink.write(WritePlan(out, self), batch)
         xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
         seconds["write"] = round(time.monotonic() - t1, 3)
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
 
-    def _write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext,
-                             sink: Sink) -> ExecutionResult:
+    def _write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext, sink: Sink,
+                             vote: bool) -> ExecutionResult:
         """One pass: every parsed record goes to the partition writers, which write the good ones and count the
-        bad ones (:meth:`run_partitions`); the bad records are read again only when there are some.
+        bad ones (the plan's ``counts_bad_records``, :meth:`run_partitions`); the bad records are read again only
+        when there are some.
 
         Under ``on_bad_record="fail"`` a bad record raises after the write and before the commit point: the
         attempt's ``discard`` rolls back what was written (prepared branches, an open Kafka transaction). A sink
-        whose writes are visible at once takes part only when its writers hold their partitions (``self._hold``):
-        they write only after every task of the (barrier) stage has reported no bad record.
+        whose writes are visible at once takes part only when its writers hold their partitions (``vote``): they
+        write only after every task of the (barrier) stage has reported no bad record.
         """
         from pyspark.sql import functions as F
 
         t0 = time.monotonic()
-        self._unfiltered = parsed.select(*payload, "_eo_error")
-        self._good = out = self._unfiltered.where(F.col("_eo_error").isNull()).drop("_eo_error")
-        self._counted = None
-        try:
-            written = sink.write(out, batch, self)
-            counted = self._counted
-        finally:
-            self._unfiltered = self._good = self._counted = None
-            self._hold = False
+        unfiltered = parsed.select(*payload, "_eo_error")
+        good = unfiltered.where(F.col("_eo_error").isNull()).drop("_eo_error")
+        written = sink.write(WritePlan(good, self, counts_bad_records=True, vote=vote, unfiltered=unfiltered), batch)
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
         t1 = time.monotonic()
+        counted = written.counted
         if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
             row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
             counted = int(row["records"]), int(row["bad"])
@@ -294,17 +291,25 @@ class SparkBatchEngine:
         slots = _default_parallelism(spark)
         return (self.parse.write_partitions or slots) <= slots
 
-    def run_partitions(self, out: DataFrame, writer: PartitionWriter) -> WriteResult:
-        """``PartitionRunner``: every Spark task runs ``writer`` on its partition and reports (xid, rows).
+    def run_partitions(self, plan: WritePlan, writer: PartitionWriter, columns: Sequence[str] | None = None
+                       ) -> WriteResult:
+        """``PartitionRunner``: every Spark task runs ``writer`` on its partition of ``plan.output`` (projected to
+        ``columns``) and reports (xid, rows).
 
-        When ``out`` is the good records of a one-pass batch (:meth:`_write_then_validate`), the tasks get every
-        record, hand the good ones to ``writer`` and count the bad ones, in the same job.
+        When the plan counts bad records (a one-pass batch, :meth:`_write_then_validate`), the tasks get every
+        record, hand the good ones to ``writer`` and count the bad ones, in the same job; when it votes, they run as
+        a barrier stage and write only if no task counted a bad record.
         """
         from pyspark import BarrierTaskContext, TaskContext
 
-        counting = self._good is not None and out is self._good
-        hold = counting and self._hold
-        source = self._unfiltered if counting else out
+        out = plan.output
+        selected = list(columns) if columns is not None else list(out.columns)
+        unknown = [c for c in selected if c not in out.columns]
+        if unknown:
+            raise ValueError(f"run_partitions: columns {unknown} are not columns of the output ({out.columns})")
+        counting, hold = plan.counts_bad_records, plan.vote
+        source = plan.unfiltered.select(*selected, "_eo_error") if counting else (
+            out if columns is None else out.select(*selected))
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks.
         keyed = source.repartition(partitions, *writer.key_columns)
@@ -350,9 +355,8 @@ class SparkBatchEngine:
 
         reports = keyed.mapInArrow(write_partition, "xid string, rows long, records long, bad long",
                                    barrier=hold).collect()
-        if counting:
-            self._counted = sum(r["records"] for r in reports), sum(r["bad"] for r in reports)
-        return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports))
+        counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else None
+        return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports), counted)
 
     def cancel(self) -> None:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.backlog import backlog_reached
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
@@ -32,7 +33,7 @@ class KafkaBacklogTrigger(BaseTrigger):
 
     def __init__(self, pipeline_id: str, topics: Sequence[str], min_records: int = 1, per_partition: bool = False,
                  starting_offsets: str | int = "earliest", kafka_conn_id: str = "kafka_default",
-                 offset_store_conn_id: str = "eo_offset_store", poll_interval: float = 10.0) -> None:
+                 offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID, poll_interval: float = 10.0) -> None:
         super().__init__()
         self.pipeline_id, self.topics, self.min_records = pipeline_id, list(topics), min_records
         self.per_partition, self.starting_offsets = per_partition, starting_offsets
@@ -72,7 +73,8 @@ class BatchCommittedTrigger(BaseTrigger):
     :param interval: ISO-8601 start and end of the interval-mode batch to wait for; None = continuous mode.
     """
 
-    def __init__(self, pipeline_id: str, after_batch_id: int = -1, offset_store_conn_id: str = "eo_offset_store",
+    def __init__(self, pipeline_id: str, after_batch_id: int = -1,
+                 offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
                  poll_interval: float = 10.0, interval: Sequence[str] | None = None) -> None:
         super().__init__()
         self.pipeline_id, self.after_batch_id = pipeline_id, after_batch_id

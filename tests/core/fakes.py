@@ -38,11 +38,12 @@ from airflow_eo.core.protocol import (
     DeadLetter,
     ExecutionResult,
     RunRequest,
+    WritePlan,
     WriteResult,
     run_batch,
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
-from airflow_eo.core.recovery import BranchAction, committed_by_kafka, decide_branch
+from airflow_eo.core.recovery import BranchAction, SinkRecovery, committed_by_kafka, decide_branch
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.core.xid import Xid, pipeline_key
 
@@ -460,11 +461,13 @@ class FakeEngine:
         self.calls.append(batch)
         self.proc.step("engine.read")
         out = [rec for r in batch.ranges if r.size for rec in self.source.read(r)]
-        written = sink.write(out, batch, self)
+        written = sink.write(WritePlan(out, self), batch)
         self.proc.step("engine.written")
         return ExecutionResult(records_in=len(out), rows_out=written.rows, xids=list(written.xids))
 
-    def run_partitions(self, out: list[Record], writer: Callable[..., tuple[str | None, int]]) -> WriteResult:
+    def run_partitions(self, plan: WritePlan, writer: Callable[..., tuple[str | None, int]],
+                       columns: Any = None) -> WriteResult:
+        out: list[Record] = plan.output
         result = WriteResult()
         key_of = getattr(writer, "key_of", lambda rec: rec.key)
         for partition in range(self.write_partitions):  # the rows of one key in one partition, in offset order
@@ -500,8 +503,8 @@ class _SinkBase:
         return []
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
-        return set()
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
+        return SinkRecovery()
 
     def commit(self, batch: BatchRecord) -> None:
         return None
@@ -579,9 +582,9 @@ class FakeXaSink(_SinkBase):
         self.server = server
         self.discarded: list[list[str]] = []
 
-    def write(self, out: list[Record], batch: BatchContext, runner: FakeEngine) -> WriteResult:
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         self.writes.append(batch)
-        return runner.run_partitions(out, _XaWriter(self.server, self.proc, pipeline_key(batch.pipeline_id),
+        return plan.run_partitions(_XaWriter(self.server, self.proc, pipeline_key(batch.pipeline_id),
                                                     batch.batch_id, batch.epoch))
 
     def _ours(self, pipeline_id: str) -> list[tuple[str, Xid]]:
@@ -589,17 +592,19 @@ class FakeXaSink(_SinkBase):
         return [(text, xid) for text in sorted(self.server.prepared) if (xid := Xid.decode(text)).pipeline_key == key]
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Commit the branches of committed batches that recorded their xid, roll back the rest."""
         records: dict[int, BatchRecord | None] = {}
+        decisions = []
         for text, xid in self._ours(pipeline_id):
             if xid.batch_id not in records:
                 records[xid.batch_id] = batch_lookup(xid.batch_id)
             # The real adapter's decision (MySqlXaAdapter.recover): the same function, not a copy.
-            commit = decide_branch(xid, records[xid.batch_id]).action is BranchAction.COMMIT
+            decision = decide_branch(xid, records[xid.batch_id])
+            decisions.append(decision)
             self.proc.step("xa.recover")
-            self.server.end(text, commit)
-        return set()  # the store's commit is the commit point: nothing to roll forward
+            self.server.end(text, decision.action is BranchAction.COMMIT)
+        return SinkRecovery(branches=tuple(decisions))  # the store's commit is the commit point
 
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         for text in xids:
@@ -691,11 +696,11 @@ class FakeUpsertSink(_SinkBase):
         super().__init__(proc, check_error)
         self.table, self.fenced_by = table, fenced_by
 
-    def write(self, out: list[Record], batch: BatchContext, runner: FakeEngine) -> WriteResult:
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         self.writes.append(batch)
         store = self.fenced_by
         fence = None if store is None else (lambda: store._fence(batch.pipeline_id, batch.interval, batch.epoch))
-        return runner.run_partitions(out, _UpsertWriter(self.table, self.proc, fence))
+        return plan.run_partitions(_UpsertWriter(self.table, self.proc, fence))
 
 
 # -- Kafka
@@ -773,13 +778,15 @@ class FakeKafkaSink(_SinkBase):
         return self._epoch
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> set[int]:
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         self._producer()  # fences older producers of the pipeline, aborts their open transaction
         if not unfinished:
-            return set()
-        return committed_by_kafka(unfinished, dict(self.cluster.group_offsets))  # the real adapter's decision
+            return SinkRecovery()
+        # the real adapter's decision
+        return SinkRecovery(committed=frozenset(committed_by_kafka(unfinished, dict(self.cluster.group_offsets))))
 
-    def write(self, out: list[Record], batch: BatchContext, runner: FakeEngine) -> WriteResult:
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        out: list[Record] = plan.output
         self.writes.append(batch)
         epoch = self._producer()
         self.cluster.begin(epoch)

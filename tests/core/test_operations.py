@@ -1,5 +1,6 @@
 """The decisions behind ``airflow eo`` (``airflow_eo.core.recovery``, ``rewind``, ``status``) and the recovery it
-shares with a task attempt (``protocol.recover_pipeline``), as plain code against the fakes of ``tests/core/fakes.py``."""
+shares with a task attempt (``protocol.recover_pipeline``), as plain code against the fakes of
+``tests/core/fakes.py``."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.examples.topics import read_topic
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.mysql.sink import xa_recover
+from airflow_eo.mysql.xa import XaFacade
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
 from tests.support.kafka_group import group_positions
@@ -70,7 +70,7 @@ def prepared(sink_kwargs: dict[str, Any], pipeline: str) -> list[str]:
 
     conn = pymysql.connect(**sink_kwargs, autocommit=True)
     try:
-        return [x.encode() for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline)]
+        return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
     finally:
         conn.close()
 

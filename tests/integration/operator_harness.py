@@ -13,6 +13,7 @@ from airflow_eo.core.protocol import RunRequest
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
@@ -56,7 +57,7 @@ def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None,
         "source": kafka.get_offset_source(),
         "engine": SparkBatchEngine(SparkSessionHook().get_conn, kafka.get_config(),
                                    parse or ParseConfig(schema=page_views.SCHEMA), transform=transform),
-        "sink": sink.adapter(pipeline_id, "eo_offset_store"),
+        "sink": build_sink(sink, pipeline_id, "eo_offset_store"),
     }
 
 

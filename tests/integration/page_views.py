@@ -15,7 +15,7 @@ import pymysql
 
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
-from airflow_eo.mysql.sink import xa_recover
+from airflow_eo.mysql.xa import XaFacade
 from tests.integration.operator_harness import rows
 from tests.support.example_state import reset_page_views
 
@@ -91,7 +91,7 @@ def batch_rows(mysql_kwargs: dict[str, Any], pipeline: str) -> list[dict[str, An
 def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[str]:
     conn = pymysql.connect(**mysql_kwargs, autocommit=True)
     try:
-        return [x.encode() for x in xa_recover(conn) if x.pipeline_key == pipeline_key(pipeline)]
+        return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
     finally:
         conn.close()
 

@@ -15,7 +15,9 @@ import pymysql
 import pytest
 
 from airflow_eo.core.xid import Xid, pipeline_key
-from airflow_eo.mysql.sink import PartitionWriter, _staging_types, xa_end_of
+from airflow_eo.mysql.bulk_load import staging_types
+from airflow_eo.mysql.writer import PartitionWriter
+from airflow_eo.mysql.xa import XaFacade
 
 HOSTILE = ["a,b", 'q"x', '"', '""', "", "NULL", "\\N", "l1\nl2", "cr\r\nlf", "tab\there", "back\\slash", "’ünï 😀",
            "'; DROP TABLE x; --", "end\\", ",", "\n"]
@@ -81,7 +83,7 @@ def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwa
     import airflow_eo.mysql.sink as mysql_sink
 
     monkeypatch.setattr(mysql_sink, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
-    assert _staging_types(batch([]).schema, COLUMNS) is not None, "every column of this table is staged"
+    assert staging_types(batch([]).schema, COLUMNS) is not None, "every column of this table is staged"
     rows = hostile_rows(600)
     batches = [batch(rows[i:i + 64]) for i in range(0, len(rows), 64)]
     load, stmt = tables
@@ -120,7 +122,7 @@ def test_an_xa_branch_of_bulk_loaded_rows_adds_and_stays_invisible_until_commit(
         text, written = xa([counts], 0, 0, 0)
         assert written == 3 and text
         assert contents(mysql, table) == [("a", 10)], "prepared, not visible"
-        assert xa_end_of(mysql, Xid.decode(text), "COMMIT")
+        assert XaFacade(mysql).commit(Xid.decode(text))
         assert contents(mysql, table) == [("a", 14), ("b", 2)]
     finally:
         with mysql.cursor() as cur:
@@ -142,7 +144,7 @@ def test_columns_of_other_types_go_through_the_statements(mysql, mysql_kwargs):
         cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, raw VARBINARY(64) NULL)")
     try:
         rows = pa.RecordBatch.from_pylist([{"id": 1, "raw": b"\xff\x00,\"\n"}, {"id": 2, "raw": None}])
-        assert _staging_types(rows.schema, ("id", "raw")) is None
+        assert staging_types(rows.schema, ("id", "raw")) is None
         w = dataclasses.replace(writer(mysql_kwargs, table, True), columns=("id", "raw"))
         assert w([rows], 0, 0, 0) == (None, 2)
         assert contents(mysql, table) == [(1, b"\xff\x00,\"\n"), (2, None)]

@@ -1,0 +1,237 @@
+"""Sink kinds: what a DAG declares (a spec), what each kind can do (its capabilities) and how its run-time side
+is built (its factory), registered once per kind (``docs/architecture.md``, "The sink registry").
+
+A sink kind lives in its integration's folder (``airflow_eo/mysql``, ``airflow_eo/kafka``): a frozen spec class
+(options only, checked when the DAG is parsed), an adapter implementing :class:`~airflow_eo.core.protocol.Sink`,
+and one :func:`register_sink` call. Everything outside that folder (the operator, ``airflow eo``, the DAG tab, the
+rewind rules) asks a kind's :class:`SinkCapabilities` and never compares class names. Plain Python: connections
+reach a factory through the :class:`Connections` role, which the Airflow layer implements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.xid import Xid
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import BatchRecord, Sink
+
+
+@dataclass(frozen=True)
+class SinkCapabilities:
+    """What a sink kind can do; the questions the rest of airflow_eo asks instead of a class name."""
+
+    #: its updates may add to a row or append (``add``, a Kafka topic): reprocessing offsets counts them twice
+    accumulates: bool = False
+    #: it leaves prepared (in-doubt) branches (XA, ``PREPARE TRANSACTION``) that recovery resolves and status lists
+    in_doubt_branches: bool = False
+    #: it commits the consumed offsets to a Kafka consumer group in its own transaction (it owns the commit point)
+    consumer_group: bool = False
+    #: it writes bad records to a dead-letter table with the batch (``on_bad_record="dead_letter"``)
+    dead_letters: bool = False
+    #: it may run in interval mode, where cleared or backfilled intervals are replayed (overwriting updates only)
+    interval_replay: bool = False
+    #: it deletes rows for tombstones (``on_tombstone="delete"``)
+    deletes: bool = False
+    #: where its branches and dead letters live: the Airflow connection type of its ``conn_id`` (``airflow eo``
+    #: may be given another connection of that type on the command line)
+    connection_type: str = ""
+
+
+@dataclass(frozen=True)
+class SinkAsset:
+    """Where a sink writes, in the URI scheme of Airflow's provider for that system (Assets, lineage)."""
+
+    namespace: str  # e.g. mysql://host:port, kafka://bootstrap
+    name: str  # e.g. database.table, topic
+
+    @property
+    def uri(self) -> str:
+        return f"{self.namespace}/{self.name.replace('.', '/')}"
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """An Airflow connection as plain data (the fields every connection type has); the password never prints."""
+
+    conn_id: str
+    conn_type: str | None = None
+    host: str | None = None
+    port: int | None = None
+    login: str | None = None
+    password: str | None = field(default=None, repr=False)
+    schema: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+class Connections(Protocol):
+    """Where a sink's factory finds its connections (the Airflow layer reads them from Airflow connections)."""
+
+    def connection(self, conn_id: str) -> ConnectionInfo:
+        """The connection ``conn_id`` (a database's: host, port, login, ...)."""
+    def kafka_config(self, conn_id: str) -> dict[str, Any]:
+        """The librdkafka config of the ``kafka`` connection ``conn_id``, as the Kafka provider resolves it."""
+
+
+class SinkSpec(ABC):
+    """Base of every sink spec: where output goes and how it becomes visible (options only, no I/O)."""
+
+    conn_id: str
+    #: the registered kind's name (what the offset store records); set by :func:`register_sink`
+    kind: ClassVar[str] = ""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def capabilities(self) -> SinkCapabilities:
+        return sink_kind(self.kind).capabilities
+
+    @property
+    def keeps_dead_letters(self) -> bool:
+        return self.capabilities.dead_letters
+
+    @property
+    def replay_safe(self) -> bool:
+        """True when running a batch twice leaves the same result (interval-mode replays need it)."""
+        return self.capabilities.interval_replay and not self.accumulating
+
+    @property
+    def accumulating(self) -> bool:
+        """True when processing a record twice changes the result (adds to a row, appends): a rewind that
+        reprocesses offsets counts them twice."""
+        return self.capabilities.accumulates
+
+    @property
+    def target(self) -> str:
+        """The table or topic written."""
+        return ""
+
+    def record(self) -> SinkRecord:
+        """What the offset store records of this sink at each take (``airflow eo`` reads it)."""
+        options = {f.name: _json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return SinkRecord(kind=self.kind, accumulating=self.accumulating, conn_id=self.conn_id, target=self.target,
+                          dead_letter_table=options.get("dead_letter_table"),
+                          options=options)
+
+    @abstractmethod
+    def asset(self, connections: Connections) -> SinkAsset:
+        """The sink's Asset (each committed batch adds an event for it)."""
+
+
+#: Builds a kind's adapter: ``(spec, pipeline_id, connections, offset_store_conn_id) -> Sink``. The store's
+#: connection is for sinks whose writes are fenced by its epochs (an upsert sink on the store's server).
+SinkFactory = Callable[[Any, str, Connections, "str | None"], "Sink"]
+
+
+@dataclass(frozen=True)
+class SinkKind:
+    """One registered sink kind."""
+
+    name: str
+    spec: type[SinkSpec]
+    capabilities: SinkCapabilities
+    build: SinkFactory
+
+
+_KINDS: dict[str, SinkKind] = {}
+
+
+def register_sink(spec: type[SinkSpec], capabilities: SinkCapabilities, build: SinkFactory) -> SinkKind:
+    """Register a sink kind under its spec's class name (what the offset store records); once per kind."""
+    name = spec.__name__
+    known = _KINDS.get(name)
+    if known is not None and known.spec is not spec:
+        raise ConfigurationError(f"sink kind {name!r} is registered twice ({known.spec.__module__}, {spec.__module__})")
+    kind = SinkKind(name, spec, capabilities, build)
+    spec.kind = name
+    _KINDS[name] = kind
+    return kind
+
+
+def sink_kind(name: str) -> SinkKind:
+    """The registered kind ``name``; a clear error when none is (a store written by a newer airflow_eo).
+
+    The built-in kinds register when ``airflow_eo.sinks`` (which imports every integration's specs) is imported.
+    """
+    kind = _KINDS.get(name)
+    if kind is None:
+        raise ConfigurationError(f"sink kind {name!r} is not one airflow_eo can rebuild ({', '.join(sorted(_KINDS))}); "
+                                 "its pipeline's next run recovers it")
+    return kind
+
+
+def sink_kinds() -> dict[str, SinkKind]:
+    """Every registered kind, by name."""
+    return dict(_KINDS)
+
+
+def capabilities_of(record: SinkRecord | None) -> SinkCapabilities | None:
+    """The capabilities of a recorded sink; None when the store recorded none or its kind is unknown here."""
+    if record is None:
+        return None
+    try:
+        return sink_kind(record.kind).capabilities
+    except ConfigurationError:
+        return None
+
+
+def spec_from_record(record: SinkRecord, conn_id: str | None = None) -> SinkSpec:
+    """The sink spec the store recorded (validated again), e.g. to run its adapter's recovery outside the DAG.
+
+    :param record: what the store recorded at the pipeline's last take.
+    :param conn_id: another connection of the same sink (default: the recorded one).
+    """
+    cls = sink_kind(record.kind).spec
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    options = {k: v for k, v in record.options.items() if k in names}
+    if conn_id:
+        options["conn_id"] = conn_id
+    return cls(**options)
+
+
+def _json_value(value: Any) -> Any:
+    """A spec field as a JSON value (tuples as lists, enums as their values)."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+# --------------------------------------------------------------------------- what operations ask of an adapter
+# ``airflow eo`` and the DAG tab ask a recorded sink's capabilities first, then use the matching role of its adapter.
+
+
+@runtime_checkable
+class InDoubtSink(Protocol):
+    """A sink kind with ``in_doubt_branches``: lists the pipeline's prepared branches (read-only)."""
+
+    def in_doubt(self, pipeline_id: str) -> list[Xid]: ...
+
+
+@runtime_checkable
+class ConsumerGroupSink(Protocol):
+    """A sink kind with ``consumer_group``: the group's view of unfinished batches, and moving it (a rewind)."""
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
+    def move_group_offsets(self, positions: Mapping[tuple[str, int], int]) -> None: ...
+
+
+@runtime_checkable
+class DeadLetterSink(Protocol):
+    """A sink kind with ``dead_letters``: reads the pipeline's dead letters (oldest offsets first); None when its
+    table does not exist yet."""
+
+    def dead_letters(self, pipeline_id: str, batch_id: int | None, limit: int) -> list[dict[str, Any]] | None: ...

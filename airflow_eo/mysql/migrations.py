@@ -1,0 +1,113 @@
+"""The offset store's tables on MySQL / MariaDB: versioned migrations, append only, each statement idempotent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymysql
+
+# Versioned migrations: (version, statements). Append only; each statement is idempotent.
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        """CREATE TABLE IF NOT EXISTS eo_pipeline (
+            pipeline_id VARCHAR(190) NOT NULL PRIMARY KEY,
+            epoch BIGINT NOT NULL,
+            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            taken_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+        ) ENGINE=InnoDB""",
+        """CREATE TABLE IF NOT EXISTS eo_batch (
+            pipeline_id VARCHAR(190) NOT NULL,
+            batch_id BIGINT NOT NULL,
+            run_id VARCHAR(250) NOT NULL,
+            run_key VARCHAR(250) NULL,
+            interval_start TIMESTAMP(3) NULL,
+            interval_end TIMESTAMP(3) NULL,
+            epoch BIGINT NOT NULL,
+            state VARCHAR(16) NOT NULL,
+            ranges JSON NOT NULL,
+            skipped JSON NULL,
+            xids JSON NULL,
+            records_in BIGINT NULL,
+            rows_out BIGINT NULL,
+            dead_letters BIGINT NULL,
+            summary JSON NULL,
+            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            updated_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            committed_at TIMESTAMP(3) NULL,
+            PRIMARY KEY (pipeline_id, batch_id),
+            UNIQUE KEY eo_batch_run (pipeline_id, run_key),
+            UNIQUE KEY eo_batch_interval (pipeline_id, interval_start, interval_end),
+            KEY eo_batch_state (pipeline_id, state)
+        ) ENGINE=InnoDB""",
+        """CREATE TABLE IF NOT EXISTS eo_offset (
+            pipeline_id VARCHAR(190) NOT NULL,
+            topic VARCHAR(249) NOT NULL,
+            kafka_partition INT NOT NULL,
+            next_offset BIGINT NOT NULL,
+            batch_id BIGINT NOT NULL,
+            PRIMARY KEY (pipeline_id, topic, kafka_partition)
+        ) ENGINE=InnoDB""",
+    ]),
+    (2, [
+        # Who runs the pipeline (``<dag_id>.<task_id>``) and in which mode: a second DAG
+        # declaring the same pipeline id is refused instead of splitting its offsets.
+        "ALTER TABLE eo_pipeline ADD COLUMN owner VARCHAR(250) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN mode VARCHAR(16) NULL",
+        # Interval bounds are UTC; DATETIME has no 2038 limit and no session time-zone conversion.
+        "ALTER TABLE eo_batch MODIFY interval_start DATETIME(3) NULL, MODIFY interval_end DATETIME(3) NULL",
+        # Interval mode fences per interval, so a backfill's concurrent runs don't fence each other.
+        """CREATE TABLE IF NOT EXISTS eo_interval (
+            pipeline_id VARCHAR(190) NOT NULL,
+            interval_start DATETIME(3) NOT NULL,
+            interval_end DATETIME(3) NOT NULL,
+            epoch BIGINT NOT NULL,
+            taken_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            PRIMARY KEY (pipeline_id, interval_start, interval_end)
+        ) ENGINE=InnoDB""",
+    ]),
+    (3, [
+        # The sink, recorded at every take, so that operations (``airflow eo``) know it without the DAG:
+        # whether a rewind would double count, where dead letters go, how to rebuild it for recovery.
+        "ALTER TABLE eo_pipeline ADD COLUMN sink_kind VARCHAR(64) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN sink_accumulating BOOLEAN NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN dead_letter_table VARCHAR(130) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN sink JSON NULL",
+        # What people did to a pipeline (rewinds, recoveries): who, when, why, and what changed.
+        """CREATE TABLE IF NOT EXISTS eo_audit (
+            audit_id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+            pipeline_id VARCHAR(190) NOT NULL,
+            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+            actor VARCHAR(250) NOT NULL,
+            action VARCHAR(32) NOT NULL,
+            reason TEXT NULL,
+            epoch BIGINT NULL,
+            details JSON NULL,
+            KEY eo_audit_pipeline (pipeline_id, audit_id)
+        ) ENGINE=InnoDB""",
+    ]),
+]
+
+# A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
+_ALREADY_APPLIED = {1050, 1060}  # table exists, duplicate column
+
+
+def migrate(cur: Any) -> None:
+    """Apply the migrations not applied yet, in ``cur``'s transaction, serialized by a named lock (two DAGs
+    starting at once)."""
+    cur.execute("SELECT GET_LOCK('airflow_eo_migrate', 60) AS got")
+    try:
+        cur.execute("CREATE TABLE IF NOT EXISTS eo_schema_version (version INT NOT NULL PRIMARY KEY)")
+        cur.execute("SELECT version FROM eo_schema_version")
+        applied = {row["version"] for row in cur.fetchall()}
+        for version, statements in MIGRATIONS:
+            if version in applied:
+                continue
+            for statement in statements:
+                try:
+                    cur.execute(statement)
+                except pymysql.err.MySQLError as exc:
+                    if not exc.args or exc.args[0] not in _ALREADY_APPLIED:
+                        raise
+            cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))
+    finally:
+        cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")

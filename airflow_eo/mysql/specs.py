@@ -1,0 +1,132 @@
+"""The MySQL / MariaDB sink kinds a DAG declares (validated at parse time, no I/O) and their registration.
+
+Importing this module is cheap (no pymysql, no pyarrow): the factories import the adapters when a run builds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.config import UpdateMode, choice
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import quote_table, validate_identifier
+from airflow_eo.core.sinks import Connections, SinkAsset, SinkCapabilities, SinkSpec, register_sink
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import Sink
+
+
+@dataclass(frozen=True)
+class MySqlUpsertSink(SinkSpec):
+    """``INSERT .. ON DUPLICATE KEY UPDATE`` with overwrite semantics, replay-safe.
+
+    Each Spark task commits its own statements; the store's commit point follows. A
+    crash replays the batch and rewrites the same rows, so only overwriting updates
+    are allowed (an accumulating ``add`` is refused here, at DAG parse time).
+
+    :param table: target table (``table`` or ``database.table``); must exist with a
+        PRIMARY KEY / UNIQUE index on exactly ``key_columns``.
+    :param key_columns: the upsert key.
+    :param conn_id: Airflow ``mysql`` connection of the target database.
+    :param updates: per non-key column, ``"replace"`` (default, ``c = new c``); the XA sink also
+        allows ``"add"`` (``c = c + new c``).
+    :param rows_per_statement: rows per multi-row INSERT.
+    :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
+    :param bulk_load: each Spark task loads its rows with ``LOAD DATA LOCAL INFILE`` (CSV files written by Arrow)
+        into a session-private staging table, then writes them with one ``INSERT .. SELECT .. ON DUPLICATE KEY
+        UPDATE``: the same rows and updates as the multi-row statements, several times faster. Used when the server
+        allows it (``local_infile=ON``, MariaDB's default) and for columns of plain types; otherwise the
+        statements. ``LOAD DATA LOCAL`` lets the server ask the writer for a local file: set False for a server
+        you do not trust.
+    """
+
+    table: str
+    key_columns: Sequence[str]
+    conn_id: str = "mysql_default"
+    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
+    rows_per_statement: int = 500
+    dead_letter_table: str = "eo_dead_letter"
+    bulk_load: bool = True
+
+    def __post_init__(self) -> None:
+        quote_table(self.table)
+        quote_table(self.dead_letter_table)
+        if not self.key_columns or isinstance(self.key_columns, str):
+            raise ConfigurationError(f"{self.name}: key_columns must be a non-empty list of column names")
+        object.__setattr__(self, "key_columns", tuple(self.key_columns))
+        for key in self.key_columns:
+            validate_identifier(key, "key column")
+        updates = {}
+        for column, mode in self.updates.items():
+            validate_identifier(column, "column name")
+            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
+                                     "update modes")
+            if updates[column] is UpdateMode.ADD and not self.capabilities.accumulates:
+                raise ConfigurationError(
+                    f"{self.name}: column {column!r} uses an accumulating update ('add'), which counts a "
+                    "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
+                    "use MySqlXaSink for accumulating updates (its writes commit atomically with the offsets)."
+                )
+        object.__setattr__(self, "updates", updates)
+        if self.rows_per_statement < 1:
+            raise ConfigurationError(f"{self.name}: rows_per_statement must be >= 1")
+
+    @property
+    def accumulating(self) -> bool:
+        return any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def target(self) -> str:
+        return self.table
+
+    def asset(self, connections: Connections) -> SinkAsset:
+        """``mysql://host:port/database/table``, the scheme of Airflow's MySQL provider."""
+        from airflow_eo.mysql.connection import connect_kwargs
+
+        db = connect_kwargs(connections.connection(self.conn_id))
+        database, _, table = self.table.rpartition(".")
+        return SinkAsset(f"mysql://{db['host']}:{db['port']}", f"{database or db['database']}.{table}")
+
+
+@dataclass(frozen=True)
+class MySqlXaSink(MySqlUpsertSink):
+    """XA two-phase commit: nothing visible until the store's commit point; all or nothing per batch.
+
+    Allows accumulating updates, e.g. ``updates={"pv": "add"}`` → ``pv = pv + new.pv``.
+    Needs MariaDB >= 10.5 or MySQL >= 5.7.7 (prepared branches survive disconnects) and,
+    on MySQL 8, the ``XA_RECOVER_ADMIN`` privilege.
+    """
+
+
+def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
+    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
+            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
+            "rows_per_statement": spec.rows_per_statement, "dead_letter_table": spec.dead_letter_table,
+            "bulk_load": spec.bulk_load}
+
+
+def _build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,
+                  offset_store_conn_id: str | None) -> Sink:
+    from airflow_eo.mysql.connection import connect_kwargs
+    from airflow_eo.mysql.sink import MySqlUpsertAdapter
+
+    store = connect_kwargs(connections.connection(offset_store_conn_id)) if offset_store_conn_id else None
+    return MySqlUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)), store_kwargs=store,
+                              **_options(spec))
+
+
+def _build_xa(spec: MySqlXaSink, pipeline_id: str, connections: Connections,
+              offset_store_conn_id: str | None) -> Sink:
+    # Prepared branches of an older attempt are never committed: no epoch fence needed.
+    from airflow_eo.mysql.connection import connect_kwargs
+    from airflow_eo.mysql.sink import MySqlXaAdapter
+
+    return MySqlXaAdapter(connect_kwargs(connections.connection(spec.conn_id)), **_options(spec))
+
+
+register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, connection_type="mysql"),
+              _build_upsert)
+register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
+                                            connection_type="mysql"), _build_xa)

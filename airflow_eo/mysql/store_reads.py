@@ -1,0 +1,178 @@
+"""What ``airflow eo`` and the DAG tab read of the MySQL offset store, the audit log, and the audited rewind.
+
+A mixin of :class:`~airflow_eo.mysql.store.MySqlOffsetStore` (its ``transaction()`` and ``migrate()``): the
+protocol's writes stay in ``store.py``, the operations' reads and repairs here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import pymysql.cursors
+
+from airflow_eo.core.config import Mode, SinkRecord
+from airflow_eo.core.errors import OperationError, UnknownPipelineError
+from airflow_eo.core.protocol import BatchRecord
+from airflow_eo.core.ranges import TopicPartition
+from airflow_eo.core.rewind import RewindPlan
+from airflow_eo.core.states import UNFINISHED
+from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
+from airflow_eo.mysql.rows import batch_info, batch_record, insert_audit, utc
+
+
+class StoreReads:
+    """The operations' side of the store: reads in UTC, the audit log, the rewind."""
+
+    def transaction(self) -> AbstractContextManager[pymysql.cursors.DictCursor]:
+        raise NotImplementedError
+
+    def migrate(self) -> None:
+        raise NotImplementedError
+
+
+    @contextmanager
+    def _utc_reads(self) -> Iterator[pymysql.cursors.DictCursor]:
+        """A transaction whose TIMESTAMP columns read as UTC (the session's time zone converts them)."""
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SET time_zone = '+00:00'")
+            yield cur
+
+    def pipelines(self, pipeline_id: str | None = None) -> list[PipelineInfo]:
+        """Every pipeline in the store (or the one named), sorted by id.
+
+        :param pipeline_id: only this pipeline.
+        """
+        where, args = ("WHERE pipeline_id = %s", (pipeline_id,)) if pipeline_id is not None else ("", ())
+        with self._utc_reads() as cur:
+            cur.execute(f"SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline {where} "
+                        "ORDER BY pipeline_id", args)
+            return [PipelineInfo(r["pipeline_id"], int(r["epoch"]), r["owner"], Mode(r["mode"]) if r["mode"] else None,
+                                 utc(r["taken_at"]), SinkRecord.from_json(r["sink"]) if r["sink"] else None)
+                    for r in cur.fetchall()]
+
+    def pipeline(self, pipeline_id: str) -> PipelineInfo:
+        """The pipeline's row; :class:`UnknownPipelineError` (naming the known ones) when there is none.
+
+        :param pipeline_id: the pipeline.
+        """
+        found = self.pipelines(pipeline_id)
+        if found:
+            return found[0]
+        known = [p.pipeline_id for p in self.pipelines()]
+        listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        raise UnknownPipelineError(f"the offset store has no pipeline {pipeline_id!r}; "
+                                   + (f"its pipelines are: {listed}" if known else "it holds no pipeline yet"))
+
+    def all_committed_offsets(self) -> dict[str, dict[TopicPartition, int]]:
+        """Every pipeline's committed offsets, in one query."""
+        with self._utc_reads() as cur:
+            cur.execute("SELECT pipeline_id, topic, kafka_partition, next_offset FROM eo_offset")
+            found: dict[str, dict[TopicPartition, int]] = {}
+            for r in cur.fetchall():
+                found.setdefault(r["pipeline_id"], {})[(r["topic"], r["kafka_partition"])] = int(r["next_offset"])
+            return found
+
+    def latest_batches(self) -> dict[str, BatchInfo]:
+        """Each pipeline's newest batch, in one query."""
+        with self._utc_reads() as cur:
+            cur.execute("SELECT b.* FROM eo_batch b JOIN (SELECT pipeline_id, MAX(batch_id) AS batch_id FROM eo_batch "
+                        "GROUP BY pipeline_id) newest USING (pipeline_id, batch_id)")
+            return {r["pipeline_id"]: batch_info(r) for r in cur.fetchall()}
+
+    def batch_history(self, pipeline_id: str, limit: int, batch_ids: list[int] | None = None) -> list[BatchInfo]:
+        """The pipeline's batches, newest first.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many.
+        :param batch_ids: only these batches.
+        """
+        where, args = "pipeline_id = %s", list[Any]([pipeline_id])
+        if batch_ids is not None:
+            if not batch_ids:
+                return []
+            where += f" AND batch_id IN ({', '.join(['%s'] * len(batch_ids))})"
+            args.extend(batch_ids)
+        with self._utc_reads() as cur:
+            cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id DESC LIMIT %s", (*args, limit))
+            return [batch_info(r) for r in cur.fetchall()]
+
+    def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]:
+        """What people did to the pipeline (``eo_audit``), newest first.
+
+        :param pipeline_id: the pipeline.
+        :param limit: at most this many.
+        """
+        with self._utc_reads() as cur:
+            cur.execute("SELECT * FROM eo_audit WHERE pipeline_id = %s ORDER BY audit_id DESC LIMIT %s",
+                        (pipeline_id, limit))
+            return [AuditEntry(int(r["audit_id"]), r["pipeline_id"], utc(r["created_at"]), r["actor"], r["action"],
+                               r["reason"], None if r["epoch"] is None else int(r["epoch"]),
+                               json.loads(r["details"]) if r["details"] else {})
+                    for r in cur.fetchall()]
+
+    def record_audit(self, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
+                     details: dict[str, Any]) -> None:
+        """Append an audit row (an operation that changed the pipeline, e.g. a recovery).
+
+        :param pipeline_id: the pipeline.
+        :param epoch: the epoch the operation took.
+        :param actor: who ran it.
+        :param action: what (``recover``, ``rewind``).
+        :param reason: why, in the operator's words.
+        :param details: what changed (JSON).
+        """
+        with self.transaction() as cur:
+            insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+
+    def rewind(self, plan: RewindPlan, actor: str, reason: str,
+               check: Callable[[PipelineInfo, list[BatchRecord]], None]) -> int:
+        """Move the pipeline's committed offsets as planned, in one transaction with the take and the audit row.
+
+        Under the pipeline row's lock (which every fenced write of an attempt takes too): ``check`` sees the
+        pipeline and its unfinished batches and may refuse; every moved offset must still be where the plan
+        found it (else nothing changes); the epoch moves on (fencing any running attempt); the audit row
+        records who, why, and old and new offsets. Any failure rolls all of it back.
+
+        :param plan: the rewind (old -> new per partition).
+        :param actor: who runs it.
+        :param reason: why.
+        :param check: the refusal rules (:func:`airflow_eo.core.rewind.check_rewind`), run under the lock.
+        :return: the epoch taken.
+        """
+        p = plan.pipeline_id
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline "
+                        "WHERE pipeline_id = %s FOR UPDATE", (p,))
+            row = cur.fetchone()
+            if row is None:
+                raise UnknownPipelineError(f"the offset store has no pipeline {p!r}")
+            info = PipelineInfo(p, int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
+                                row["taken_at"], SinkRecord.from_json(row["sink"]) if row["sink"] else None)
+            cur.execute("SELECT * FROM eo_batch WHERE pipeline_id = %s AND state IN (%s, %s) ORDER BY batch_id",
+                        (p, *[s.value for s in UNFINISHED]))
+            check(info, [batch_record(r) for r in cur.fetchall()])
+            for change in plan.moved:
+                if change.old is None:  # never committed: the next batch would start at starting_offsets
+                    cur.execute("INSERT IGNORE INTO eo_offset (pipeline_id, topic, kafka_partition, next_offset, "
+                                "batch_id) VALUES (%s, %s, %s, %s, -1)",
+                                (p, change.topic, change.partition, change.new))
+                else:
+                    cur.execute("UPDATE eo_offset SET next_offset = %s WHERE pipeline_id = %s AND topic = %s AND "
+                                "kafka_partition = %s AND next_offset = %s",
+                                (change.new, p, change.topic, change.partition, change.old))
+                if cur.rowcount != 1:
+                    raise OperationError(f"{change.topic}[{change.partition}] of pipeline {p!r} moved since the "
+                                         "rewind was planned (a batch committed meanwhile); nothing was changed: "
+                                         "run the command again")
+            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+                        "WHERE pipeline_id = %s", (p,))
+            epoch = info.epoch + 1
+            insert_audit(cur, p, epoch, actor, "rewind", reason, plan.to_dict())
+            return epoch
+
+

@@ -1,0 +1,147 @@
+"""The partition writer: one Spark task's rows into the table (executor side; picklable, no airflow_eo install needed
+beyond what the job ships). In XA mode the whole partition is one branch, prepared and reported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+
+from airflow_eo.core.faults import HOLD_WRITE, crash_if, hold_if, kill_executor_if_requested
+from airflow_eo.core.xid import Xid
+from airflow_eo.mysql.bulk_load import sink_array, stage, staging_types
+from airflow_eo.mysql.connection import connect
+from airflow_eo.mysql.fence import EpochFence
+from airflow_eo.mysql.sql import upsert_from_staging_statement, upsert_statement
+from airflow_eo.mysql.xa import XaFacade
+
+# Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
+STATEMENT_MAX_CHARS = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
+
+    connect_kwargs: Mapping[str, Any]
+    table: str
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    updates: Mapping[str, str]
+    row_alias: bool
+    rows_per_statement: int
+    xa: bool
+    pipeline_key: str
+    batch_id: int
+    epoch: int
+    driver_pid: int
+    #: upsert sink on the offset store's server: each transaction first checks the attempt's epoch
+    fence: EpochFence | None = None
+    #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
+    bulk_load: bool = False
+
+    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        nonempty = (b for b in batches if b.num_rows)
+        first = next(nonempty, None)
+        if first is None:
+            return None, 0  # nothing to write: no branch at all
+        stream = _chain(first, nonempty)
+        types = staging_types(first.schema, self.columns) if self.bulk_load else None
+        if agreed is not None and types is None:
+            raise RuntimeError("a writer without bulk load cannot hold its rows (can_hold_writes said no)")
+        # Explicit transactions: an XA branch, or upsert transactions that each end with a commit (fenced: the
+        # epoch's shared lock lasts until then).
+        conn = connect(self.connect_kwargs, autocommit=False, charset="utf8mb4", local_infile=types is not None)
+        try:
+            xa = XaFacade(conn) if self.xa else None
+            xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
+            if xa is not None:
+                self._rollback_earlier_attempts(xa, xid)
+            with conn.cursor() as cur:
+                hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
+                kill_executor_if_requested()  # ... or lost mid-write
+                staged = 0
+                if types is not None:
+                    # Before XA START: session-private rows that belong to no branch and no transaction.
+                    staged = stage(cur, stream, self.columns, types)
+                    conn.commit()
+                    if agreed is not None and not agreed():
+                        return None, 0  # another partition found a bad record: write nothing
+                if xa is not None:
+                    xa.start(xid)
+                written = (self._write_staged(conn, cur, staged) if types is not None
+                           else self._write(conn, cur, _rows(stream, self.columns)))
+                if xa is not None:
+                    xa.prepare(xid)
+                    return xid.encode(), written
+            return None, written
+        finally:
+            conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
+
+    def _rollback_earlier_attempts(self, xa: XaFacade, xid: Xid) -> None:
+        # An earlier attempt of this task may have prepared its branch and then died: that
+        # branch holds row locks this attempt would wait on until the lock wait timeout.
+        for other in xa.recover():
+            if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
+                    xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
+                xa.rollback(other)
+
+    def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int) -> int:
+        """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
+        if self.fence is not None:
+            self.fence.check(cur, "LOCK IN SHARE MODE")
+        cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates))
+        # The write is in flight (not committed or prepared yet) whichever writer fires this first.
+        crash_if("during_write", self.driver_pid)
+        if not self.xa:
+            conn.commit()
+        return staged
+
+    def _write(self, conn: pymysql.connections.Connection, cur: Any, rows: Iterator[tuple]) -> int:
+        """Multi-row statements (the path without bulk load)."""
+        full_sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates,
+                                    self.rows_per_statement, self.row_alias)
+        written = 0
+        chunk: list[tuple] = []
+        chunk_bytes = 0
+        if self.fence is not None:
+            self.fence.check(cur, "LOCK IN SHARE MODE")
+
+        def flush(last: bool) -> None:
+            nonlocal written, chunk_bytes
+            sql = full_sql if len(chunk) == self.rows_per_statement else upsert_statement(
+                self.table, self.columns, self.key_columns, self.updates, len(chunk), self.row_alias)
+            cur.execute(sql, [v for r in chunk for v in r])
+            written += len(chunk)
+            chunk.clear()
+            chunk_bytes = 0
+            crash_if("during_write", self.driver_pid)  # in flight: this statement is not committed or prepared yet
+            if not self.xa:
+                conn.commit()
+            if self.fence is not None and not last:
+                self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
+
+        for row in rows:
+            chunk.append(row)
+            chunk_bytes += sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in row)
+            # Big records make fewer rows per statement: one statement stays far below the server's
+            # max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8) whatever the records' size.
+            if len(chunk) == self.rows_per_statement or chunk_bytes >= STATEMENT_MAX_CHARS:
+                flush(last=False)
+        if chunk:
+            flush(last=True)
+        return written
+
+
+def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator[tuple]:
+    for batch in batches:
+        yield from zip(*(sink_array(batch, name).to_pylist() for name in columns), strict=True)
+
+
+def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
+    yield first
+    yield from rest
