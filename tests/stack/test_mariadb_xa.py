@@ -7,7 +7,7 @@ import uuid
 import pymysql
 
 from airflow_eo.core.xid import Xid
-from airflow_eo.mysql.sink import xa_end_of, xa_recover
+from airflow_eo.mysql.xa import XaFacade
 
 
 def test_prepared_branch_survives_disconnect_and_is_resolved_from_another_connection(mysql_kwargs):
@@ -27,18 +27,18 @@ def test_prepared_branch_survives_disconnect_and_is_resolved_from_another_connec
         conn.close()  # the branch must outlive its connection
 
     other = pymysql.connect(**mysql_kwargs, autocommit=True)
-    recovered = {x for x in xa_recover(other) if x.pipeline_key == key}
+    recovered = {x for x in XaFacade(other).recover() if x.pipeline_key == key}
     assert recovered == {to_commit, to_rollback}
     with other.cursor() as cur:
         cur.execute(f"SELECT COUNT(*) FROM {table}")
         assert cur.fetchone()[0] == 0  # nothing visible while prepared
-    assert xa_end_of(other, to_commit, "COMMIT")
-    assert xa_end_of(other, to_rollback, "ROLLBACK")
-    assert not xa_end_of(other, to_commit, "COMMIT")  # unknown xid now: tolerated, reported
+    assert XaFacade(other).commit(to_commit)
+    assert XaFacade(other).rollback(to_rollback)
+    assert not XaFacade(other).commit(to_commit)  # unknown xid now: tolerated, reported
     with other.cursor() as cur:
         cur.execute(f"SELECT id FROM {table}")
         assert [r[0] for r in cur.fetchall()] == [1]
         cur.execute(f"DROP TABLE {table}")
-    assert not [x for x in xa_recover(other) if x.pipeline_key == key]
+    assert not [x for x in XaFacade(other).recover() if x.pipeline_key == key]
     other.close()
     admin.close()

@@ -15,7 +15,7 @@ from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.kafka.offsets import retry_transient
 from airflow_eo.kafka.sink import group_id
-from airflow_eo.mysql.sink import xa_end_of, xa_recover
+from airflow_eo.mysql.xa import XaFacade
 from airflow_eo.mysql.store import MySqlOffsetStore
 
 
@@ -24,9 +24,10 @@ def forget_pipelines(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
     conn = pymysql.connect(**connect_kwargs, autocommit=True)
     try:
         keys = {pipeline_key(p) for p in pipelines}
-        for xid in xa_recover(conn):
+        xa = XaFacade(conn)
+        for xid in xa.recover():
             if xid.pipeline_key in keys:
-                xa_end_of(conn, xid, "ROLLBACK")
+                xa.rollback(xid)
     finally:
         conn.close()
     store = MySqlOffsetStore(connect_kwargs)
