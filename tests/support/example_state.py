@@ -15,8 +15,8 @@ from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.kafka.offsets import retry_transient
 from airflow_eo.kafka.sink import group_id
-from airflow_eo.mysql.xa import XaFacade
 from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.mysql.xa import XaFacade
 
 
 def forget_pipelines(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
