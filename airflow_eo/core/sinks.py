@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 
@@ -56,29 +57,6 @@ class SinkAsset:
     @property
     def uri(self) -> str:
         return f"{self.namespace}/{self.name.replace('.', '/')}"
-
-
-@dataclass(frozen=True)
-class ConnectionInfo:
-    """An Airflow connection as plain data (the fields every connection type has); the password never prints."""
-
-    conn_id: str
-    conn_type: str | None = None
-    host: str | None = None
-    port: int | None = None
-    login: str | None = None
-    password: str | None = field(default=None, repr=False)
-    schema: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-
-class Connections(Protocol):
-    """Where a sink's factory finds its connections (the Airflow layer reads them from Airflow connections)."""
-
-    def connection(self, conn_id: str) -> ConnectionInfo:
-        """The connection ``conn_id`` (a database's: host, port, login, ...)."""
-    def kafka_config(self, conn_id: str) -> dict[str, Any]:
-        """The librdkafka config of the ``kafka`` connection ``conn_id``, as the Kafka provider resolves it."""
 
 
 class SinkSpec(ABC):

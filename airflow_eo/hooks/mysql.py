@@ -6,10 +6,11 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+import airflow_eo.integrations  # noqa: F401  (registers every offset store kind)
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.stores import PipelineLedger, store_for
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.mysql.connection import connect_kwargs
-from airflow_eo.mysql.store import MySqlOffsetStore
 
 
 class EoMySqlHook(BaseHook):
@@ -45,8 +46,9 @@ class OffsetStoreHook(EoMySqlHook):
     def __init__(self, mysql_conn_id: str = default_conn_name) -> None:
         super().__init__(mysql_conn_id)
 
-    def get_store(self) -> MySqlOffsetStore:
-        return MySqlOffsetStore(self.get_connect_kwargs())
+    def get_store(self) -> PipelineLedger:
+        """The offset store of the connection's type (``mysql``; see ``airflow_eo.core.stores``)."""
+        return store_for(AirflowConnectionResolver().connection(self.mysql_conn_id))
 
     def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:
         """The next offset to process per ``(topic, partition)``, as the pipeline's committed batches left it.

@@ -8,11 +8,11 @@ import socket
 from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.protocol import Sink
+from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
-from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import sink_kind, spec_from_record
 
@@ -33,7 +33,7 @@ class AirflowConnections:
         # Another connection of the sink's database, by connection type (the command line names it).
         self.sink_conn_ids = {"mysql": mysql_conn_id} if mysql_conn_id else {}
 
-    def store(self) -> MySqlOffsetStore:
+    def store(self) -> PipelineLedger:
         return OffsetStoreHook(self.offset_store_conn_id).get_store()
 
     def offset_source(self) -> KafkaOffsetSource:

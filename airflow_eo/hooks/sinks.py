@@ -6,8 +6,9 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.protocol import Sink
-from airflow_eo.core.sinks import ConnectionInfo, SinkAsset, SinkSpec, sink_kind
+from airflow_eo.core.sinks import SinkAsset, SinkSpec, sink_kind
 from airflow_eo.hooks.kafka import KafkaClusterHook
 
 

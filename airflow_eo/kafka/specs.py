@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier, validate_topic
-from airflow_eo.core.sinks import Connections, SinkAsset, SinkCapabilities, SinkSpec, register_sink
+from airflow_eo.core.sinks import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -54,7 +55,7 @@ class KafkaTransactionalSink(SinkSpec):
         return SinkAsset(f"kafka://{bootstrap.split(',')[0]}", self.topic)
 
 
-def _build(spec: KafkaTransactionalSink, pipeline_id: str, connections: Connections,
+def build(spec: KafkaTransactionalSink, pipeline_id: str, connections: Connections,
            offset_store_conn_id: str | None) -> Sink:
     # init_transactions fences an older attempt's producer: no store epoch needed.
     from airflow_eo.kafka.sink import KafkaTransactionalAdapter
@@ -62,7 +63,3 @@ def _build(spec: KafkaTransactionalSink, pipeline_id: str, connections: Connecti
     return KafkaTransactionalAdapter(connections.kafka_config(spec.conn_id), pipeline_id, name=spec.name,
                                      topic=spec.topic, key_column=spec.key_column, value_column=spec.value_column,
                                      transaction_timeout_ms=spec.transaction_timeout_ms)
-
-
-register_sink(KafkaTransactionalSink, SinkCapabilities(accumulates=True, consumer_group=True,
-                                                       connection_type="kafka"), _build)

@@ -1,0 +1,27 @@
+"""The mysql integration: its sink kinds (and offset store) registered once, here.
+
+Cheap to import (a DAG file imports it through ``airflow_eo.sinks``): the factories import the adapters when a run
+builds one.
+"""
+
+from __future__ import annotations
+
+from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.sinks import SinkCapabilities, register_sink
+from airflow_eo.core.stores import PipelineLedger, register_store
+from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink, build_upsert, build_xa
+
+register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, connection_type="mysql"),
+              build_upsert)
+register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
+                                            connection_type="mysql"), build_xa)
+
+
+def _store(connection: ConnectionInfo) -> PipelineLedger:
+    from airflow_eo.mysql.connection import connect_kwargs
+    from airflow_eo.mysql.store import MySqlOffsetStore
+
+    return MySqlOffsetStore(connect_kwargs(connection))
+
+
+register_store("mysql", _store)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pymysql
 
-from airflow_eo.core.sinks import ConnectionInfo
+from airflow_eo.core.connections import ConnectionInfo
 
 # Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
 # (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import UpdateMode, choice
+from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table, validate_identifier
-from airflow_eo.core.sinks import Connections, SinkAsset, SinkCapabilities, SinkSpec, register_sink
+from airflow_eo.core.sinks import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -107,7 +108,7 @@ def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
             "bulk_load": spec.bulk_load}
 
 
-def _build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,
+def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,
                   offset_store_conn_id: str | None) -> Sink:
     from airflow_eo.mysql.connection import connect_kwargs
     from airflow_eo.mysql.sink import MySqlUpsertAdapter
@@ -117,16 +118,10 @@ def _build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connecti
                               **_options(spec))
 
 
-def _build_xa(spec: MySqlXaSink, pipeline_id: str, connections: Connections,
+def build_xa(spec: MySqlXaSink, pipeline_id: str, connections: Connections,
               offset_store_conn_id: str | None) -> Sink:
     # Prepared branches of an older attempt are never committed: no epoch fence needed.
     from airflow_eo.mysql.connection import connect_kwargs
     from airflow_eo.mysql.sink import MySqlXaAdapter
 
     return MySqlXaAdapter(connect_kwargs(connections.connection(spec.conn_id)), **_options(spec))
-
-
-register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, connection_type="mysql"),
-              _build_upsert)
-register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                            connection_type="mysql"), _build_xa)

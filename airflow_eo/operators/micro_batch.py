@@ -14,13 +14,13 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
+from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import parse_starting_offsets
-from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.operators.metrics import emit_batch_metrics
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.engine import SparkBatchEngine
@@ -211,7 +211,7 @@ class KafkaMicroBatchOperator(BaseOperator):
                 Asset(sink_asset.uri), extra={k: result[k] for k in _ASSET_EXTRA_KEYS})
         return result
 
-    def _emit_metrics(self, summary: BatchSummary, store: MySqlOffsetStore, kafka_hook: KafkaClusterHook) -> None:
+    def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""
         try:
             lag = None

@@ -26,8 +26,8 @@ from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch,
 from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
 from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
+from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.kafka.offsets import KafkaOffsetSource
-from airflow_eo.mysql.store import MySqlOffsetStore
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ RECENT_BATCHES = 500
 class Connections(Protocol):
     """Where the offset store, the source cluster and a pipeline's sink are (Airflow connections, for the CLI)."""
 
-    def store(self) -> MySqlOffsetStore: ...
+    def store(self) -> PipelineLedger: ...
     def offset_source(self) -> KafkaOffsetSource: ...
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
         """The adapter of the recorded sink (its recovery is the one a task attempt runs), built by its kind."""

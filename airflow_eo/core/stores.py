@@ -1,0 +1,54 @@
+"""Offset store kinds, chosen by the connection type of the store's connection (``mysql`` by default; a new
+database registers its own with :func:`register_store`, see ``docs/architecture.md``, "How to add a database").
+
+:class:`PipelineLedger` is what the operations (``airflow eo``, the DAG tab, sensors) read and change of a store,
+beyond the protocol's :class:`~airflow_eo.core.protocol.OffsetStore` role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.protocol import BatchRecord, OffsetStore
+from airflow_eo.core.ranges import TopicPartition
+from airflow_eo.core.rewind import RewindPlan
+from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
+
+
+class PipelineLedger(OffsetStore, Protocol):
+    """An offset store as the operations use it: the protocol's role plus reads, the audit log and the rewind."""
+
+    def migrate(self) -> None: ...
+    def pipelines(self, pipeline_id: str | None = None) -> list[PipelineInfo]: ...
+    def pipeline(self, pipeline_id: str) -> PipelineInfo: ...
+    def all_committed_offsets(self) -> dict[str, dict[TopicPartition, int]]: ...
+    def latest_batches(self) -> dict[str, BatchInfo]: ...
+    def latest_committed_batch_id(self, pipeline_id: str) -> int | None: ...
+    def batch_history(self, pipeline_id: str, limit: int, batch_ids: list[int] | None = None) -> list[BatchInfo]: ...
+    def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]: ...
+    def record_audit(self, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
+                     details: dict[str, Any]) -> None: ...
+    def rewind(self, plan: RewindPlan, actor: str, reason: str,
+               check: Callable[[PipelineInfo, list[BatchRecord]], None]) -> int: ...
+
+
+StoreFactory = Callable[[ConnectionInfo], PipelineLedger]
+_STORES: dict[str, StoreFactory] = {}
+
+
+def register_store(conn_type: str, build: StoreFactory) -> None:
+    """Register the offset store of a connection type (once per type)."""
+    _STORES[conn_type] = build
+
+
+def store_for(connection: ConnectionInfo) -> PipelineLedger:
+    """The offset store on ``connection``, by its connection type."""
+    build = _STORES.get(connection.conn_type or "")
+    if build is None:
+        raise ConfigurationError(
+            f"the offset store's connection {connection.conn_id!r} has type {connection.conn_type!r}; the offset "
+            f"store runs on a connection of type {' or '.join(sorted(_STORES)) or '(none registered)'}")
+    return build(connection)
