@@ -80,9 +80,9 @@ def contents(mysql, table: str) -> list[tuple]:
 
 
 def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwargs, tables, monkeypatch):
-    import airflow_eo.mysql.sink as mysql_sink
+    import airflow_eo.mysql.bulk_load as bulk_load
 
-    monkeypatch.setattr(mysql_sink, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
+    monkeypatch.setattr(bulk_load, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
     assert staging_types(batch([]).schema, COLUMNS) is not None, "every column of this table is staged"
     rows = hostile_rows(600)
     batches = [batch(rows[i:i + 64]) for i in range(0, len(rows), 64)]

@@ -10,14 +10,14 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from airflow_eo.examples import ip_counts
 from airflow_eo.examples.topics import read_topic
-from airflow_eo.kafka.sink import KafkaTransactionalAdapter, group_id
+from airflow_eo.kafka.sink import group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
 from tests.conftest import create_topic
 from tests.integration.operator_harness import rows, run
 from tests.integration.page_views import run_dag
 from tests.support.example_state import reset_ip_counts
-from tests.support.kafka_group import group_positions
+from tests.support.kafka_group import group_positions, kafka_adapter
 
 PIPELINE = "ip_counts_kafka"
 
@@ -70,12 +70,12 @@ def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, ai
 def test_an_old_producer_that_wakes_up_is_fenced_and_never_visible(bootstrap, topic_name):
     out = create_topic(bootstrap, f"{topic_name}_out", 1)
     pipeline = f"fence_{topic_name}"
-    old = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap}, pipeline)
+    old = kafka_adapter(bootstrap, pipeline, KafkaTransactionalSink(topic=out))
     old_producer = old.producer()
     old_producer.begin_transaction()
     old_producer.produce(out, b"zombie-1")
     old_producer.flush(30)
-    newer = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap}, pipeline)
+    newer = kafka_adapter(bootstrap, pipeline, KafkaTransactionalSink(topic=out))
     newer.producer()  # init_transactions with the same transactional.id fences the old producer
     with pytest.raises(KafkaException):
         old_producer.produce(out, b"zombie-2")
@@ -97,8 +97,7 @@ def test_group_offsets_right_after_a_commit_wait_for_the_commit_markers(bootstra
     transactional offsets exist (a fresh-clone CI run saw ``{}`` there); named partitions are answered unstable."""
     source = create_topic(bootstrap, f"{topic_name}_in", 3)
     out = create_topic(bootstrap, f"{topic_name}_out", 1)
-    adapter = KafkaTransactionalAdapter(KafkaTransactionalSink(topic=out), {"bootstrap.servers": bootstrap},
-                                        f"stable_{topic_name}")
+    adapter = kafka_adapter(bootstrap, f"stable_{topic_name}", KafkaTransactionalSink(topic=out))
     producer = adapter.producer()
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id(adapter.pipeline_id)})
     partitions = [(source, p) for p in range(3)]
@@ -150,7 +149,7 @@ def test_binary_key_and_value_columns_are_produced_as_they_are(bootstrap, mysql_
 def test_transaction_timeout_beyond_the_brokers_maximum_is_refused(bootstrap, topic_name):
     out = create_topic(bootstrap, topic_name, 1)
     sink = KafkaTransactionalSink(topic=out, transaction_timeout_ms=3_600_000)
-    adapter = KafkaTransactionalAdapter(sink, {"bootstrap.servers": bootstrap}, "p")
+    adapter = kafka_adapter(bootstrap, "p", sink)
     with pytest.raises(Exception, match="transaction.max.timeout.ms=900000"):
         adapter.check()
     assert group_id("p") == "airflow_eo.p"
