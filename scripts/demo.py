@@ -14,10 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
 
@@ -28,11 +30,16 @@ PIPELINES = ("page_views_xa", "page_view_events_upsert")
 
 
 def airflow(*args: str, fault: str | None = None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
     if fault:
-        env["AIRFLOW_EO_FAULT"] = fault
+        env.update(arm(fault, directory=tempfile.mkdtemp(prefix="eo-demo-")))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True)
+    command = [sys.executable, "-m", "airflow", *args]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        if fault:
+            register_process(env[FAILPOINT_DIR_ENV], "driver", child.pid)  # kill(driver) of during_write
+        stdout, stderr = child.communicate()
+    done = subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
     status = "killed by SIGKILL" if done.returncode == -signal.SIGKILL else f"exit {done.returncode}"
     print(f"  airflow {' '.join(args)}{f'  [fault: {fault}]' if fault else ''}: {status} "
           f"({time.monotonic() - started:.0f}s)")

@@ -25,6 +25,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -35,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tests' reset helpers, as scripts/demo.py uses them
 
-from airflow_eo.core.faults import FAULT_ENV  # noqa: E402
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process  # noqa: E402
 from airflow_eo.examples import ip_counts, page_views  # noqa: E402
 from airflow_eo.examples.topics import read_topic  # noqa: E402
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
@@ -43,7 +44,7 @@ from airflow_eo.kafka.offsets import KafkaOffsetSource  # noqa: E402
 from tests.integration.page_views import our_prepared_branches, sink_state  # noqa: E402
 from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
 
-# Every fault point each example's code passes (airflow_eo.core.faults.POINTS), plus a random moment.
+# Every fault point each example's code passes (airflow_eo.core.failpoints.POINTS), plus a random moment.
 PIPELINES: dict[str, tuple[str, ...]] = {
     "page_views_xa": ("after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
                       "between_xa_commits"),
@@ -88,12 +89,14 @@ class Soak:
     def run(self, dag_id: str, logical_date: datetime, fault: str | None = None, restart: str | None = None) -> int:
         """``airflow dags test`` once; ``fault``: a fault point or RANDOM_MOMENT; ``restart``: a service
         the stack restarts (SIGKILL + start) while the run goes on."""
-        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
         if fault and fault != RANDOM_MOMENT:
-            env[FAULT_ENV] = fault
+            env.update(arm(fault, directory=tempfile.mkdtemp(prefix="eo-soak-")))
         started = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "airflow", "dags", "test", dag_id, logical_date.isoformat()],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if FAILPOINT_DIR_ENV in env:
+            register_process(env[FAILPOINT_DIR_ENV], "driver", proc.pid)  # kill(driver) of during_write
         timers = []
         if fault == RANDOM_MOMENT:
             timers.append(threading.Timer(self.rng.uniform(2, 25), lambda: proc.poll() is None and os.kill(

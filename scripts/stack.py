@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # airflow_eo.core needs nothing but the standard library: usable before the venv
-from airflow_eo.core.faults import running  # noqa: E402
+from airflow_eo.core.failpoints import running  # noqa: E402
 
 STACK = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack"))
 CACHE = Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo"))

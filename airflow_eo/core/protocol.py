@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.faults import crash_if
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import (
     Interval,
     IntervalOffsets,
@@ -527,7 +527,7 @@ class Attempt:
         """Steps 4-6: execute the batch, pass the commit point, finalize the sink."""
         store, sink, epoch = self.store, self.sink, self.epoch
         planned = time.monotonic()
-        crash_if("after_plan")
+        failpoint("after_plan")
 
         context = BatchContext(batch.pipeline_id, batch.batch_id, self.request.run_id, epoch, tuple(batch.ranges),
                                batch.interval)
@@ -542,7 +542,7 @@ class Attempt:
             executed = time.monotonic()
             if result.xids:  # prepared branches are recorded before the commit point
                 store.mark_prepared(batch, epoch, result.xids)
-                crash_if("after_prepare")
+                failpoint("after_prepare")
             seconds = {**result.seconds, "plan": round(planned - self.started, 3),
                        "execute": round(executed - planned, 3)}
             summary = BatchSummary.of(batch, self.request.run_id, epoch, replace(result, seconds=seconds),
@@ -569,7 +569,7 @@ class Attempt:
         log.info("batch %d %s: %d records in, %d rows out, %d dead letters", batch.batch_id,
                  "replayed" if start is BatchStart.REPLAY else "committed", result.records_in, result.rows_out,
                  result.dead_letters)
-        crash_if("after_commit_point")
+        failpoint("after_commit_point")
 
         # 6. Finalize the sink; a crash here is finished by the next attempt's recovery.
         try:

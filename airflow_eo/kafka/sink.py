@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaExcepti
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.faults import crash_if, fault_requested
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
 
@@ -182,7 +182,7 @@ class KafkaTransactionalAdapter:
         producer = self.producer()
         producer.begin_transaction()
         self._in_txn = True
-        crash_if("before_produce")
+        failpoint("before_produce")
         rows = 0
         for key, value in _rows(out.select(self.key_column, self.value_column)):
             while True:
@@ -194,12 +194,10 @@ class KafkaTransactionalAdapter:
             rows += 1
             if rows % 1000 == 0:
                 producer.poll(0)
-                if fault_requested("mid_produce"):
-                    producer.flush(TIMEOUT_S)  # the crash point means: part of the output is in the log
-                    crash_if("mid_produce")
+                failpoint("mid_produce")
         if producer.flush(TIMEOUT_S) != 0:
             raise KafkaException(f"{self.name}: not every output record was delivered within {TIMEOUT_S}s")
-        crash_if("after_last_send")
+        failpoint("after_last_send")
         return WriteResult([], rows)
 
     def commit(self, batch: BatchRecord) -> None:
@@ -222,7 +220,7 @@ class KafkaTransactionalAdapter:
         self.last_commit_seconds = time.monotonic() - started
         log.info("%s: Kafka transaction of batch %d committed in %.3fs", self.name, batch.batch_id,
                  self.last_commit_seconds)
-        crash_if("after_kafka_commit")
+        failpoint("after_kafka_commit")
 
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         return None

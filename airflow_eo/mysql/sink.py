@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pymysql
 
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.faults import crash_if
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import BranchAction, BranchDecision, SinkRecovery, decide_branch
 from airflow_eo.core.xid import Xid, pipeline_key
@@ -179,7 +178,6 @@ class MySqlTableSink:
             key_columns=self.key_columns, updates=self.updates,
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
-            driver_pid=os.getpid(),  # the during_write crash point kills the driver, not the executor
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
@@ -201,7 +199,7 @@ class MySqlTableSink:
             connect_kwargs=self.connect_kwargs, table=self.dead_letter_table, columns=DEAD_LETTER_COLUMNS,
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
-            pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch, driver_pid=0,
+            pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             fence=self.epoch_fence(batch),
         )
 
@@ -331,7 +329,7 @@ class MySqlXaAdapter(MySqlTableSink):
             for i, text in enumerate(xids):
                 xa.commit(Xid.decode(text))
                 if i == 0 and len(xids) > 1:
-                    crash_if("between_xa_commits")
+                    failpoint("between_xa_commits")
             # Strays: branches of this batch that failed attempts prepared but nobody reported.
             reported = set(xids)
             for xid in xa.recover(batch.pipeline_id):

@@ -26,7 +26,7 @@ from airflow_eo.core.errors import (
     CommitConflictError,
     PipelineConflictError,
 )
-from airflow_eo.core.faults import crash_if
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchRecord, BatchSummary
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
@@ -287,7 +287,7 @@ class MySqlOffsetStore(StoreReads):
                 "dead_letters = %s, summary = %s",
                 (summary.records_in, summary.rows_out, summary.dead_letters, json.dumps(summary.to_dict())),
             )
-            crash_if("in_store_commit")
+            failpoint("in_store_commit")
 
 
     def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
-from airflow_eo.core.faults import HOLD_WRITE, crash_if, hold_if, kill_executor_if_requested
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
 from airflow_eo.mysql.bulk_load import sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
@@ -37,7 +37,6 @@ class PartitionWriter:
     pipeline_key: str
     batch_id: int
     epoch: int
-    driver_pid: int
     #: upsert sink on the offset store's server: each transaction first checks the attempt's epoch
     fence: EpochFence | None = None
     #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
@@ -62,8 +61,7 @@ class PartitionWriter:
             if xa is not None:
                 self._rollback_earlier_attempts(xa, xid)
             with conn.cursor() as cur:
-                hold_if(HOLD_WRITE)  # test faults: an executor held back while newer attempts commit ...
-                kill_executor_if_requested()  # ... or lost mid-write
+                failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 staged = 0
                 if types is not None:
                     # Before XA START: session-private rows that belong to no branch and no transaction.
@@ -96,7 +94,7 @@ class PartitionWriter:
             self.fence.check(cur, "LOCK IN SHARE MODE")
         cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates))
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
-        crash_if("during_write", self.driver_pid)
+        failpoint("during_write")
         if not self.xa:
             conn.commit()
         return staged
@@ -119,7 +117,7 @@ class PartitionWriter:
             written += len(chunk)
             chunk.clear()
             chunk_bytes = 0
-            crash_if("during_write", self.driver_pid)  # in flight: this statement is not committed or prepared yet
+            failpoint("during_write")  # in flight: this statement is not committed or prepared yet
             if not self.xa:
                 conn.commit()
             if self.fence is not None and not last:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
-from airflow_eo.core.faults import TASK_FAILURE, fault_requested, first_failure
+from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import (
     BatchContext,
     DeadLetter,
@@ -346,8 +346,8 @@ class SparkBatchEngine:
                 pass
             if hold:
                 agreed()  # a task with nothing to write still takes part in the vote
-            if xid and fault_requested(TASK_FAILURE) and first_failure(f"{xid.split('/')[0]}-{ctx.partitionId()}"):
-                raise RuntimeError("injected Spark task failure after XA PREPARE (test fault)")
+            if xid:
+                failpoint("after_task_prepare", scope=f"{xid.split('/')[0]}-{ctx.partitionId()}")
             yield pa.RecordBatch.from_pydict(
                 {"xid": [xid], "rows": [rows], "records": [seen["records"]], "bad": [seen["bad"]]},
                 schema=pa.schema([("xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.faults import executor_env
+from airflow_eo.core.failpoints import executor_env
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
 
     merged = session_conf(conf, remote=remote is not None)
     if not remote:
-        merged.update(executor_env())  # crash tests only: a requested fault reaches a cluster's executors
+        merged.update(executor_env())  # crash tests only: armed failpoints reach a cluster's executors
     builder = SparkSession.builder.appName(app_name)
     local = not remote and (master or "local").startswith("local")
     if remote:

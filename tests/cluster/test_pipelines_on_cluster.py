@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from airflow_eo.examples import ip_counts
 from airflow_eo.examples.page_views import produce_page_views
 from tests.integration.page_views import (
@@ -63,9 +64,9 @@ def test_on_a_standalone_cluster_with_task_and_executor_kills(spark_cluster, boo
     assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
 
     # Upsert: an executor JVM is SIGKILLed mid-write; Spark reruns its task on the other worker.
-    fault_env = {"AIRFLOW_EO_FAULT_DIR": str(tmp_path)}
-    run_on(conn, "page_view_events_upsert", fault="kill_executor", env=fault_env)
-    assert (tmp_path / "airflow_eo-fault-kill_executor").exists(), "no executor was killed"
+    fault_env = {FAILPOINT_DIR_ENV: str(tmp_path)}
+    run_on(conn, "page_view_events_upsert", fault="task_write=1*kill_executor", env=fault_env)
+    assert (tmp_path / "fired-task_write-0").exists(), "no executor was killed"
     # ... and the driver killed mid-write, then the retry.
     produce_page_views(bootstrap, 1000)
     when = datetime.now(timezone.utc)
@@ -100,7 +101,7 @@ def test_over_spark_connect_with_a_server_restart_mid_batch(spark_cluster, boots
     # The Connect server dies (SIGKILL) while a batch runs on it, and comes back.
     produce_page_views(bootstrap, 30_000)
     when = datetime.now(timezone.utc)
-    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
     args = [sys.executable, str(REPO / "scripts" / "run_dag.py"), "page_views_xa", when.isoformat(),
             '{"spark_conn_id": "spark_connect"}']
     running = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -122,8 +122,8 @@ class Process:
 RUNNING: list[Process] = []
 
 
-def crash_if(point: str, pid: int | None = None) -> None:
-    """Stands in for ``protocol.crash_if``: the protocol's crash points are steps of the running process."""
+def failpoint(point: str, scope: str = "") -> None:
+    """Stands in for ``protocol.failpoint``: the protocol's failpoints are steps of the running process."""
     if RUNNING:
         RUNNING[-1].step(f"crash:{point}")
 

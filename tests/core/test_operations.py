@@ -29,7 +29,7 @@ KEY = pipeline_key(P)
 
 @pytest.fixture(autouse=True)
 def _crash_points(monkeypatch):
-    monkeypatch.setattr(protocol, "crash_if", fakes.crash_if)
+    monkeypatch.setattr(protocol, "failpoint", fakes.failpoint)
 
 
 def batch(batch_id: int, state: BatchState, xids: list[str] = (), ranges: list[OffsetRange] = ()) -> BatchRecord:

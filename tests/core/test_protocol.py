@@ -4,7 +4,7 @@ Every branch of ``run_batch`` / ``run_interval_batch`` in milliseconds, fencing 
 random interleavings of crashes, failures, zombie attempts and clears checked for exactly-once.
 
 A crash is a :class:`~tests.core.fakes.Killed` raised at a step of the attempt's process (the protocol's own
-crash points via a patched ``protocol.crash_if``, the engine's and the sinks' steps, before and after every
+failpoints via a patched ``protocol.failpoint``, the engine's and the sinks' steps, before and after every
 store write); nothing of a killed attempt runs afterwards, not even ``Sink.discard``.
 """
 
@@ -59,8 +59,8 @@ COMMITTED = BatchState.COMMITTED
 
 @pytest.fixture(autouse=True)
 def _crash_points(monkeypatch):
-    """The protocol's crash points (``crash_if``) become steps of the running attempt's fake process."""
-    monkeypatch.setattr(protocol, "crash_if", fakes.crash_if)
+    """The protocol's failpoints (``failpoint``) become steps of the running attempt's fake process."""
+    monkeypatch.setattr(protocol, "failpoint", fakes.failpoint)
     yield
     assert not fakes.RUNNING
 

@@ -1,7 +1,7 @@
 """Infrastructure faults: the stack's own MariaDB and Kafka killed (SIGKILL) at a protocol step and restarted.
 
 The batch runs in this process (the operator's real adapters and a Spark session shared by the tests);
-the step's fault hook (``AIRFLOW_EO_FAULT`` + ``AIRFLOW_EO_FAULT_KILL``) SIGKILLs the server's process
+the step's failpoint, armed with ``1*kill(server)``, SIGKILLs the server's process (registered by the test)
 from wherever the step runs: the driver, or a Python worker of a Spark task.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from airflow_eo.core.faults import FAULT_DIR_ENV, FAULT_ENV, FAULT_KILL_ENV, running
+from airflow_eo.core.failpoints import arm, register_process, running
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.examples.topics import read_topic
@@ -111,7 +111,7 @@ def check_kafka_sink_end_state(bootstrap: str, source: str, out: str, op: Any, m
 
 
 class Faults:
-    """Arms one step's fault: the driver sees it in its environment, Spark's Python workers through
+    """Arms one step's failpoint: the driver sees it in its environment, Spark's Python workers through
     the context's executor environment (read whenever a task's Python function is shipped)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -122,7 +122,8 @@ class Faults:
     def kill_at(self, point: str, pid_file: Path) -> Iterator[None]:
         fault_dir = self.tmp_path / f"fault-{point}-{time.monotonic_ns()}"
         fault_dir.mkdir()
-        env = {FAULT_ENV: point, FAULT_KILL_ENV: str(pid_file), FAULT_DIR_ENV: str(fault_dir)}
+        register_process(str(fault_dir), "server", int(pid_file.read_text().strip()))
+        env = arm(f"{point}=1*kill(server)", directory=str(fault_dir))
         executor_env = self.spark.sparkContext.environment
         for name, value in env.items():
             self.monkeypatch.setenv(name, value)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pymysql
 
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples import page_views
 from airflow_eo.mysql.xa import XaFacade
@@ -42,16 +44,29 @@ def reset(mysql_kwargs: dict[str, Any], *pipelines: str) -> None:
 def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None = None,
             env: dict[str, str] | None = None, timeout: float = 600,
             conf: dict[str, Any] | None = None) -> subprocess.CompletedProcess:
-    """Run the DAG with ``dag.test()`` in a child process (so that it can be SIGKILLed for real)."""
-    child_env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    """Run the DAG with ``dag.test()`` in a child process (so that it can be SIGKILLed for real).
+
+    ``fault``: a failpoint armed in the child, by name (its crash action: ``airflow_eo.core.failpoints.POINTS``)
+    or as ``name=actions``; the child is registered as the ``driver`` its ``kill(driver)`` may kill.
+    """
+    child_env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
     child_env.update(env or {})
     if fault:
-        child_env["AIRFLOW_EO_FAULT"] = fault
+        child_env.update(arm(fault, directory=child_env.get(FAILPOINT_DIR_ENV) or tempfile.mkdtemp(prefix="eo-fp-")))
     logical_date = logical_date or datetime.now(timezone.utc)
     args = [sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()]
     if conf is not None:
         args.append(json.dumps(conf))
-    return subprocess.run(args, env=child_env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        if fault:
+            register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise
+    return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
 
 
 def sink_state(mysql_kwargs: dict[str, Any]) -> tuple[dict[str, int], list[str]]:

@@ -69,7 +69,7 @@ def writer(mysql_kwargs: dict[str, Any], table: str, bulk_load: bool, **changes:
     base = PartitionWriter(connect_kwargs=mysql_kwargs, table=table, columns=COLUMNS, key_columns=("id",),
                            updates={}, row_alias=False, rows_per_statement=100, xa=False,
                            pipeline_key=pipeline_key(f"bulk-{uuid.uuid4().hex[:6]}"), batch_id=1, epoch=1,
-                           driver_pid=0, bulk_load=bulk_load)
+                           bulk_load=bulk_load)
     return dataclasses.replace(base, **changes)
 
 
@@ -118,7 +118,7 @@ def test_an_xa_branch_of_bulk_loaded_rows_adds_and_stays_invisible_until_commit(
         xa = PartitionWriter(connect_kwargs=mysql_kwargs, table=table, columns=("app", "pv"), key_columns=("app",),
                              updates={"pv": "add"}, row_alias=False, rows_per_statement=100, xa=True,
                              pipeline_key=pipeline_key(f"bulk-{uuid.uuid4().hex[:6]}"), batch_id=1, epoch=1,
-                             driver_pid=0, bulk_load=True)
+                             bulk_load=True)
         text, written = xa([counts], 0, 0, 0)
         assert written == 3 and text
         assert contents(mysql, table) == [("a", 10)], "prepared, not visible"

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.failpoints import FAILPOINTS_ENV
 from airflow_eo.core.protocol import RunRequest, run_batch
 from airflow_eo.examples import page_views
 from airflow_eo.examples.page_views import produce_page_views
@@ -36,7 +37,7 @@ BAD_RECORD = b"{not json"
 
 def eo(*args: str) -> subprocess.CompletedProcess:
     """``airflow eo ARGS`` in a child process, with this test session's connections (environment)."""
-    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_EO_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
     return subprocess.run([AIRFLOW, "eo", *args], capture_output=True, text=True, timeout=120, env=env)
 
 

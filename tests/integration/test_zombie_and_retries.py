@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.errors import FencedError
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV
 from airflow_eo.core.protocol import BatchSummary, run_batch
 from airflow_eo.examples.page_views import count_per_app, produce_page_views
 from airflow_eo.sinks import MySqlXaSink
@@ -74,10 +75,10 @@ def test_spark_task_retried_after_xa_prepare_does_not_wait_on_its_own_locks(boot
     reset(mysql_kwargs, XA_PIPELINE)
     produce_page_views(bootstrap, 2000)
     # local[2,4]: Spark retries a failed task up to 4 times (plain local[*] never retries).
-    done = run_dag("page_views_xa", env={"AIRFLOW_EO_SPARK_MASTER": "local[2,4]", "AIRFLOW_EO_FAULT_DIR": str(tmp_path),
-                                         "AIRFLOW_EO_FAULT": "fail_task_after_prepare"})
+    done = run_dag("page_views_xa", fault="after_task_prepare=1*panic",
+                   env={"AIRFLOW_EO_SPARK_MASTER": "local[2,4]", FAILPOINT_DIR_ENV: str(tmp_path)})
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert "injected Spark task failure after XA PREPARE" in output  # the first attempts really failed
+    assert "failpoint after_task_prepare: injected failure" in output  # the first attempts really failed
     assert "Lock wait timeout" not in output
     assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)

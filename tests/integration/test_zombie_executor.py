@@ -3,7 +3,7 @@
 On a cluster, a Spark task of an attempt whose Airflow task was killed can keep running and
 write after a newer attempt committed a later batch. The upsert sink's writes are visible at
 once, so such a late write would overwrite a newer row of the same key. Here the older attempt
-runs in its own process with its (only) writer held back by the ``hold_write`` fault until two
+runs in its own process with its (only) writer held back by the ``task_write`` failpoint (``pause``) until two
 newer batches committed, then released: its write must abort, and the sink keep the newer row.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from airflow_eo.core.failpoints import arm
 from airflow_eo.sinks import MySqlUpsertSink
 from tests.conftest import REPO, create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
@@ -54,11 +55,11 @@ def test_a_held_back_executor_of_an_older_attempt_cannot_overwrite_a_newer_batch
     table = events_table(mysql_kwargs)
     pipeline = f"zexec_{topic_name}"
     produce_version(bootstrap, topic_name, "u_old")
-    env = {**os.environ, "AIRFLOW_EO_FAULT": "hold_write", "AIRFLOW_EO_FAULT_DIR": str(tmp_path)}
+    env = {**os.environ, **arm("task_write=1*pause", directory=str(tmp_path))}
     older = subprocess.Popen([sys.executable, "-c", OLD_ATTEMPT, topic_name, table, pipeline], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(tmp_path / "airflow_eo-held-hold_write", older)  # planned, read, its writer waiting
+        wait_for(tmp_path / "held-task_write", older)  # planned, read, its writer waiting
         op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id=pipeline)
         retry = run(op, "run-1")  # the newer attempt of the same run resumes batch 0 and commits it
         assert retry["resumed"] and retry["batch_id"] == 0 and retry["rows_out"] == 1
@@ -67,7 +68,7 @@ def test_a_held_back_executor_of_an_older_attempt_cannot_overwrite_a_newer_batch
         assert later["batch_id"] == 1 and later["rows_out"] == 1
         assert rows(mysql_kwargs, f"SELECT user_id FROM {table}") == [("u_new",)]
 
-        (tmp_path / "airflow_eo-release-hold_write").touch()  # the late write of the older attempt
+        (tmp_path / "release-task_write").touch()  # the late write of the older attempt
         output, _ = older.communicate(timeout=300)
     finally:
         if older.poll() is None:
