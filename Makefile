@@ -82,13 +82,13 @@ chromium:
 	  $(APT_INSTALL) chromium chromium-driver >/dev/null; }
 
 test: up postgres chromium
-	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts
+	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts examples
 	. .stack/env && $(PY) -m mypy
 	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # mypy's files and strictness are in pyproject.toml ([tool.mypy]).
 lint: venv
-	$(PY) -m ruff check airflow_eo dags tests scripts
+	$(PY) -m ruff check airflow_eo dags tests scripts examples
 	$(PY) -m mypy
 
 clean: down spark-cluster-down

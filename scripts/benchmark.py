@@ -42,11 +42,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and ground truths
+
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.core.protocol import BatchContext, RunRequest, WritePlan, run_batch
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
-from airflow_eo.examples import ip_counts, page_views
-from airflow_eo.examples.topics import ensure_topic, read_topic
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
@@ -56,6 +56,8 @@ from airflow_eo.mysql.sql import upsert_statement
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 from airflow_eo.spark.engine import SparkBatchEngine
 from airflow_eo.spark.session import maven_jars
+from examples import ip_counts, page_views
+from examples.topics import ensure_topic, read_topic
 
 #: MariaDB Connector/J for Spark's JDBC writer, from Maven Central like the Kafka connector.
 CONNECTOR_J = ("org.mariadb.jdbc", "mariadb-java-client", "3.5.3")

@@ -19,12 +19,12 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
-from airflow_eo.examples import ip_counts, page_views
-from airflow_eo.hooks.mysql import EoMySqlHook
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and resets
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: the demo resets with the tests' helpers
-from tests.support.example_state import reset_ip_counts, reset_page_views
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
+from airflow_eo.hooks.mysql import EoMySqlHook
+from examples import ip_counts, page_views
+from examples.state import reset_ip_counts, reset_page_views
 
 PIPELINES = ("page_views_xa", "page_view_events_upsert")
 

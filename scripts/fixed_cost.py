@@ -24,9 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from airflow_eo.examples import page_views  # noqa: E402
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
-from tests.support.example_state import reset_page_views  # noqa: E402
+from examples import page_views  # noqa: E402
+from examples.state import reset_page_views  # noqa: E402
 
 INSIDE_THE_TASK = """
 import json, sys, time, uuid

@@ -34,15 +34,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the tests' reset helpers, as scripts/demo.py uses them
+sys.path.insert(0, str(REPO))  # examples/: producers, ground truths and resets
 
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process  # noqa: E402
-from airflow_eo.examples import ip_counts, page_views  # noqa: E402
-from airflow_eo.examples.topics import read_topic  # noqa: E402
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
 from airflow_eo.kafka.offsets import KafkaOffsetSource  # noqa: E402
-from tests.integration.page_views import our_prepared_branches, sink_state  # noqa: E402
-from tests.support.example_state import reset_ip_counts, reset_page_views  # noqa: E402
+from examples import ip_counts, page_views  # noqa: E402
+from examples.state import our_prepared_branches, reset_ip_counts, reset_page_views, sink_state  # noqa: E402
+from examples.topics import read_topic  # noqa: E402
 
 # Every fault point each example's code passes (airflow_eo.core.failpoints.POINTS), plus a random moment.
 PIPELINES: dict[str, tuple[str, ...]] = {

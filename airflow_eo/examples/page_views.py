@@ -1,22 +1,9 @@
-"""The page-views example: topic ``page_views`` → ``app_pv`` (XA) and ``page_view_events`` (upsert).
-
-Also a producer command for the demo and the tests::
-
-    python -m airflow_eo.examples.page_views --bootstrap 127.0.0.1:29092 --count 1000
-"""
+"""The page-views example DAGs' topic, tables and transform: topic ``page_views`` → ``app_pv`` (XA) and
+``page_view_events`` (upsert). Its producer and ground truth are in the repository's ``examples/page_views.py``."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import random
-import time
-import uuid
-from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
-
-from airflow_eo.examples.topics import ensure_topic, not_null, read_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -57,61 +44,6 @@ def ensure_tables(connect_kwargs: dict[str, Any]) -> None:
         conn.close()
 
 
-def page_view(app_id: str | None = None, at: datetime | None = None) -> dict[str, Any]:
-    moment = (at or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    return {
-        "event_id": uuid.uuid4().hex,
-        "app_id": app_id or random.choice(APPS),
-        "user_id": f"user_{random.randrange(10_000)}",
-        "ts": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-    }
-
-
-def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_values: Sequence[bytes] = (),
-                       timestamps: Sequence[datetime] = ()) -> list[dict[str, Any]]:
-    """Produce ``count`` events with unique ids (idempotent producer) and return them.
-
-    ``raw_values`` are produced as they are (bad records for the tests). ``timestamps``
-    (ascending, one per event, replacing ``count``) set both the event's ``ts`` and the
-    Kafka record timestamp, as a producer replaying past hours would (interval mode).
-    """
-    if timestamps:
-        count = len(timestamps)
-    from confluent_kafka import Producer
-
-    ensure_topic(bootstrap, topic)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    events = []
-    for i in range(count):
-        at = timestamps[i] if timestamps else None
-        event = page_view(at=at)
-        events.append(event)
-        timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
-        while True:
-            try:
-                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode(),
-                                 timestamp=timestamp_ms)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    for value in raw_values:
-        producer.produce(topic, value)
-    if producer.flush(60) != 0:
-        raise RuntimeError("not every page view was delivered within 60s")
-    return events
-
-
-def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], set[str], dict[int, int]]:
-    """(page views per app, event ids, end offset per partition) of every committed record in the topic."""
-    from collections import Counter
-
-    records, ends = read_topic(bootstrap, topic)
-    events = [json.loads(not_null(value)) for _, value in records]
-    return dict(Counter(e["app_id"] for e in events)), {e["event_id"] for e in events}, ends
-
-
 def create_table_like(connect_kwargs: dict[str, Any], example: str, name: str) -> str:
     """Create table ``name`` shaped like the example table ``example`` (``app_pv`` or ``page_view_events``)."""
     import pymysql
@@ -123,18 +55,3 @@ def create_table_like(connect_kwargs: dict[str, Any], example: str, name: str) -
     finally:
         conn.close()
     return name
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Produce page-view events with unique ids to Kafka")
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--count", type=int, default=1000)
-    parser.add_argument("--topic", default=TOPIC)
-    args = parser.parse_args()
-    started = time.monotonic()
-    produce_page_views(args.bootstrap, args.count, args.topic)
-    print(f"produced {args.count} page views to {args.topic} in {time.monotonic() - started:.1f}s")
-
-
-if __name__ == "__main__":
-    main()

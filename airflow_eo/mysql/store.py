@@ -306,17 +306,6 @@ class MySqlOffsetStore(StoreReads):
 
     # ------------------------------------------------------------------ maintenance
 
-    def forget_pipeline(self, pipeline_id: str) -> None:
-        """Delete everything the store knows of a pipeline: its next run starts as a new pipeline.
-
-        Not fenced: a running attempt of the pipeline fails at its next store write. The sink's
-        rows and any prepared XA branches are the caller's to clear.
-        """
-        self.migrate()
-        with self.transaction() as cur:
-            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
-                cur.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
-
 
 def _one_row(cur: pymysql.cursors.DictCursor) -> dict[str, Any]:
     """The row of a query that always returns exactly one: an aggregate, or a row this transaction wrote.

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
-from airflow_eo.examples import ip_counts
-from airflow_eo.examples.page_views import produce_page_views
+from examples import ip_counts
+from examples.page_views import produce_page_views
+from examples.state import reset_ip_counts
 from tests.integration.page_views import (
     REPO,
     UPSERT_PIPELINE,
@@ -30,7 +31,6 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
-from tests.support.example_state import reset_ip_counts
 
 SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
 

@@ -22,10 +22,10 @@ import pytest
 
 from airflow_eo.core.failpoints import arm, register_process, running
 from airflow_eo.core.xid import pipeline_key
-from airflow_eo.examples import ip_counts, page_views
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.mysql.xa import XaFacade
+from examples import ip_counts, page_views
+from examples.topics import read_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
 from tests.support.kafka_group import group_positions

@@ -18,9 +18,9 @@ from types import ModuleType
 
 import pytest
 
-from airflow_eo.examples import page_views
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from examples import page_views
 from tests.conftest import create_topic
 from tests.faults.conftest import Faults, check_end_state, gone, store_rows
 from tests.integration.operator_harness import counts_table, events_table, operator, run

@@ -10,7 +10,6 @@ import pymysql
 
 from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.protocol import RunRequest
-from airflow_eo.examples import page_views
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
@@ -18,6 +17,7 @@ from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 from airflow_eo.spark.engine import SparkBatchEngine
+from examples import page_views
 
 
 def example_table(mysql_kwargs: dict[str, Any], example: str) -> str:

@@ -15,11 +15,9 @@ from typing import Any
 import pymysql
 
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
-from airflow_eo.core.xid import pipeline_key
-from airflow_eo.examples import page_views
-from airflow_eo.mysql.xa import XaFacade
+from examples import page_views
+from examples.state import our_prepared_branches, reset_page_views, sink_state
 from tests.integration.operator_harness import rows
-from tests.support.example_state import reset_page_views
 
 REPO = Path(__file__).resolve().parents[2]
 XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
@@ -69,19 +67,6 @@ def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None
     return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
 
 
-def sink_state(mysql_kwargs: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT app_id, pv FROM app_pv")
-            pv = {app: int(n) for app, n in cur.fetchall()}
-            cur.execute("SELECT event_id FROM page_view_events")
-            ids = [r[0] for r in cur.fetchall()]
-        return pv, ids
-    finally:
-        conn.close()
-
-
 def committed_offsets(mysql_kwargs: dict[str, Any], pipeline: str) -> dict[int, int]:
     conn = pymysql.connect(**mysql_kwargs, autocommit=True)
     try:
@@ -99,14 +84,6 @@ def batch_rows(mysql_kwargs: dict[str, Any], pipeline: str) -> list[dict[str, An
             cur.execute("SELECT batch_id, run_id, state, ranges FROM eo_batch WHERE pipeline_id = %s "
                         "ORDER BY batch_id", (pipeline,))
             return [{**r, "ranges": json.loads(r["ranges"])} for r in cur.fetchall()]
-    finally:
-        conn.close()
-
-
-def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[str]:
-    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
-    try:
-        return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
     finally:
         conn.close()
 

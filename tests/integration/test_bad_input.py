@@ -9,8 +9,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
-from airflow_eo.examples.page_views import produce_page_views
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from examples.page_views import produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from datetime import datetime, timezone
 
-from airflow_eo.examples.page_views import produce_page_views
+from examples.page_views import produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import (

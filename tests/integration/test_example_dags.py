@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_eo.examples.page_views import produce_page_views
+from examples.page_views import produce_page_views
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
     XA_PIPELINE,

@@ -6,9 +6,9 @@ from collections import Counter
 
 from confluent_kafka import Producer
 
-from airflow_eo.examples.page_views import produce_page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from examples.page_views import produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
 

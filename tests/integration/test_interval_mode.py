@@ -18,10 +18,10 @@ from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotR
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.examples import page_views
-from airflow_eo.examples.topics import read_records
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink
+from examples import page_views
+from examples.topics import read_records
 from tests.conftest import create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import hour, hours_truth, produce_hours, table_rows

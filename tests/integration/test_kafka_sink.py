@@ -8,15 +8,15 @@ from datetime import datetime, timezone
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from airflow_eo.examples import ip_counts
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.kafka.sink import group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
+from examples import ip_counts
+from examples.state import reset_ip_counts
+from examples.topics import read_topic
 from tests.conftest import create_topic
 from tests.integration.operator_harness import rows, run
 from tests.integration.page_views import run_dag
-from tests.support.example_state import reset_ip_counts
 from tests.support.kafka_group import group_positions, kafka_adapter
 
 PIPELINE = "ip_counts_kafka"

@@ -22,10 +22,10 @@ import pytest
 
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
 from airflow_eo.core.protocol import RunRequest, run_batch
-from airflow_eo.examples import page_views
-from airflow_eo.examples.page_views import produce_page_views
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from examples import page_views
+from examples.page_views import produce_page_views
+from examples.topics import read_topic
 from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches

@@ -10,9 +10,9 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_eo.core.errors import PipelineConflictError
-from airflow_eo.examples.page_views import produce_page_views
-from airflow_eo.examples.topics import read_topic
 from airflow_eo.sinks import MySqlUpsertSink
+from examples.page_views import produce_page_views
+from examples.topics import read_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import REPO, committed_offsets, run_dag
 

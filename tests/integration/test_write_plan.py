@@ -11,10 +11,10 @@ import pytest
 
 from airflow_eo.core.errors import BadRecordError
 from airflow_eo.core.protocol import BatchContext, WritePlan, WriteResult, run_batch
-from airflow_eo.examples.page_views import produce_page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.sinks import MySqlUpsertSink
+from examples.page_views import produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, events_table, request, rows
 

@@ -9,8 +9,8 @@ import pytest
 from airflow_eo.core.errors import FencedError
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV
 from airflow_eo.core.protocol import BatchSummary, run_batch
-from airflow_eo.examples.page_views import count_per_app, produce_page_views
 from airflow_eo.sinks import MySqlXaSink
+from examples.page_views import count_per_app, produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, request, rows
 from tests.integration.page_views import (

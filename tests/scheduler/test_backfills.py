@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from airflow_eo.examples.page_views import produce_page_views
+from examples.page_views import produce_page_views
 from tests.conftest import REPO, create_topic
 from tests.integration.operator_harness import events_table, rows
 from tests.integration.page_views import (
@@ -42,7 +42,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_eo.examples import page_views
+from examples import page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 

@@ -24,10 +24,10 @@ from confluent_kafka import Consumer, TopicPartition
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.protocol import RunRequest, run_batch
 from airflow_eo.core.rewind import RewindKind, RewindTarget
-from airflow_eo.examples import page_views
-from airflow_eo.examples.page_views import produce_page_views
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from examples import page_views
+from examples.page_views import produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, rows
 from tests.integration.page_views import our_prepared_branches
@@ -44,7 +44,7 @@ from datetime import datetime
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from airflow_eo.examples import page_views
+from examples import page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 

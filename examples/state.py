@@ -1,7 +1,7 @@
 """Put the example pipelines back to their first run: forget their progress, empty their outputs.
 
-Used by the tests and ``scripts/demo.py``; a pipeline's progress is forgotten through the
-store's own :meth:`~airflow_eo.mysql.store.MySqlOffsetStore.forget_pipeline`.
+Used by the tests and the scripts. Forgetting a pipeline deletes its rows from the offset store's tables
+(MySQL/MariaDB store): not something airflow_eo offers its users, whose pipelines restart with ``airflow eo rewind``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import pymysql
 
 from airflow_eo.core.xid import pipeline_key
-from airflow_eo.examples import ip_counts, page_views
 from airflow_eo.kafka.offsets import retry_transient
 from airflow_eo.kafka.sink import group_id
 from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.mysql.xa import XaFacade
+from examples import ip_counts, page_views
 
 
 def forget_pipelines(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
@@ -30,9 +30,25 @@ def forget_pipelines(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
                 xa.rollback(xid)
     finally:
         conn.close()
-    store = MySqlOffsetStore(connect_kwargs)
     for pipeline in pipelines:
-        store.forget_pipeline(pipeline)
+        forget_pipeline(connect_kwargs, pipeline)
+
+
+def forget_pipeline(connect_kwargs: dict[str, Any], pipeline_id: str) -> None:
+    """Delete everything the offset store knows of a pipeline: its next run starts as a new pipeline.
+
+    Not fenced: a running attempt of the pipeline fails at its next store write. The sink's rows and any
+    prepared XA branches are the caller's to clear.
+    """
+    MySqlOffsetStore(connect_kwargs).migrate()  # the tables exist, at the current version
+    conn = pymysql.connect(**connect_kwargs, autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            for table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
+                cur.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def reset_page_views(connect_kwargs: dict[str, Any], *pipelines: str) -> None:
@@ -81,4 +97,27 @@ def reset_ip_counts(bootstrap: str, connect_kwargs: dict[str, Any], pipeline_id:
 
     # A fresh broker answers NOT_COORDINATOR while its __consumer_offsets partitions are being created.
     retry_transient("deleting the pipeline's consumer group", delete_group, timeout_s=60)
-    MySqlOffsetStore(connect_kwargs).forget_pipeline(pipeline_id)
+    forget_pipeline(connect_kwargs, pipeline_id)
+
+
+def sink_state(mysql_kwargs: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
+    """(``app_pv`` per app, every ``page_view_events`` id): what the page-views examples wrote."""
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT app_id, pv FROM app_pv")
+            pv = {app: int(n) for app, n in cur.fetchall()}
+            cur.execute("SELECT event_id FROM page_view_events")
+            ids = [r[0] for r in cur.fetchall()]
+        return pv, ids
+    finally:
+        conn.close()
+
+
+def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[str]:
+    """The XA branches the pipeline left prepared on the server."""
+    conn = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
+    finally:
+        conn.close()
