@@ -12,8 +12,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
+from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S
 
-TIMEOUT_S = 30.0
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # What a broker that restarts or moves a partition's leadership answers for a while: asked again.
@@ -29,7 +29,7 @@ def transient(exc: KafkaException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in TRANSIENT)
 
 
-def retry_transient(what: str, call: Callable[[], T], timeout_s: float = TIMEOUT_S,
+def retry_transient(what: str, call: Callable[[], T], timeout_s: float = ADMIN_TIMEOUT_S,
                     refresh: Callable[[], None] | None = None) -> T:
     """``call()``, asked again while the broker answers with a transient error, for up to ``timeout_s``;
     ``refresh()`` before each new try (a new client: an old one may keep asking with stale leader epochs).
@@ -83,7 +83,7 @@ class KafkaOffsetSource:
 
     def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
         def look_up() -> Any:
-            metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+            metadata = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)
             for topic in topics:  # a topic without a leader (a broker restarting) is asked again
                 info = metadata.topics.get(topic)
                 if info is not None and info.error is not None and transient(KafkaException(info.error)):
@@ -107,7 +107,7 @@ class KafkaOffsetSource:
         if not specs:
             return {}
         def look_up() -> dict[tuple[str, int], int]:
-            futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=TIMEOUT_S)
+            futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=ADMIN_TIMEOUT_S)
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
 
         return retry_transient("Kafka offsets look-up", look_up, refresh=self._new_client)
@@ -127,7 +127,7 @@ class KafkaOffsetSource:
         """Whether each topic's records carry the broker's append time (``message.timestamp.type``)."""
         def look_up() -> dict[str, bool]:
             futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in set(topics)],
-                                                   request_timeout=TIMEOUT_S)
+                                                   request_timeout=ADMIN_TIMEOUT_S)
             return {resource.name: future.result()["message.timestamp.type"].value == "LogAppendTime"
                     for resource, future in futures.items()}
 

@@ -23,13 +23,13 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
+from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 60.0
 #: librdkafka settings of the connection that a producer/consumer must not inherit.
 _NOT_FOR_CLIENTS = ("group.id", "transactional.id", "enable.auto.commit", "auto.offset.reset", "isolation.level")
 
@@ -71,7 +71,7 @@ class KafkaTransactionalAdapter:
     # ------------------------------------------------------------------ checks
 
     def check(self) -> None:
-        metadata = self._admin.list_topics(timeout=TIMEOUT_S)
+        metadata = self._admin.list_topics(timeout=ADMIN_TIMEOUT_S)
         if self.topic not in metadata.topics or metadata.topics[self.topic].error is not None:
             raise ConfigurationError(f"{self.name}: output topic {self.topic!r} does not exist: create it first")
         broker_max = self.broker_max_transaction_timeout_ms(metadata)
@@ -86,7 +86,7 @@ class KafkaTransactionalAdapter:
         broker_id = next(iter(metadata.brokers))
         resource = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
         try:
-            configs = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+            configs = self._admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
         except KafkaException:
             return None  # not allowed to describe broker configs: the producer will report a mismatch
         entry = configs.get("transaction.max.timeout.ms")
@@ -105,7 +105,7 @@ class KafkaTransactionalAdapter:
                 "linger.ms": 20,
                 "queue.buffering.max.messages": 500_000,
             })
-            producer.init_transactions(TIMEOUT_S)
+            producer.init_transactions(TRANSACTION_TIMEOUT_S)
             self._producer = producer
         return self._producer
 
@@ -124,9 +124,10 @@ class KafkaTransactionalAdapter:
         if not wanted:
             return {}
         request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id), wanted)]
-        deadline = time.monotonic() + TIMEOUT_S
+        deadline = time.monotonic() + TRANSACTION_TIMEOUT_S
         while True:
-            futures = self._admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=TIMEOUT_S)
+            futures = self._admin.list_consumer_group_offsets(request, require_stable=True,
+                                                              request_timeout=ADMIN_TIMEOUT_S)
             answered = next(iter(futures.values())).result().topic_partitions or []
             pending = [tp for tp in answered if tp.error is not None]
             if not pending:
@@ -134,7 +135,7 @@ class KafkaTransactionalAdapter:
             if time.monotonic() > deadline:
                 raise KafkaException(f"{self.name}: the committed offsets of group {group_id(self.pipeline_id)} on "
                                      + ", ".join(f"{tp.topic}[{tp.partition}] ({tp.error})" for tp in pending)
-                                     + f" did not become stable in {TIMEOUT_S:.0f}s")
+                                     + f" did not become stable in {TRANSACTION_TIMEOUT_S:.0f}s")
             time.sleep(0.2)
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
@@ -165,7 +166,7 @@ class KafkaTransactionalAdapter:
             return
         request = ConsumerGroupTopicPartitions(group_id(self.pipeline_id),
                                                [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
-        for future in self._admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S).values():
+        for future in self._admin.alter_consumer_group_offsets([request], request_timeout=ADMIN_TIMEOUT_S).values():
             future.result()
 
     def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
@@ -195,8 +196,8 @@ class KafkaTransactionalAdapter:
             if rows % 1000 == 0:
                 producer.poll(0)
                 failpoint("mid_produce")
-        if producer.flush(TIMEOUT_S) != 0:
-            raise KafkaException(f"{self.name}: not every output record was delivered within {TIMEOUT_S}s")
+        if producer.flush(TRANSACTION_TIMEOUT_S) != 0:
+            raise KafkaException(f"{self.name}: not every output record was delivered within {TRANSACTION_TIMEOUT_S}s")
         failpoint("after_last_send")
         return WriteResult([], rows)
 
@@ -211,11 +212,11 @@ class KafkaTransactionalAdapter:
             self._in_txn = True
         consumer = Consumer({**self.config, "group.id": group_id(self.pipeline_id), "enable.auto.commit": False})
         try:
-            producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), TIMEOUT_S)
+            producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), TRANSACTION_TIMEOUT_S)
         finally:
             consumer.close()
         started = time.monotonic()
-        producer.commit_transaction(TIMEOUT_S)
+        producer.commit_transaction(TRANSACTION_TIMEOUT_S)
         self._in_txn = False
         self.last_commit_seconds = time.monotonic() - started
         log.info("%s: Kafka transaction of batch %d committed in %.3fs", self.name, batch.batch_id,
@@ -237,7 +238,7 @@ class KafkaTransactionalAdapter:
         if self._producer is not None and self._in_txn:
             self._in_txn = False
             try:
-                self._producer.abort_transaction(TIMEOUT_S)
+                self._producer.abort_transaction(TRANSACTION_TIMEOUT_S)
             except KafkaException:
                 pass  # fenced or timed out: the broker aborts it, nothing of ours becomes visible
 
