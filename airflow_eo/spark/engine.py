@@ -1,7 +1,7 @@
 """Spark execution of one planned batch: read exact ranges, parse, transform, write per partition.
 
 The Kafka read uses Spark's own Kafka source with ``read_committed`` and the batch's
-exact ``startingOffsets``/``endingOffsets``. Parsing marks bad records (null value,
+exact ``startingOffsets``/``endingOffsets``. Parsing (``spark/parsing.py``) marks bad records (null value,
 malformed JSON, wrong types, missing required fields) instead of dropping them;
 ``on_bad_record`` decides whether the batch fails or dead-letters them. The sink's
 :class:`PartitionWriter` runs inside ``mapInArrow`` so each Spark task writes its
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import (
@@ -32,16 +32,15 @@ from airflow_eo.core.protocol import (
     WriteResult,
 )
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.spark.parsing import METADATA_COLUMNS, parse_records
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
 BATCH_VIEW = "kafka_batch"  # temp view name for SQL transforms
-METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key")
 
 # librdkafka settings that mean the same for Spark's Java client (security, bootstrap).
 _PASSED_TO_SPARK = ("bootstrap.servers", "security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
@@ -127,56 +126,7 @@ class SparkBatchEngine:
 
     def parse_records(self, spark: SparkSession, raw: DataFrame) -> tuple[DataFrame, list[str]]:
         """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import StringType, StructField, StructType
-
-        if self.parse.value_format is not ValueFormat.JSON:
-            value = F.col("kafka_value")
-            if self.parse.value_format is ValueFormat.STRING:
-                value = value.cast("string")
-            error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
-            if self.parse.value_format is ValueFormat.STRING:
-                error = error.when(~F.is_valid_utf8(value), F.lit("value is not valid UTF-8"))
-            columns: list[Column | str] = [value.alias("value"), *METADATA_COLUMNS, "kafka_value",
-                                           error.alias("_eo_error")]
-            return raw.select(*columns), ["value"]
-
-        declared = _parse_ddl(spark, self.parse.schema or "")
-        required = [f.name for f in declared.fields if not f.nullable]
-        parse_schema = StructType([StructField(f.name, f.dataType, True) for f in declared.fields]
-                                  + [StructField("_eo_corrupt", StringType(), True)])
-        as_text = StructType([StructField(f.name, StringType(), True) for f in declared.fields]
-                             + [StructField("_eo_corrupt", StringType(), True)])
-        text = F.col("kafka_value").cast("string")
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
-        # Each parse is the output of a Generate (explode of a one-element array): a filter on the error below
-        # cannot be pushed beneath it, where Spark would inline from_json into every reference (measured: a filter
-        # on _eo_error then parsed each value ~20 times).
-        df = raw.withColumn("_eo_parsed", F.explode(F.array(F.from_json(text, parse_schema, options))))
-        typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
-        # Only a value whose typed parse failed is parsed again, with every field as STRING: that tells malformed
-        # JSON apart from a field of the wrong type (Spark nulls the whole typed row in both cases). Good records
-        # are parsed once.
-        df = df.withColumn("_eo_text", F.explode(F.array(F.when(typed_row_failed,
-                                                                F.from_json(text, as_text, options)))))
-        # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
-        error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).when(
-            ~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")).when(
-            typed_row_failed & (F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull()),
-            F.lit("malformed JSON"))
-        for f in declared.fields:
-            typed = F.col(f"_eo_parsed.{f.name}")
-            if not isinstance(f.dataType, StringType):
-                typed = F.when(typed_row_failed, F.col(f"_eo_text.{f.name}").try_cast(f.dataType)).otherwise(typed)
-            error = error.when(typed.isNull() & F.col(f"_eo_text.{f.name}").isNotNull(),
-                               F.lit(f"field {f.name!r} is not a valid {f.dataType.simpleString()}"))
-        error = error.when(typed_row_failed, F.lit("value does not match the schema"))
-        for name in required:
-            error = error.when(F.col(f"_eo_parsed.{name}").isNull(),
-                               F.lit(f"required field {name!r} is missing or null"))
-        payload = [f.name for f in declared.fields]
-        return df.select(*[F.col(f"_eo_parsed.{n}").alias(n) for n in payload], *METADATA_COLUMNS, "kafka_value",
-                         error.alias("_eo_error")), payload
+        return parse_records(spark, raw, self.parse)
 
     # ------------------------------------------------------------------ execute
 
@@ -369,16 +319,4 @@ def _default_parallelism(spark: SparkSession) -> int:
     if is_connect(spark):
         return max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
     return max(1, spark.sparkContext.defaultParallelism)
-
-
-def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
-    from pyspark.sql.types import StructType
-
-    try:
-        parsed = StructType.fromDDL(ddl)  # needs the active session: parsing happens in the JVM
-    except Exception as exc:  # Spark raises several parse error types
-        raise ConfigurationError(f"schema {ddl!r} is not valid Spark DDL ('name TYPE [NOT NULL], ...'): {exc}") from exc
-    if not isinstance(parsed, StructType):  # a lone type ('INT') parses too, but has no fields
-        raise ConfigurationError(f"schema {ddl!r} is a single type, not a list of fields ('name TYPE [NOT NULL], ...')")
-    return parsed
 
