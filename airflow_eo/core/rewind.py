@@ -15,6 +15,7 @@ from airflow_eo.core.errors import OperationError
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import BatchRecord
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
+from airflow_eo.core.sinks import capabilities_of
 
 # --------------------------------------------------------------------------- rewind
 
@@ -170,7 +171,8 @@ def check_rewind(plan: RewindPlan, mode: Mode | None, unfinished: Sequence[Batch
                              "recording), so it cannot tell whether reprocessing counts records twice. Run the "
                              f"pipeline once, or pass {DOUBLE_COUNT_FLAG}")
     if sink.accumulating:
-        what = "appends its output" if sink.kind == "KafkaTransactionalSink" else "adds to existing rows ('add')"
+        capabilities = capabilities_of(sink)
+        what = "appends its output" if capabilities and capabilities.appends else "adds to existing rows ('add')"
         raise OperationError(f"pipeline {p!r} writes through {sink.kind}, which {what}: reprocessing the rewound "
                              f"offsets counts those records twice. Pass {DOUBLE_COUNT_FLAG} if that is what you want "
                              "(e.g. after removing their effect from the sink yourself)")

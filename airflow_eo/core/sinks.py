@@ -32,6 +32,8 @@ class SinkCapabilities:
 
     #: its updates may add to a row or append (``add``, a Kafka topic): reprocessing offsets counts them twice
     accumulates: bool = False
+    #: every write appends (a Kafka topic), rather than adding to a row's columns
+    appends: bool = False
     #: it leaves prepared (in-doubt) branches (XA, ``PREPARE TRANSACTION``) that recovery resolves and status lists
     in_doubt_branches: bool = False
     #: it commits the consumed offsets to a Kafka consumer group in its own transaction (it owns the commit point)

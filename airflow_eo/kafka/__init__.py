@@ -9,5 +9,5 @@ from __future__ import annotations
 from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.kafka.specs import KafkaTransactionalSink, build
 
-register_sink(KafkaTransactionalSink, SinkCapabilities(accumulates=True, consumer_group=True,
+register_sink(KafkaTransactionalSink, SinkCapabilities(accumulates=True, appends=True, consumer_group=True,
                                                        connection_type="kafka"), build)

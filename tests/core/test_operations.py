@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.core import protocol
 from airflow_eo.core.config import Mode, SinkRecord
