@@ -42,7 +42,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from examples import page_views
+from airflow_eo.examples import page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 

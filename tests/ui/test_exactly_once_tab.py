@@ -44,7 +44,7 @@ from datetime import datetime
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from examples import page_views
+from airflow_eo.examples import page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 
