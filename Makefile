@@ -84,12 +84,14 @@ chromium:
 test: up postgres chromium
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts examples
 	. .stack/env && $(PY) -m mypy
+	. .stack/env && $(VENV)/bin/lint-imports
 	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 # mypy's files and strictness are in pyproject.toml ([tool.mypy]).
 lint: venv
 	$(PY) -m ruff check airflow_eo dags tests scripts examples
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 clean: down spark-cluster-down
 	rm -rf .stack
