@@ -21,10 +21,9 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.failpoints import arm, register_process, running
-from airflow_eo.core.xid import pipeline_key
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.mysql.xa import XaFacade
 from examples import ip_counts, page_views
+from examples.state import our_prepared_branches
 from examples.topics import read_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
@@ -65,16 +64,6 @@ def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list
     return rows(store_kwargs, sql, args)
 
 
-def prepared(sink_kwargs: dict[str, Any], pipeline: str) -> list[str]:
-    import pymysql
-
-    conn = pymysql.connect(**sink_kwargs, autocommit=True)
-    try:
-        return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
-    finally:
-        conn.close()
-
-
 def check_end_state(kind: str, table: str, pipeline: str, bootstrap: str, topic: str,
                     sink_kwargs: dict[str, Any], store_kwargs: dict[str, Any]) -> None:
     pv_per_app, event_ids, end_offsets = page_views.ground_truth(bootstrap, topic)
@@ -82,7 +71,7 @@ def check_end_state(kind: str, table: str, pipeline: str, bootstrap: str, topic:
         assert dict(rows(sink_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_per_app, "counts differ from the topic"
     else:
         assert {r[0] for r in rows(sink_kwargs, f"SELECT event_id FROM {table}")} == event_ids
-    assert prepared(sink_kwargs, pipeline) == [], "prepared XA branches were left behind"
+    assert our_prepared_branches(sink_kwargs, pipeline) == [], "prepared XA branches were left behind"
     offsets = dict(store_rows(store_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                               (pipeline,)))
     assert offsets == end_offsets, "committed offsets are not at the end of the topic"

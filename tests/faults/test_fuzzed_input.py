@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.mysql.sql import dead_letter_ddl, upsert_statement
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
+from examples.state import our_prepared_branches as prepared
 from tests.conftest import create_topic
-from tests.faults.conftest import prepared
 from tests.integration.operator_harness import operator, rows, run
 
 SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
