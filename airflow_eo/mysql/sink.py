@@ -24,7 +24,6 @@ from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.mysql.bulk_load import staging_types
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.dead_letters import read_dead_letters
-from airflow_eo.mysql.fence import EpochFence
 from airflow_eo.mysql.sql import (
     DEAD_LETTER_COLUMNS,
     dead_letter_ddl,
@@ -34,6 +33,7 @@ from airflow_eo.mysql.sql import (
 )
 from airflow_eo.mysql.writer import PartitionWriter
 from airflow_eo.mysql.xa import ER_SPECIFIC_ACCESS_DENIED, XaFacade, xa_session
+from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class MySqlUpsertAdapter(MySqlTableSink):
     Writes are visible at once, so a late write of an older attempt (an executor that outlived its
     SIGKILLed driver) could overwrite a newer row of the same key. When the offset store lives on
     the same server (same host and port), every write transaction first reads the pipeline's epoch
-    with a shared lock (:class:`~airflow_eo.mysql.fence.EpochFence`): a newer attempt's
+    with a shared lock (:class:`~airflow_eo.sqlstore.fence.EpochFence`): a newer attempt's
     take waits for the writes in flight, and the older attempt's later writes abort. On another
     server there is no such fence: stop a dead attempt's Spark application before re-running it.
 
@@ -248,7 +248,7 @@ class MySqlUpsertAdapter(MySqlTableSink):
         conn = connect(self.connect_kwargs, autocommit=True, charset="utf8mb4")
         try:
             with conn.cursor() as cur:
-                fence.check(cur, "")
+                fence.check(cur, "none")
         except pymysql.err.MySQLError as exc:
             raise ConfigurationError(
                 f"{self.name}: the sink's user {self.connect_kwargs.get('user')!r} cannot read the offset store's "

@@ -14,9 +14,9 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
 from airflow_eo.mysql.bulk_load import sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
-from airflow_eo.mysql.fence import EpochFence
 from airflow_eo.mysql.sql import upsert_from_staging_statement, upsert_statement
 from airflow_eo.mysql.xa import XaFacade
+from airflow_eo.sqlstore.fence import EpochFence
 
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
 STATEMENT_MAX_CHARS = 2 * 1024 * 1024
@@ -91,7 +91,7 @@ class PartitionWriter:
     def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int) -> int:
         """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
         if self.fence is not None:
-            self.fence.check(cur, "LOCK IN SHARE MODE")
+            self.fence.check(cur, "share")
         cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates))
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
@@ -107,7 +107,7 @@ class PartitionWriter:
         chunk: list[tuple] = []
         chunk_bytes = 0
         if self.fence is not None:
-            self.fence.check(cur, "LOCK IN SHARE MODE")
+            self.fence.check(cur, "share")
 
         def flush(last: bool) -> None:
             nonlocal written, chunk_bytes
@@ -121,7 +121,7 @@ class PartitionWriter:
             if not self.xa:
                 conn.commit()
             if self.fence is not None and not last:
-                self.fence.check(cur, "LOCK IN SHARE MODE")  # the next transaction's start
+                self.fence.check(cur, "share")  # the next transaction's start
 
         for row in rows:
             chunk.append(row)

@@ -1,7 +1,7 @@
-"""What ``airflow eo`` and the DAG tab read of the MySQL offset store, the audit log, and the audited rewind.
+"""What ``airflow eo`` and the DAG tab read of a SQL offset store, the audit log, and the audited rewind.
 
-A mixin of :class:`~airflow_eo.mysql.store.MySqlOffsetStore` (its ``transaction()`` and ``migrate()``): the
-protocol's writes stay in ``store.py``, the operations' reads and repairs here.
+A mixin of :class:`~airflow_eo.sqlstore.store.SqlOffsetStore` (its ``transaction()``, ``migrate()`` and
+``dialect``): the protocol's writes stay in ``store.py``, the operations' reads and repairs here.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import pymysql.cursors
-
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError, UnknownPipelineError
 from airflow_eo.core.protocol import BatchRecord
@@ -20,25 +18,28 @@ from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.states import UNFINISHED
 from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
-from airflow_eo.mysql.rows import batch_info, batch_record, insert_audit, utc
+from airflow_eo.sqlstore.dialect import StoreDialect
+from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, utc
 
 
 class StoreReads:
     """The operations' side of the store: reads in UTC, the audit log, the rewind."""
 
-    def transaction(self) -> AbstractContextManager[pymysql.cursors.DictCursor]:
+    dialect: StoreDialect
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One connection, one transaction (committed on success, rolled back on error); rows as dicts."""
         raise NotImplementedError
 
     def migrate(self) -> None:
         raise NotImplementedError
 
-
     @contextmanager
-    def _utc_reads(self) -> Iterator[pymysql.cursors.DictCursor]:
-        """A transaction whose TIMESTAMP columns read as UTC (the session's time zone converts them)."""
+    def _utc_reads(self) -> Iterator[Any]:
+        """A transaction whose timestamp columns read as UTC (the session's time zone converts them)."""
         self.migrate()
         with self.transaction() as cur:
-            cur.execute("SET time_zone = '+00:00'")
+            cur.execute(self.dialect.utc_session)
             yield cur
 
     def pipelines(self, pipeline_id: str | None = None) -> list[PipelineInfo]:
@@ -158,9 +159,10 @@ class StoreReads:
             check(info, [batch_record(r) for r in cur.fetchall()])
             for change in plan.moved:
                 if change.old is None:  # never committed: the next batch would start at starting_offsets
-                    cur.execute("INSERT IGNORE INTO eo_offset (pipeline_id, topic, kafka_partition, next_offset, "
-                                "batch_id) VALUES (%s, %s, %s, %s, -1)",
-                                (p, change.topic, change.partition, change.new))
+                    cur.execute(self.dialect.insert_ignoring(
+                        "eo_offset", ("pipeline_id", "topic", "kafka_partition", "next_offset", "batch_id"),
+                        ("pipeline_id", "topic", "kafka_partition"), ("%s", "%s", "%s", "%s", "-1")),
+                        (p, change.topic, change.partition, change.new))
                 else:
                     cur.execute("UPDATE eo_offset SET next_offset = %s WHERE pipeline_id = %s AND topic = %s AND "
                                 "kafka_partition = %s AND next_offset = %s",
@@ -174,5 +176,3 @@ class StoreReads:
             epoch = info.epoch + 1
             insert_audit(cur, p, epoch, actor, "rewind", reason, plan.to_dict())
             return epoch
-
-

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from airflow_eo.core.errors import FencedError
-from airflow_eo.core.identifiers import quote_identifier
+from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.planning import Interval
+from airflow_eo.sqlstore.dialect import MYSQL, StoreDialect
 
 
 @dataclass(frozen=True)
@@ -17,28 +18,32 @@ class EpochFence:
     check that an attempt's epoch still holds it.
 
     The store's own writes lock it ``FOR UPDATE``. An upsert sink on the same server reads it
-    with a shared lock at the start of each of its transactions (``LOCK IN SHARE MODE``): a take
+    with a shared lock at the start of each of its transactions (``LOCK IN SHARE MODE``, ``FOR SHARE``): a take
     (``epoch += 1``) then waits for the writes in flight, and every later write of an older
     attempt, such as a zombie executor's, aborts. Picklable: it travels to the executors.
 
-    :param database: qualifies the table, for a connection whose default database is another.
+    :param database: qualifies the table (MySQL's database, PostgreSQL's schema), for a connection whose default
+        is another.
+    :param dialect: the store's database.
     """
 
     pipeline_id: str
     epoch: int
     interval: Interval | None = None
     database: str | None = None
+    dialect: StoreDialect = MYSQL
 
     def query(self, lock: str) -> tuple[str, tuple[Any, ...]]:
-        prefix = f"{quote_identifier(self.database, 'database name')}." if self.database else ""
+        prefix = self.dialect.qualifier(validate_identifier(self.database, "database name") if self.database else None)
         if self.interval is None:
             return (f"SELECT epoch FROM {prefix}eo_pipeline WHERE pipeline_id = %s {lock}", (self.pipeline_id,))
         return (f"SELECT epoch FROM {prefix}eo_interval WHERE pipeline_id = %s AND interval_start = %s "
                 f"AND interval_end = %s {lock}", (self.pipeline_id, *utc_bounds(self.interval)))
 
-    def check(self, cur: Any, lock: str) -> None:
-        """Lock the epoch row (``lock``: ``FOR UPDATE`` or ``LOCK IN SHARE MODE``); FencedError unless it holds ours."""
-        cur.execute(*self.query(lock))
+    def check(self, cur: Any, lock: Literal["update", "share", "none"] = "update") -> None:
+        """Read the epoch row (locked ``FOR UPDATE``, with a ``share`` lock against writers only, or not locked);
+        FencedError unless it holds ours."""
+        cur.execute(*self.query({"update": "FOR UPDATE", "share": self.dialect.share_lock, "none": ""}[lock]))
         row = cur.fetchone()
         current = None if row is None else (row["epoch"] if isinstance(row, dict) else row[0])
         if current != self.epoch:
@@ -48,7 +53,6 @@ class EpochFence:
                 f"{holder}: this attempt holds epoch {self.epoch} but a newer attempt {taker} "
                 f"(epoch {current}); this attempt stops without committing"
             )
-
 
 
 def utc_bounds(interval: Interval) -> tuple[datetime, datetime]:

@@ -1,0 +1,68 @@
+"""What differs between the SQL databases the offset store runs on: a handful of statements' spellings.
+
+Everything else (the tables' columns, the fenced writes, the compare-and-set commit point, the reads, the audited
+rewind) is one SQL text with ``%s`` placeholders, which pymysql and psycopg both take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StoreDialect:
+    """The spellings of one database.
+
+    :param name: what error messages call the database.
+    :param insert_ignore: ``INSERT`` that skips a row whose key exists: ``{table}``, ``{columns}``, ``{values}``
+        and ``{key}`` (the conflict target) are filled in.
+    :param increment_on_conflict: the tail of an ``INSERT`` that instead adds one to ``epoch`` of the existing
+        row (``{table}``, ``{key}``).
+    :param share_lock: the clause that locks a read row against writers only.
+    :param utc_session: the statement that makes this transaction's timestamps read as UTC.
+    :param identifier_quote: the character that quotes identifiers.
+    """
+
+    name: str
+    insert_ignore: str
+    increment_on_conflict: str
+    share_lock: str
+    utc_session: str
+    identifier_quote: str
+
+    def insert_ignoring(self, table: str, columns: tuple[str, ...], key: tuple[str, ...],
+                        values: tuple[str, ...] | None = None) -> str:
+        """``INSERT INTO table (columns) VALUES (...)`` that does nothing when a row with that key exists."""
+        return self.insert_ignore.format(table=table, columns=", ".join(columns), key=", ".join(key),
+                                         values=", ".join(values or ["%s"] * len(columns)))
+
+    def insert_or_increment(self, table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+        """``INSERT`` of a row with ``epoch`` 1, or ``epoch + 1`` (and ``taken_at`` now) of the existing one."""
+        placeholders = ", ".join(["%s"] * (len(columns) - 1) + ["1"])
+        return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders}) "
+                + self.increment_on_conflict.format(table=table, key=", ".join(key)))
+
+    def qualifier(self, schema: str | None) -> str:
+        """``"schema".`` (quoted, validated by the caller) to qualify the store's tables, or nothing."""
+        q = self.identifier_quote
+        return f"{q}{schema}{q}." if schema else ""
+
+
+MYSQL = StoreDialect(
+    name="MySQL",
+    insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
+    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
+    share_lock="LOCK IN SHARE MODE",
+    utc_session="SET time_zone = '+00:00'",
+    identifier_quote="`",
+)
+
+POSTGRES = StoreDialect(
+    name="PostgreSQL",
+    insert_ignore="INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({key}) DO NOTHING",
+    increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = {table}.epoch + 1, "
+                           "taken_at = CURRENT_TIMESTAMP(3)"),
+    share_lock="FOR SHARE",
+    utc_session="SET LOCAL TIME ZONE 'UTC'",
+    identifier_quote='"',
+)

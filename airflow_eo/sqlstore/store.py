@@ -1,0 +1,281 @@
+"""The durable offset store on a SQL database (``docs/architecture.md``, "The offset store").
+
+Three tables: ``eo_pipeline`` (fencing epoch), ``eo_batch`` (the batch log: Spark's
+offset log and commit log in one) and ``eo_offset`` (committed position per
+partition). Every write after :meth:`take_pipeline` checks the caller's epoch under
+a lock on the pipeline row, and the commit point is one local transaction of
+compare-and-sets (:meth:`commit_batch`). ``eo_interval`` fences interval-mode
+batches; ``eo_audit`` records what people did to a pipeline (``airflow eo rewind``,
+``recover``). One SQL text for every database (``%s`` placeholders, rows as dicts); what differs is the
+:class:`~airflow_eo.sqlstore.dialect.StoreDialect`. Each database's room supplies connections and migrations
+(``airflow_eo/mysql/store.py``, ``airflow_eo/postgres/store.py``); the fence: ``fence.py``; the operations' reads
+and the audited rewind: ``reads.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.errors import (
+    CommitConflictError,
+    PipelineConflictError,
+)
+from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.planning import Interval
+from airflow_eo.core.protocol import BatchRecord, BatchSummary
+from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
+from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
+from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
+from airflow_eo.sqlstore.reads import StoreReads
+from airflow_eo.sqlstore.rows import batch_record
+
+
+class SqlOffsetStore(StoreReads):
+    """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
+    :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it with its connections
+    (``transaction()``: one transaction whose cursor returns rows as dicts and counts matched rows), its
+    migrations (``_migrate``) and its ``dialect``."""
+
+    _migrated = False
+
+    def migrate(self) -> None:
+        if self._migrated:
+            return
+        with self.transaction() as cur:
+            self._migrate(cur)
+        self._migrated = True
+
+    def _migrate(self, cur: Any) -> None:
+        """Apply the database's migrations not applied yet, in ``cur``'s transaction."""
+        raise NotImplementedError
+
+    def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
+        """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)
+        and check it still carries ours."""
+        EpochFence(pipeline_id, epoch, interval, dialect=self.dialect).check(cur)
+
+    def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> None:
+        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink."""
+        cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
+                                                 ("%s", "0")), (pipeline_id,))
+        cur.execute("SELECT owner, mode FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+        row = cur.fetchone()
+        if owner and row["owner"] and row["owner"] != owner:
+            raise PipelineConflictError(
+                f"pipeline id {pipeline_id!r} belongs to {row['owner']}, and {owner} declares the same "
+                "pipeline id: two tasks sharing one pipeline would split its offsets between them. Give one "
+                "of them its own pipeline_id=. To move the pipeline to the new task on purpose, clear its "
+                f"owner in the offset store: UPDATE eo_pipeline SET owner = NULL WHERE pipeline_id = '{pipeline_id}'"
+            )
+        if row["mode"] and row["mode"] != mode:
+            raise PipelineConflictError(
+                f"pipeline id {pipeline_id!r} ran in {row['mode']} mode ({row['owner'] or 'owner unknown'}); "
+                f"{owner or 'this task'} runs it in {mode} mode. A pipeline keeps one mode: give the "
+                f"{mode}-mode task its own pipeline_id="
+            )
+        if (owner and not row["owner"]) or not row["mode"]:
+            cur.execute("UPDATE eo_pipeline SET owner = COALESCE(owner, %s), mode = COALESCE(mode, %s) "
+                        "WHERE pipeline_id = %s", (owner, mode, pipeline_id))
+        if sink is not None:  # the latest take's sink: a DAG may change its sink between runs
+            cur.execute("UPDATE eo_pipeline SET sink_kind = %s, sink_accumulating = %s, dead_letter_table = %s, "
+                        "sink = %s WHERE pipeline_id = %s",
+                        (sink.kind, sink.accumulating, sink.dead_letter_table, sink.to_json(), pipeline_id))
+
+    # ------------------------------------------------------------------ reads
+
+    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int:
+        self.migrate()
+        with self.transaction() as cur:
+            self._claim(cur, pipeline_id, owner, "continuous", sink)  # refused: no epoch moved, nobody fenced
+            cur.execute(
+                "UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s",
+                (pipeline_id,),
+            )
+            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
+            return int(_one_row(cur)["epoch"])
+
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+                      sink: SinkRecord | None = None) -> int:
+        self.migrate()
+        with self.transaction() as cur:
+            self._claim(cur, pipeline_id, owner, "interval", sink)
+            bounds = utc_bounds(interval)
+            key = ("pipeline_id", "interval_start", "interval_end")
+            cur.execute(self.dialect.insert_or_increment("eo_interval", (*key, "epoch"), key), (pipeline_id, *bounds))
+            cur.execute("SELECT epoch FROM eo_interval WHERE pipeline_id = %s AND interval_start = %s "
+                        "AND interval_end = %s", (pipeline_id, *bounds))
+            return int(_one_row(cur)["epoch"])
+
+    def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None:
+        rows = self._select_batches("pipeline_id = %s AND interval_start = %s AND interval_end = %s",
+                                    (pipeline_id, *utc_bounds(interval)))
+        return rows[0] if rows else None
+
+    def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute(
+                "SELECT topic, kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
+                (pipeline_id,),
+            )
+            return {(r["topic"], r["kafka_partition"]): int(r["next_offset"]) for r in cur.fetchall()}
+
+    def _select_batches(self, where: str, args: tuple) -> list[BatchRecord]:
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id", args)
+            return [batch_record(row) for row in cur.fetchall()]
+
+    def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None:
+        rows = self._select_batches("pipeline_id = %s AND run_key = %s", (pipeline_id, run_id))
+        return rows[0] if rows else None
+
+    def unfinished_batches(self, pipeline_id: str) -> list[BatchRecord]:
+        return self._select_batches(
+            "pipeline_id = %s AND state IN (%s, %s)", (pipeline_id, *[s.value for s in UNFINISHED])
+        )
+
+    def get_batch(self, pipeline_id: str, batch_id: int) -> BatchRecord | None:
+        rows = self._select_batches("pipeline_id = %s AND batch_id = %s", (pipeline_id, batch_id))
+        return rows[0] if rows else None
+
+    def latest_committed_batch_id(self, pipeline_id: str) -> int | None:
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("SELECT MAX(batch_id) AS b FROM eo_batch WHERE pipeline_id = %s AND state = %s",
+                        (pipeline_id, BatchState.COMMITTED.value))
+            row = cur.fetchone()
+            return int(row["b"]) if row and row["b"] is not None else None
+
+    # ------------------------------------------------------------------ writes (fenced)
+
+    def insert_batch(self, pipeline_id: str, epoch: int, run_id: str, ranges: list[OffsetRange],
+                     skipped: list[OffsetRange], interval: Interval | None = None) -> BatchRecord:
+        with self.transaction() as cur:
+            self._fence(cur, pipeline_id, interval, epoch)
+            if interval is not None:  # serialize batch-id allocation between concurrent intervals
+                cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+            cur.execute("SELECT COALESCE(MAX(batch_id), -1) + 1 AS next FROM eo_batch WHERE pipeline_id = %s",
+                        (pipeline_id,))
+            batch_id = int(_one_row(cur)["next"])
+            # Continuous batches are unique per run, interval batches per interval.
+            run_key, bounds = (run_id, (None, None)) if interval is None else (None, utc_bounds(interval))
+            cur.execute(
+                "INSERT INTO eo_batch (pipeline_id, batch_id, run_id, run_key, interval_start, interval_end, epoch, "
+                "state, ranges, skipped) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (pipeline_id, batch_id, run_id, run_key, *bounds, epoch, BatchState.PLANNED.value,
+                 ranges_to_json(ranges), ranges_to_json(skipped)),
+            )
+        return BatchRecord(pipeline_id, batch_id, run_id, epoch, BatchState.PLANNED, sorted(ranges),
+                           sorted(skipped), interval=interval)
+
+    def _transition(self, cur: Any, batch: BatchRecord, epoch: int, target: BatchState,
+                    extra_sql: str = "", extra_args: tuple = ()) -> None:
+        if not can_transition(batch.state, target):
+            raise CommitConflictError(
+                f"batch {batch.batch_id} of {batch.pipeline_id!r} cannot go from {batch.state.value} "
+                f"to {target.value}"
+            )
+        sources = [s.value for s in BatchState if can_transition(s, target)]
+        cur.execute(
+            f"UPDATE eo_batch SET state = %s, epoch = %s, updated_at = CURRENT_TIMESTAMP(3){extra_sql} "
+            f"WHERE pipeline_id = %s AND batch_id = %s AND state IN ({', '.join(['%s'] * len(sources))})",
+            (target.value, epoch, *extra_args, batch.pipeline_id, batch.batch_id, *sources),
+        )
+        if cur.rowcount != 1:
+            raise CommitConflictError(
+                f"batch {batch.batch_id} of {batch.pipeline_id!r} is no longer "
+                f"{' or '.join(sources)}; another attempt finished or aborted it"
+            )
+
+    def adopt_batch(self, batch: BatchRecord, epoch: int) -> BatchRecord:
+        """A retry takes over its run's unfinished batch; earlier xids are void (rolled back)."""
+        with self.transaction() as cur:
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
+            cur.execute(
+                "UPDATE eo_batch SET epoch = %s, state = %s, xids = NULL, updated_at = CURRENT_TIMESTAMP(3) "
+                "WHERE pipeline_id = %s AND batch_id = %s AND state IN (%s, %s)",
+                (epoch, BatchState.PLANNED.value, batch.pipeline_id, batch.batch_id,
+                 *[s.value for s in UNFINISHED]),
+            )
+            if cur.rowcount != 1:
+                raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} changed "
+                                          "while this attempt resumed it")
+        return BatchRecord(batch.pipeline_id, batch.batch_id, batch.run_id, epoch, BatchState.PLANNED,
+                           batch.ranges, batch.skipped, interval=batch.interval)
+
+    def mark_prepared(self, batch: BatchRecord, epoch: int, xids: list[str]) -> None:
+        with self.transaction() as cur:
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
+            self._transition(cur, batch, epoch, BatchState.PREPARED, ", xids = %s", (json.dumps(xids),))
+
+    def abort_batch(self, batch: BatchRecord, epoch: int) -> None:
+        with self.transaction() as cur:
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
+            # run_key NULL frees the run to plan a fresh batch if it is cleared later.
+            self._transition(cur, batch, epoch, BatchState.ABORTED, ", run_key = NULL")
+
+    def commit_batch(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:
+        """THE commit point: CAS every partition's offset and the batch state, in one transaction."""
+        with self.transaction() as cur:
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
+            starts = batch_starts(batch.ranges, batch.skipped)
+            # Interval batches have no running position: their identity is the interval.
+            for r in batch.ranges if batch.interval is None else ():
+                cur.execute(
+                    "UPDATE eo_offset SET next_offset = %s, batch_id = %s WHERE pipeline_id = %s "
+                    "AND topic = %s AND kafka_partition = %s AND next_offset = %s",
+                    (r.until_offset, batch.batch_id, batch.pipeline_id, r.topic, r.partition, starts[r.key]),
+                )
+                if cur.rowcount == 1:
+                    continue
+                cur.execute(
+                    "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s AND topic = %s "
+                    "AND kafka_partition = %s", (batch.pipeline_id, r.topic, r.partition),
+                )
+                row = cur.fetchone()
+                if row is not None:
+                    raise CommitConflictError(
+                        f"{r.topic}[{r.partition}] is committed at offset {row['next_offset']}, "
+                        f"but batch {batch.batch_id} starts at {starts[r.key]}; another run moved "
+                        "the offsets, nothing of this batch was committed"
+                    )
+                # First batch that reads this partition; a concurrent insert fails on the key.
+                cur.execute(
+                    "INSERT INTO eo_offset (pipeline_id, topic, kafka_partition, next_offset, batch_id) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (batch.pipeline_id, r.topic, r.partition, r.until_offset, batch.batch_id),
+                )
+            self._transition(
+                cur, batch, epoch, BatchState.COMMITTED,
+                ", committed_at = CURRENT_TIMESTAMP(3), records_in = %s, rows_out = %s, "
+                "dead_letters = %s, summary = %s",
+                (summary.records_in, summary.rows_out, summary.dead_letters, json.dumps(summary.to_dict())),
+            )
+            failpoint("in_store_commit")
+
+    def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None:
+        """Interval mode: a committed interval was replayed; it stays committed, its summary is the replay's."""
+        assert batch.interval is not None
+        with self.transaction() as cur:
+            self._fence(cur, batch.pipeline_id, batch.interval, epoch)
+            cur.execute(
+                "UPDATE eo_batch SET epoch = %s, summary = %s, records_in = %s, rows_out = %s, dead_letters = %s, "
+                "updated_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s AND batch_id = %s AND state = %s",
+                (epoch, json.dumps(summary.to_dict()), summary.records_in, summary.rows_out, summary.dead_letters,
+                 batch.pipeline_id, batch.batch_id, BatchState.COMMITTED.value),
+            )
+            if cur.rowcount != 1:
+                raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} is no longer committed")
+
+
+def _one_row(cur: Any) -> dict[str, Any]:
+    """The row of a query that always returns exactly one: an aggregate, or a row this transaction wrote.
+
+    :param cur: the cursor the query ran on.
+    """
+    row = cur.fetchone()
+    assert row is not None, "the query returns exactly one row"
+    return row
