@@ -31,7 +31,7 @@ maven: java
 	  echo "installing Maven from Debian's packages"; \
 	  $(APT_INSTALL) maven >/dev/null; }
 
-up: venv maven
+up: venv maven postgres
 	@command -v mariadbd >/dev/null || test -x /usr/sbin/mariadbd || test -n "$$EO_MYSQL_HOST" || { \
 	  command -v apt-get >/dev/null || { echo "MariaDB is missing and apt-get is not available: install mariadb-server or set EO_MYSQL_HOST"; exit 1; }; \
 	  echo "installing MariaDB from Debian's packages"; \
@@ -66,12 +66,12 @@ SOAK_ARGS ?= --events 1000000 --kills 100
 soak: up
 	. .stack/env && $(PY) scripts/soak.py $(SOAK_ARGS)
 
-# The scheduler tests (tests/scheduler) run a throwaway PostgreSQL cluster as Airflow's metadata
-# database (backfills refuse SQLite): they need Debian's server programs, not a running server.
+# The stack's PostgreSQL (offset store and sinks; unless EO_PG_HOST names your server) and the scheduler tests'
+# throwaway metadata database (tests/scheduler: backfills refuse SQLite) run Debian's server programs.
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || { \
-	  command -v apt-get >/dev/null || { echo "PostgreSQL is missing and apt-get is not available: install postgresql"; exit 1; }; \
-	  echo "installing PostgreSQL from Debian's packages (metadata database of the scheduler tests)"; \
+	  command -v apt-get >/dev/null || { echo "PostgreSQL is missing and apt-get is not available: install postgresql or set EO_PG_HOST"; exit 1; }; \
+	  echo "installing PostgreSQL from Debian's packages"; \
 	  $(APT_INSTALL) postgresql >/dev/null; }
 
 # The UI tab's browser test (tests/ui) drives Debian's headless Chromium through its chromedriver.

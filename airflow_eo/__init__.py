@@ -26,7 +26,8 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "hooks": [
             {"integration-name": "airflow_eo",
-             "python-modules": ["airflow_eo.hooks.mysql", "airflow_eo.hooks.kafka", "airflow_eo.hooks.spark"]},
+             "python-modules": ["airflow_eo.hooks.offset_store", "airflow_eo.hooks.mysql", "airflow_eo.hooks.postgres",
+                                "airflow_eo.hooks.kafka", "airflow_eo.hooks.spark"]},
         ],
         "sensors": [
             {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.sensors.pipeline"]},
@@ -34,7 +35,7 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.triggers.pipeline"]},
         ],
-        "connection-types": [],  # reuses kafka / mysql / spark connection types of their providers
+        "connection-types": [],  # reuses kafka / mysql / postgres / spark connection types of their providers
         # `airflow eo ...` (Airflow >= 3.2 loads provider CLI commands from here)
         "cli": ["airflow_eo.cli.definition.get_eo_cli_commands"],
         # The "Exactly-once" tab on the DAG page (FastAPI app + external view, Airflow >= 3.1).
@@ -43,7 +44,7 @@ def get_provider_info() -> dict[str, Any]:
             CONFIG_SECTION: {
                 "description": "Where `airflow eo` and the Exactly-once tab find pipelines, and what the tab shows.",
                 "options": {
-                    "offset_store_conn_id": _option("mysql connection of the offset store (the operator's default).",
+                    "offset_store_conn_id": _option("mysql or postgres connection of the offset store (the default).",
                                                     DEFAULT_OFFSET_STORE_CONN_ID),
                     "kafka_conn_id": _option("kafka connection of the source cluster, for lag.", "kafka_default"),
                     "in_doubt_warning_seconds": _option(

@@ -1,14 +1,15 @@
-"""Local stack for airflow_eo: a single-node Kafka (KRaft) and a MariaDB, on loopback.
+"""Local stack for airflow_eo: a single-node Kafka (KRaft), a MariaDB and a PostgreSQL, on loopback.
 
-Usage: ``python scripts/stack.py up|down|status``; for fault tests ``kill mariadb|kafka`` (SIGKILL,
-as a crash would), ``restart mariadb|kafka`` (SIGKILL, then start it again on the same data) and
+Usage: ``python scripts/stack.py up|down|status``; for fault tests ``kill mariadb|postgres|kafka`` (SIGKILL,
+as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then start it again on the same data) and
 ``second-mariadb up|down`` (another MariaDB server on the next port, for a store and a sink on two servers).
 
 Everything the stack writes lives under ``.stack/`` in the repo (ignored by git);
 downloaded artifacts (Kafka's jars) are cached under ``~/.cache/airflow-eo`` so a
-second start is fast. A user who has their own Kafka or MySQL sets
-``EO_KAFKA_BOOTSTRAP`` or ``EO_MYSQL_HOST`` (plus ``EO_MYSQL_PORT``, ``EO_MYSQL_USER``,
-``EO_MYSQL_PASSWORD``, ``EO_MYSQL_DATABASE``) and the stack starts nothing for that part.
+second start is fast. A user who has their own Kafka, MySQL or PostgreSQL sets
+``EO_KAFKA_BOOTSTRAP``, ``EO_MYSQL_HOST`` (plus ``EO_MYSQL_PORT``, ``EO_MYSQL_USER``,
+``EO_MYSQL_PASSWORD``, ``EO_MYSQL_DATABASE``) or ``EO_PG_HOST`` (plus ``EO_PG_PORT``, ``EO_PG_USER``,
+``EO_PG_PASSWORD``, ``EO_PG_DATABASE``) and the stack starts nothing for that part.
 ``up`` always (re)writes ``.stack/env``, a file to ``source`` that exports the
 Airflow connections and settings the example DAGs use, and migrates the Airflow
 metadata database that file points to (SQLite under ``.stack/airflow``), so
@@ -18,6 +19,7 @@ metadata database that file points to (SQLite under ``.stack/airflow``), so
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -29,6 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +48,7 @@ KAFKA_LOG4J = REPO / "scripts" / "kafka" / "log4j2.properties"
 KAFKA_PORT = int(os.environ.get("EO_STACK_KAFKA_PORT", "29092"))
 KAFKA_CONTROLLER_PORT = KAFKA_PORT + 1
 MARIADB_PORT = int(os.environ.get("EO_STACK_MYSQL_PORT", "23306"))
+POSTGRES_PORT = int(os.environ.get("EO_STACK_PG_PORT", "25432"))
 DB_NAME, DB_USER, DB_PASSWORD = "airflow_eo", "eo", "eo"
 
 
@@ -84,11 +88,11 @@ def wait_for(what: str, check, timeout: float, log: Path) -> None:
     die(f"{what} did not become ready in {timeout:.0f}s; last log lines:\n{tail}")
 
 
-def spawn(cmd: list[str], log: Path, pid_file: Path, env: dict | None = None) -> None:
+def spawn(cmd: list[str], log: Path, pid_file: Path, env: dict | None = None, **as_user: Any) -> None:
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env,
+            start_new_session=True, env=env, **as_user,
         )
     pid_file.write_text(str(proc.pid))
 
@@ -307,11 +311,161 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
     return settings
 
 
+# --------------------------------------------------------------------------- PostgreSQL
+
+POSTGRES_HOME = STACK / "postgres"
+# Settings of the stack's server: two-phase commit on (0 by default), room for a test suite's connections; the
+# data only has to survive a SIGKILL of the server (not of the machine), so fsync buys nothing here.
+POSTGRES_SETTINGS = {"listen_addresses": "127.0.0.1", "max_prepared_transactions": "100", "max_connections": "300",
+                     "fsync": "off", "full_page_writes": "off", "log_min_messages": "warning"}
+
+
+def postgres_settings() -> dict:
+    if os.environ.get("EO_PG_HOST"):
+        return {
+            "host": os.environ["EO_PG_HOST"],
+            "port": int(os.environ.get("EO_PG_PORT", "5432")),
+            "user": os.environ.get("EO_PG_USER", "postgres"),
+            "password": os.environ.get("EO_PG_PASSWORD", ""),
+            "database": os.environ.get("EO_PG_DATABASE", DB_NAME),
+            "external": True,
+        }
+    return {"host": "127.0.0.1", "port": POSTGRES_PORT, "user": DB_USER, "password": DB_PASSWORD,
+            "database": DB_NAME, "external": False}
+
+
+def postgres_ready(settings: dict) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(host=settings["host"], port=settings["port"], user=settings["user"],
+                        password=settings["password"], dbname=settings["database"], connect_timeout=2).close()
+        return True
+    except psycopg.Error:
+        return False
+
+
+def postgres_bin_dir() -> Path:
+    """Debian's PostgreSQL server programs (``initdb``, ``postgres``, ``psql``), the newest installed."""
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).resolve().parent
+    installed = [p for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.parent.parent.name.isdigit()]
+    if not installed:
+        die("PostgreSQL's 'initdb' not found: install PostgreSQL (Debian: apt-get update && apt-get install "
+            "postgresql), or set EO_PG_HOST to use your server")
+    return max(installed, key=lambda p: int(p.parent.parent.name)).parent
+
+
+def postgres_user() -> dict[str, Any]:
+    """As root, the server runs as Debian's ``postgres`` user (PostgreSQL refuses to run as root)."""
+    if os.geteuid() != 0:
+        return {}
+    import pwd
+
+    try:
+        entry = pwd.getpwnam("postgres")
+    except KeyError:
+        die("running as root needs the 'postgres' OS user that Debian's postgresql package creates")
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def postgres_data_dir(home: Path, as_user: dict[str, Any]) -> Path:
+    """``home/data``, or, when the ``postgres`` user cannot reach ``home`` (a parent folder closed to others), a
+    folder under /var/tmp that ``home/data`` links to."""
+    data = home / "data"
+    if not as_user or data.exists():
+        return data
+    closed = [p for p in (home, *home.parents) if p.exists() and not os.stat(p).st_mode & 0o001]
+    if not closed:
+        return data
+    elsewhere = Path("/var/tmp") / f"airflow-eo-postgres-{uuid.uuid5(uuid.NAMESPACE_URL, str(home)).hex[:12]}"
+    elsewhere.mkdir(parents=True, exist_ok=True)
+    os.chown(elsewhere, as_user["user"], as_user["group"])
+    data.symlink_to(elsewhere / "data")
+    return data
+
+
+def wait_until_reaped(postmaster_pid: Path, log: Path, timeout: float = 30) -> None:
+    """Wait until a killed postmaster is gone even as a zombie: a new one refuses to start while the pid in
+    ``postmaster.pid`` answers ``kill(pid, 0)``, which an unreaped zombie does (reaped here if it is our child)."""
+    try:
+        pid = int(postmaster_pid.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass  # alive, another user's
+        time.sleep(0.05)
+    die(f"the previous PostgreSQL server (pid {pid}) is still there after {timeout:.0f}s; see {log}")
+
+
+def postgres_up(home: Path = POSTGRES_HOME, port: int = POSTGRES_PORT) -> dict:
+    """Start (or find running) the stack's PostgreSQL server on ``port``: its own data under ``home``."""
+    settings = postgres_settings()
+    if settings["external"]:
+        print(f"stack: using your PostgreSQL at {settings['host']}:{settings['port']} (EO_PG_HOST)")
+        if not postgres_ready(settings):
+            die(f"cannot connect to PostgreSQL at {settings['host']}:{settings['port']} as {settings['user']} "
+                f"(database {settings['database']}); check EO_PG_* settings")
+        return settings
+    pid_file, log = home / "postgres.pid", home / "postgres.log"
+    if pid_alive(pid_file):
+        wait_for("PostgreSQL", lambda: postgres_ready(settings), 60, log)
+        print(f"stack: PostgreSQL already running at 127.0.0.1:{port}")
+        return settings
+    if port_open(port):
+        die(f"port {port} is taken by another process; set EO_STACK_PG_PORT, or EO_PG_HOST to use that server")
+    bin_dir, as_user = postgres_bin_dir(), postgres_user()
+    home.mkdir(parents=True, exist_ok=True)
+    wait_until_reaped(home / "data" / "postmaster.pid", log)
+    if as_user:
+        os.chown(home, as_user["user"], as_user["group"])
+    data = postgres_data_dir(home, as_user)
+    fresh = not (data / "PG_VERSION").exists()
+    if fresh:
+        done = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
+                               "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
+                              capture_output=True, text=True, cwd=home, **as_user)
+        if done.returncode != 0:
+            die(f"initdb failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    server = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(home)]
+    for name, value in POSTGRES_SETTINGS.items():
+        server += ["-c", f"{name}={value}"]
+    spawn(server, log, pid_file, cwd=home, **as_user)
+    psql = [str(bin_dir / "psql"), "-h", str(home), "-p", str(port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
+    def answers() -> bool:
+        if not pid_alive(pid_file):
+            die(f"PostgreSQL exited while starting; last log lines:\n{log.read_text(errors='replace')[-3000:]}")
+        return subprocess.run([*psql, "-c", "SELECT 1"], capture_output=True, **as_user).returncode == 0
+
+    wait_for("PostgreSQL", answers, 120, log)
+    if fresh:
+        sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER PASSWORD '{DB_PASSWORD}';"
+               f"CREATE DATABASE {DB_NAME} OWNER {DB_USER};")
+        for statement in sql.split(";")[:-1]:
+            done = subprocess.run([*psql, "-c", statement], capture_output=True, text=True, **as_user)
+            if done.returncode != 0:
+                die(f"could not set up PostgreSQL ({statement.split(' PASSWORD')[0]}): {done.stderr}")
+    wait_for("PostgreSQL", lambda: postgres_ready(settings), 60, log)
+    print(f"stack: PostgreSQL ready at 127.0.0.1:{port} (database {DB_NAME})")
+    return settings
+
+
 # --------------------------------------------------------------------------- env file
 
-def stack_env(bootstrap: str, mysql: dict) -> dict[str, str]:
+def stack_env(bootstrap: str, mysql: dict, postgres: dict) -> dict[str, str]:
     mysql_uri = (f"mysql://{quote(mysql['user'], safe='')}:{quote(mysql['password'], safe='')}"
                  f"@{mysql['host']}:{mysql['port']}/{quote(mysql['database'], safe='')}")
+    postgres_uri = (f"postgresql://{quote(postgres['user'], safe='')}:{quote(postgres['password'], safe='')}"
+                    f"@{postgres['host']}:{postgres['port']}/{quote(postgres['database'], safe='')}")
     kafka_conn = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}})
     airflow_home = STACK / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
@@ -319,6 +473,7 @@ def stack_env(bootstrap: str, mysql: dict) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_conn,
         "AIRFLOW_CONN_MYSQL_DEFAULT": mysql_uri,
         "AIRFLOW_CONN_EO_OFFSET_STORE": mysql_uri,
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": postgres_uri,
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -360,17 +515,18 @@ def up() -> None:
     STACK.mkdir(parents=True, exist_ok=True)
     bootstrap = kafka_up()
     mysql = mariadb_up()
-    lines = stack_env(bootstrap, mysql)
+    postgres = postgres_up()
+    lines = stack_env(bootstrap, mysql, postgres)
     env_file = write_env(lines)
     airflow_db_migrate(lines)
     print(f"stack: up; connections in {env_file} (source it)")
 
 
-def stop(name: str, pid_file: Path) -> None:
+def stop(name: str, pid_file: Path, how: signal.Signals = signal.SIGTERM) -> None:
     pid = pid_alive(pid_file)
     if not pid:
         return
-    os.killpg(pid, signal.SIGTERM)
+    os.killpg(pid, how)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and pid_alive(pid_file):
         time.sleep(0.3)
@@ -385,11 +541,14 @@ def down() -> None:
     stop("Kafka", STACK / "kafka" / "kafka.pid")
     stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
+    # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for every client to disconnect).
+    stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
 
 
 def status() -> None:
     for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
                            ("MariaDB", STACK / "mariadb" / "mariadb.pid"),
+                           ("PostgreSQL", POSTGRES_HOME / "postgres.pid"),
                            ("second MariaDB", SECOND_MARIADB / "mariadb.pid")):
         pid = pid_alive(pid_file)
         print(f"{name}: {f'running (pid {pid})' if pid else 'stopped'}")
@@ -399,7 +558,8 @@ def status() -> None:
 
 SECOND_MARIADB = STACK / "mariadb-2"
 SECOND_MARIADB_PORT = MARIADB_PORT + 1
-PID_FILES = {"mariadb": STACK / "mariadb" / "mariadb.pid", "kafka": STACK / "kafka" / "kafka.pid"}
+PID_FILES = {"mariadb": STACK / "mariadb" / "mariadb.pid", "kafka": STACK / "kafka" / "kafka.pid",
+             "postgres": POSTGRES_HOME / "postgres.pid"}
 
 
 def kill(service: str) -> int:
@@ -429,6 +589,8 @@ def start(service: str) -> None:
     recovery); returns once it answers (a cluster node: once it runs, it rejoins on its own)."""
     if service == "mariadb":
         mariadb_up(STACK / "mariadb", MARIADB_PORT)
+    elif service == "postgres":
+        postgres_up()
     elif service.startswith("kafka-node-"):
         kafka_cluster_start(int(service.rsplit("-", 1)[1]))
     else:
@@ -514,7 +676,7 @@ def kafka_cluster_down() -> None:
 
 if __name__ == "__main__":
     commands = {"up": up, "down": down, "status": status}
-    services = ("mariadb", "kafka")
+    services = ("mariadb", "postgres", "kafka")
     args = sys.argv[1:]
     if len(args) == 1 and args[0] in commands:
         commands[args[0]]()
@@ -526,5 +688,5 @@ if __name__ == "__main__":
     elif args in (["kafka-cluster", "up"], ["kafka-cluster", "down"]):
         kafka_cluster_up() if args[1] == "up" else kafka_cluster_down()
     else:
-        die("usage: stack.py up|down|status | kill|restart mariadb|kafka | second-mariadb up|down "
+        die("usage: stack.py up|down|status | kill|restart mariadb|postgres|kafka | second-mariadb up|down "
             "| kafka-cluster up|down")

@@ -36,6 +36,15 @@ def mysql_kwargs() -> dict[str, Any]:
     return EoMySqlHook("mysql_default").get_connect_kwargs()
 
 
+@pytest.fixture(scope="session")
+def postgres_kwargs() -> dict[str, Any]:
+    """psycopg arguments of the stack's PostgreSQL (``postgres_default``)."""
+    from airflow_eo.hooks.postgres import EoPostgresHook
+
+    _env("AIRFLOW_CONN_POSTGRES_DEFAULT")
+    return EoPostgresHook("postgres_default").get_connect_kwargs()
+
+
 @pytest.fixture
 def mysql(mysql_kwargs) -> Iterator[pymysql.connections.Connection]:
     conn = pymysql.connect(**mysql_kwargs, autocommit=True)

@@ -6,9 +6,6 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-import airflow_eo.integrations  # noqa: F401  (registers every offset store kind)
-from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
-from airflow_eo.core.stores import PipelineLedger, store_for
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.mysql.connection import connect_kwargs
 
@@ -34,48 +31,7 @@ class EoMySqlHook(BaseHook):
         return connect_kwargs(AirflowConnectionResolver().connection(self.mysql_conn_id))
 
 
-class OffsetStoreHook(EoMySqlHook):
-    """The durable offset store on a ``mysql`` connection (default ``eo_offset_store``).
+# The offset store is no MySQL thing any more (its connection type chooses the database); kept importable here.
+from airflow_eo.hooks.offset_store import OffsetStoreHook  # noqa: E402
 
-    See ``docs/architecture.md``, "The offset store".
-    """
-
-    default_conn_name = DEFAULT_OFFSET_STORE_CONN_ID
-    hook_name = "airflow_eo offset store"
-
-    def __init__(self, mysql_conn_id: str = default_conn_name) -> None:
-        super().__init__(mysql_conn_id)
-
-    def get_store(self) -> PipelineLedger:
-        """The offset store of the connection's type (``mysql``; see ``airflow_eo.core.stores``)."""
-        return store_for(AirflowConnectionResolver().connection(self.mysql_conn_id))
-
-    def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:
-        """The next offset to process per ``(topic, partition)``, as the pipeline's committed batches left it.
-
-        :param pipeline_id: the pipeline.
-        """
-        return self.get_store().committed_offsets(pipeline_id)
-
-    def committed_batch_id(self, pipeline_id: str, after_batch_id: int = -1,
-                           interval: list[str] | None = None) -> int | None:
-        """The id of a committed batch newer than ``after_batch_id`` or, with ``interval``, of that
-        interval's batch once committed; None while there is none.
-
-        :param pipeline_id: the pipeline.
-        :param after_batch_id: only a committed batch id greater than this counts; -1 = any.
-            Not used with ``interval``.
-        :param interval: ISO-8601 start and end of an interval-mode batch (a run's data interval).
-        """
-        from datetime import datetime
-
-        from airflow_eo.core.planning import Interval
-        from airflow_eo.core.states import BatchState
-
-        store = self.get_store()
-        if interval is not None:
-            start, end = (datetime.fromisoformat(t) for t in interval)
-            batch = store.batch_for_interval(pipeline_id, Interval(start, end))
-            return batch.batch_id if batch is not None and batch.state == BatchState.COMMITTED else None
-        latest = store.latest_committed_batch_id(pipeline_id)
-        return latest if latest is not None and latest > after_batch_id else None
+__all__ = ["EoMySqlHook", "OffsetStoreHook"]

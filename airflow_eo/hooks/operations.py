@@ -10,7 +10,7 @@ from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.service import PipelineOperations

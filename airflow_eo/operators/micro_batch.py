@@ -16,7 +16,7 @@ from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook

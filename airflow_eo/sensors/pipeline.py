@@ -1,7 +1,7 @@
 """Sensors that wait on a pipeline: records to process (Kafka backlog), or a committed batch.
 
 As in Airflow's providers: the hooks own the queries (:class:`~airflow_eo.hooks.kafka.KafkaClusterHook`,
-:class:`~airflow_eo.hooks.mysql.OffsetStoreHook`), ``poke`` calls them, and a deferrable sensor hands
+:class:`~airflow_eo.hooks.offset_store.OffsetStoreHook`), ``poke`` calls them, and a deferrable sensor hands
 the wait to a trigger that polls the same hook methods. ``deferrable`` defaults to
 ``[operators] default_deferrable``.
 """
@@ -20,7 +20,7 @@ from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.backlog import backlog_reached
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
 
 if TYPE_CHECKING:

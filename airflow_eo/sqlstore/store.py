@@ -58,8 +58,12 @@ class SqlOffsetStore(StoreReads):
 
     def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> None:
         """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink."""
-        cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
-                                                 ("%s", "0")), (pipeline_id,))
+        # Create the row only when a plain (unlocking) read does not see it: on MySQL an INSERT IGNORE of an existing
+        # row takes a shared lock, and two takes that each hold one and then ask for the exclusive lock deadlock.
+        cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
+        if cur.fetchone() is None:
+            cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
+                                                     ("%s", "0")), (pipeline_id,))
         cur.execute("SELECT owner, mode FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
         row = cur.fetchone()
         if owner and row["owner"] and row["owner"] != owner:

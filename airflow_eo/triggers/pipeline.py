@@ -15,7 +15,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.backlog import backlog_reached
 from airflow_eo.hooks.kafka import KafkaClusterHook
-from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.hooks.offset_store import OffsetStoreHook
 
 
 class KafkaBacklogTrigger(BaseTrigger):

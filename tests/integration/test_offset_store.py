@@ -1,23 +1,40 @@
-"""The offset store on the real MariaDB: fencing epochs and compare-and-set at the commit point."""
+"""The offset store on the real MariaDB and the real PostgreSQL (every test runs on both): fencing epochs,
+compare-and-set at the commit point, interval epochs, claims, the operations' reads, the audited rewind."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 
-from airflow_eo.core.errors import CommitConflictError, FencedError
+from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.errors import (
+    CommitConflictError,
+    FencedError,
+    OperationError,
+    PipelineConflictError,
+    UnknownPipelineError,
+)
+from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, ExecutionResult
 from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
 from airflow_eo.core.states import BatchState
 from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.postgres.store import PostgresOffsetStore
+from airflow_eo.sqlstore.store import SqlOffsetStore
+
+STORES = {"mysql": MySqlOffsetStore, "postgres": PostgresOffsetStore}
 
 
-@pytest.fixture
-def store(mysql_kwargs) -> MySqlOffsetStore:
-    store = MySqlOffsetStore(mysql_kwargs)
+@pytest.fixture(params=sorted(STORES))
+def store(request) -> SqlOffsetStore:
+    kwargs = request.getfixturevalue(f"{request.param}_kwargs")
+    store = STORES[request.param](kwargs)
     store.migrate()
-    MySqlOffsetStore(mysql_kwargs).migrate()  # idempotent
+    STORES[request.param](kwargs).migrate()  # idempotent
     return store
 
 
@@ -87,3 +104,94 @@ def test_abort_frees_the_run_and_a_retry_adopts_its_batch(store, pipeline):
     store.abort_batch(adopted, newer)
     assert store.batch_for_run(pipeline, "run-1") is None  # run-1 may plan a fresh batch
     assert store.unfinished_batches(pipeline) == []
+
+
+def test_concurrent_takes_each_get_their_own_epoch(store, pipeline):
+    store.take_pipeline(pipeline)  # the row exists: the takes below race on its lock, not on its creation
+    epochs: list[int] = []
+    threads = [threading.Thread(target=lambda: epochs.append(store.take_pipeline(pipeline))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(epochs) == list(range(2, 10))
+
+
+def test_a_second_owner_or_another_mode_is_refused_and_the_sink_is_recorded(store, pipeline):
+    sink = SinkRecord(kind="MySqlXaSink", accumulating=True, conn_id="c", target="db.t", dead_letter_table="dl",
+                      options={"table": "db.t"})
+    store.take_pipeline(pipeline, owner="dag.a", sink=sink)
+    with pytest.raises(PipelineConflictError, match="belongs to dag.a"):
+        store.take_pipeline(pipeline, owner="dag.b")
+    with pytest.raises(PipelineConflictError, match="ran in continuous mode"):
+        store.take_interval(pipeline, Interval(datetime(2026, 1, 1, tzinfo=timezone.utc),
+                                               datetime(2026, 1, 2, tzinfo=timezone.utc)), owner="dag.a")
+    info = store.pipeline(pipeline)
+    assert (info.epoch, info.owner, info.sink) == (1, "dag.a", sink)
+    assert info.taken_at is not None and abs((datetime.now(timezone.utc) - info.taken_at).total_seconds()) < 60
+
+
+def test_interval_epochs_fence_per_interval_and_a_replay_keeps_the_batch_committed(store, pipeline):
+    h = [datetime(2026, 3, 1, hour, tzinfo=timezone.utc) for hour in range(3)]
+    first, second = Interval(h[0], h[1]), Interval(h[1], h[2])
+    e1 = store.take_interval(pipeline, first)
+    e2 = store.take_interval(pipeline, second)
+    assert (e1, e2, store.take_interval(pipeline, first)) == (1, 1, 2)  # a take of one interval fences only it
+    with pytest.raises(FencedError, match="interval"):
+        store.insert_batch(pipeline, e1, "run-1", [OffsetRange("t", 0, 0, 5)], [], interval=first)
+    batch = store.insert_batch(pipeline, e2, "run-2", [OffsetRange("t", 0, 5, 9)], [], interval=second)
+    store.commit_batch(batch, e2, BatchSummary.of(batch, "run-2", e2))
+    found = store.batch_for_interval(pipeline, second)
+    assert found is not None and found.state == BatchState.COMMITTED and found.interval == second
+    assert store.committed_offsets(pipeline) == {}  # interval batches have no running position
+    e3 = store.take_interval(pipeline, second)
+    store.record_replay(found, e3, BatchSummary.of(found, "run-2-cleared", e3))
+    replayed = store.get_batch(pipeline, batch.batch_id)
+    assert replayed.state == BatchState.COMMITTED and replayed.summary.run_id == "run-2-cleared"
+
+
+def test_the_operations_reads_see_pipelines_offsets_batches_and_the_audit_log(store, pipeline):
+    epoch = store.take_pipeline(pipeline)
+    batches = []
+    for n, (start, end) in enumerate([(0, 4), (4, 9)]):
+        batch = store.insert_batch(pipeline, epoch, f"run-{n}", [OffsetRange("t", 0, start, end)], [])
+        store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch))
+        batches.append(batch)
+    store.insert_batch(pipeline, epoch, "run-2", [OffsetRange("t", 0, 9, 12)], [])  # unfinished
+    assert [p.pipeline_id for p in store.pipelines(pipeline)] == [pipeline]
+    assert store.all_committed_offsets()[pipeline] == {("t", 0): 9}
+    assert store.latest_committed_batch_id(pipeline) == 1
+    newest = store.latest_batches()[pipeline]
+    assert (newest.record.batch_id, newest.record.state) == (2, BatchState.PLANNED)
+    history = store.batch_history(pipeline, limit=10)
+    assert [(b.record.batch_id, b.record.state) for b in history] == [
+        (2, BatchState.PLANNED), (1, BatchState.COMMITTED), (0, BatchState.COMMITTED)]
+    assert history[1].committed_at is not None and history[1].committed_at.tzinfo is not None
+    assert [b.record.batch_id for b in store.batch_history(pipeline, limit=10, batch_ids=[0])] == [0]
+    store.record_audit(pipeline, epoch, "tester", "recover", "a reason", {"branches": ["x"]})
+    [entry] = store.audit_log(pipeline, limit=5)
+    assert (entry.actor, entry.action, entry.reason, entry.epoch, entry.details) == (
+        "tester", "recover", "a reason", epoch, {"branches": ["x"]})
+    with pytest.raises(UnknownPipelineError, match=f"its pipelines are: .*{pipeline}"):
+        store.pipeline(pipeline + "_nope")
+
+
+def test_a_rewind_moves_offsets_takes_the_epoch_and_is_audited_or_changes_nothing(store, pipeline):
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange("t", 0, 0, 10)], [])
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    target = RewindTarget(RewindKind.EARLIEST)
+    stale = RewindPlan(pipeline, target, (PartitionChange("t", 0, old=7, new=0),))
+    with pytest.raises(OperationError, match="moved since the rewind was planned"):
+        store.rewind(stale, "tester", "why", lambda info, unfinished: None)
+    assert store.committed_offsets(pipeline) == {("t", 0): 10} and store.audit_log(pipeline, 5) == []
+    plan = RewindPlan(pipeline, target, (PartitionChange("t", 0, old=10, new=3),
+                                         PartitionChange("t", 1, old=None, new=2)))
+    seen = []
+    taken = store.rewind(plan, "tester", "replay", lambda info, unfinished: seen.append((info.epoch, unfinished)))
+    assert taken == epoch + 1 and seen == [(epoch, [])]
+    assert store.committed_offsets(pipeline) == {("t", 0): 3, ("t", 1): 2}
+    with pytest.raises(FencedError):  # the running attempt is fenced
+        store.insert_batch(pipeline, epoch, "run-2", [OffsetRange("t", 0, 3, 5)], [])
+    [entry] = store.audit_log(pipeline, 5)
+    assert (entry.action, entry.reason, entry.epoch) == ("rewind", "replay", taken)

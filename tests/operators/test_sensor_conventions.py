@@ -66,12 +66,12 @@ def test_triggers_round_trip_through_serialize_and_hold_their_hooks():
                                             poll_interval=2.5))
     assert backlog.serialize()[0] == "airflow_eo.triggers.pipeline.KafkaBacklogTrigger"
     assert isinstance(backlog.kafka_hook, KafkaClusterHook) and backlog.kafka_hook.kafka_config_id == "k"
-    assert isinstance(backlog.store_hook, OffsetStoreHook) and backlog.store_hook.mysql_conn_id == "s"
+    assert isinstance(backlog.store_hook, OffsetStoreHook) and backlog.store_hook.offset_store_conn_id == "s"
 
     committed = roundtrip(BatchCommittedTrigger("p", 7, "s", 1.0, [START.isoformat(), END.isoformat()]))
     assert committed.serialize()[0] == "airflow_eo.triggers.pipeline.BatchCommittedTrigger"
     assert committed.interval == [START.isoformat(), END.isoformat()]
-    assert isinstance(committed.hook, OffsetStoreHook) and committed.hook.mysql_conn_id == "s"
+    assert isinstance(committed.hook, OffsetStoreHook) and committed.hook.offset_store_conn_id == "s"
     assert roundtrip(BatchCommittedTrigger("p")).interval is None
 
 
@@ -79,7 +79,7 @@ def test_batch_committed_sensor_builds_its_trigger_from_the_context(monkeypatch)
     calls = []
 
     def committed_batch_id(hook, pipeline_id, after_batch_id=-1, interval=None):
-        calls.append((hook.mysql_conn_id, pipeline_id, after_batch_id, interval))
+        calls.append((hook.offset_store_conn_id, pipeline_id, after_batch_id, interval))
         return None
 
     monkeypatch.setattr(OffsetStoreHook, "committed_batch_id", committed_batch_id)

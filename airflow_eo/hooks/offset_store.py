@@ -1,0 +1,60 @@
+"""The offset store's connection: its type chooses the database the store runs on."""
+
+from __future__ import annotations
+
+from airflow.sdk import BaseHook
+
+import airflow_eo.integrations  # noqa: F401  (registers every offset store kind)
+from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.stores import PipelineLedger, store_for
+from airflow_eo.hooks.sinks import AirflowConnectionResolver
+
+
+class OffsetStoreHook(BaseHook):
+    """The durable offset store on the connection ``offset_store_conn_id`` (default ``eo_offset_store``): on MySQL /
+    MariaDB for a ``mysql`` connection, on PostgreSQL for a ``postgres`` one (``airflow_eo.core.stores``).
+
+    See ``docs/architecture.md``, "The offset store".
+    """
+
+    conn_name_attr = "offset_store_conn_id"
+    default_conn_name = DEFAULT_OFFSET_STORE_CONN_ID
+    hook_name = "airflow_eo offset store"
+
+    def __init__(self, offset_store_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.offset_store_conn_id = offset_store_conn_id
+
+    def get_store(self) -> PipelineLedger:
+        """The offset store of the connection's type."""
+        return store_for(AirflowConnectionResolver().connection(self.offset_store_conn_id))
+
+    def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:
+        """The next offset to process per ``(topic, partition)``, as the pipeline's committed batches left it.
+
+        :param pipeline_id: the pipeline.
+        """
+        return self.get_store().committed_offsets(pipeline_id)
+
+    def committed_batch_id(self, pipeline_id: str, after_batch_id: int = -1,
+                           interval: list[str] | None = None) -> int | None:
+        """The id of a committed batch newer than ``after_batch_id`` or, with ``interval``, of that
+        interval's batch once committed; None while there is none.
+
+        :param pipeline_id: the pipeline.
+        :param after_batch_id: only a committed batch id greater than this counts; -1 = any.
+            Not used with ``interval``.
+        :param interval: ISO-8601 start and end of an interval-mode batch (a run's data interval).
+        """
+        from datetime import datetime
+
+        from airflow_eo.core.planning import Interval
+        from airflow_eo.core.states import BatchState
+
+        store = self.get_store()
+        if interval is not None:
+            start, end = (datetime.fromisoformat(t) for t in interval)
+            batch = store.batch_for_interval(pipeline_id, Interval(start, end))
+            return batch.batch_id if batch is not None and batch.state == BatchState.COMMITTED else None
+        latest = store.latest_committed_batch_id(pipeline_id)
+        return latest if latest is not None and latest > after_batch_id else None

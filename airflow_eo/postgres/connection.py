@@ -1,0 +1,54 @@
+"""Opening a PostgreSQL connection (psycopg 3), one way for the offset store and the sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.types.json import set_json_loads
+
+from airflow_eo.core.connections import ConnectionInfo
+
+# Overridable in the connection's extra. A server that stops answering (a crash that leaves the socket open, a
+# network partition) fails the attempt after about a minute instead of hanging it; the next attempt recovers.
+DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+            "keepalives_count": 3}
+# libpq parameters a connection's extra may set (Airflow's postgres connection puts them there too).
+EXTRA_PARAMETERS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name", "target_session_attrs",
+                    *DEFAULTS)
+
+
+def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
+    """psycopg arguments of a ``postgres`` connection (``schema`` is the database, as in Airflow's provider).
+
+    :param info: the connection.
+    """
+    kwargs: dict[str, Any] = {
+        "host": info.host or "localhost",
+        "port": int(info.port or 5432),
+        "user": info.login or "",
+        "password": info.password or "",
+        "dbname": info.schema or "postgres",
+        **DEFAULTS,
+    }
+    for name in EXTRA_PARAMETERS:
+        if name in info.extra:
+            kwargs[name] = info.extra[name]
+    return kwargs
+
+
+def _json_text(data: bytes | str) -> str:
+    return data.decode() if isinstance(data, bytes) else data
+
+
+def connect(connect_kwargs: Mapping[str, Any], **options: Any) -> psycopg.Connection[Any]:
+    """``psycopg.connect(**connect_kwargs, **options)`` in a UTC session whose JSON values read as text (as
+    pymysql reads them: the SQL store's rows are the same on both databases).
+
+    :param connect_kwargs: from :func:`connect_kwargs`.
+    :param options: the caller's (``autocommit``, ``row_factory``, ...).
+    """
+    conn = psycopg.connect(**connect_kwargs, options="-c TimeZone=UTC", **options)
+    set_json_loads(_json_text, conn)
+    return conn
