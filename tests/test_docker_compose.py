@@ -28,6 +28,7 @@ CONN_VARS = (
     "AIRFLOW_CONN_KAFKA_DEFAULT",
     "AIRFLOW_CONN_MYSQL_DEFAULT",
     "AIRFLOW_CONN_EO_OFFSET_STORE",
+    "AIRFLOW_CONN_POSTGRES_DEFAULT",
 )
 
 
@@ -73,4 +74,6 @@ def test_compose_services_and_connections(compose_client: None) -> None:
     for name in CONN_VARS:
         assert scheduler_env.get(name), f"{name} is not set on airflow-scheduler"
         # The connection URIs are JSON documents; a typo would only show at task run time.
-        assert json.loads(scheduler_env[name])["conn_type"] in ("kafka", "mysql")
+        assert json.loads(scheduler_env[name])["conn_type"] in ("kafka", "mysql", "postgres")
+    # Two-phase commit on PostgreSQL needs prepared transactions (the server's default is 0).
+    assert "max_prepared_transactions=100" in services["postgres"]["command"]
