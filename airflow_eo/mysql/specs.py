@@ -113,7 +113,10 @@ def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connectio
     from airflow_eo.mysql.connection import connect_kwargs
     from airflow_eo.mysql.sink import MySqlUpsertAdapter
 
-    store = connect_kwargs(connections.connection(offset_store_conn_id)) if offset_store_conn_id else None
+    # The fence is a row of the store's own server: only a store on MySQL can fence this sink's writes.
+    store_connection = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
+    store = (connect_kwargs(store_connection)
+             if store_connection is not None and store_connection.conn_type == "mysql" else None)
     return MySqlUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)), store_kwargs=store,
                               **_options(spec))
 
