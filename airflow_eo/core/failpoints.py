@@ -160,9 +160,13 @@ def running(pid: int) -> bool:
 
 def _run(name: str, action: str, arg: str | None) -> None:
     if action == "kill" and arg is None:
+        _trace(name, f"kill pid {os.getpid()} (itself)")
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "kill":
-        kill_and_wait(_registered(str(arg)))
+        target = _registered(str(arg))
+        _trace(name, f"kill({arg}) pid {target}")
+        kill_and_wait(target)
+        _trace(name, f"kill({arg}) pid {target}: gone")
     elif action == "kill_executor":
         _kill_executor()
     elif action == "pause":
@@ -171,6 +175,27 @@ def _run(name: str, action: str, arg: str | None) -> None:
         raise FailpointError(f"failpoint {name}: injected failure")
     elif action == "sleep":
         time.sleep(int(arg or 0) / 1000)
+
+
+def fired(directory: str) -> list[str]:
+    """What the armed points did, one line each (time, point, action, the process that ran it): a test shows it
+    when a fault did not land where it expected."""
+    try:
+        with open(os.path.join(directory, "fired.log")) as log:
+            return log.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def _trace(name: str, what: str) -> None:
+    if FAILPOINT_DIR_ENV not in os.environ:
+        return
+    line = f"{time.time():.3f} {name}: {what}, run by pid {os.getpid()}\n"
+    fd = os.open(os.path.join(failpoint_dir(), "fired.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write of an O_APPEND file: lines of several processes never interleave
+    finally:
+        os.close(fd)
 
 
 def _registered(role: str, timeout_s: float = 30.0) -> int:

@@ -22,6 +22,7 @@ from airflow_eo.core.failpoints import (
     arm,
     executor_env,
     failpoint,
+    fired,
     parse,
     register_process,
     running,
@@ -131,6 +132,10 @@ def test_kill_of_a_role_kills_only_the_registered_process_and_waits_until_it_is_
         assert not running(victim.pid)
         again = run_child(tmp_path, "in_store_commit", "in_store_commit=1*kill(server)")
         assert again.returncode == 0  # spent: fired once
+        # The trace a fault test shows when a kill did not land where it expected: fired once, by the child.
+        trace = fired(str(tmp_path))
+        assert [line.split(" ", 1)[1].rsplit(", run by", 1)[0] for line in trace] == [
+            f"in_store_commit: kill(server) pid {victim.pid}", f"in_store_commit: kill(server) pid {victim.pid}: gone"]
     finally:
         victim.kill()
 

@@ -108,7 +108,9 @@ class Faults:
         self.spark = SparkSessionHook().get_conn()
 
     @contextmanager
-    def kill_at(self, point: str, pid_file: Path) -> Iterator[None]:
+    def kill_at(self, point: str, pid_file: Path) -> Iterator[Path]:
+        """Arms ``point`` to SIGKILL the process of ``pid_file`` once; yields the fault's directory (its
+        ``fired.log``, read by :func:`airflow_eo.core.failpoints.fired`, says when and from which process it fired)."""
         fault_dir = self.tmp_path / f"fault-{point}-{time.monotonic_ns()}"
         fault_dir.mkdir()
         register_process(str(fault_dir), "server", int(pid_file.read_text().strip()))
@@ -118,7 +120,7 @@ class Faults:
             self.monkeypatch.setenv(name, value)
             executor_env[name] = value
         try:
-            yield
+            yield fault_dir
         finally:
             for name in env:
                 self.monkeypatch.delenv(name)

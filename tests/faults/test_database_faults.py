@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+from airflow_eo.core.failpoints import fired
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples import page_views
@@ -68,23 +69,25 @@ def test_the_database_crashing_at_every_step(kind, layout, stack: ModuleType, fa
         server = int(pid_file.read_text())
         started = time.monotonic()
         error: BaseException | None = None
-        with faults.kill_at(step, pid_file):
+        with faults.kill_at(step, pid_file) as fault_dir:
             try:
                 run(op, run_id)
             except Exception as exc:  # the attempt's error is what is checked
                 error = exc
         seconds = time.monotonic() - started
-        assert gone(server), f"{step}: the fault did not kill the database; {error!r}"[:3000]
-        assert seconds < ATTEMPT_SECONDS, f"{step}: the attempt took {seconds:.0f}s with its database gone"
+        # Where and when the kill fired, and when the attempt ended: in every message below.
+        trace = f"\nfailpoint trace: {fired(str(fault_dir))}; attempt ended {time.time():.3f}"
+        assert gone(server), f"{step}: the fault did not kill the database; {error!r}"[:3000] + trace
+        assert seconds < ATTEMPT_SECONDS, f"{step}: the attempt took {seconds:.0f}s with its database gone" + trace
         if kind == "upsert" and step == "after_commit_point":
-            assert error is None, f"the upsert sink has nothing to finalize after its commit point: {error!r}"
+            assert error is None, f"the upsert sink has nothing to finalize after its commit point: {error!r}" + trace
         else:
-            assert error is not None, f"{step}: the attempt went on as if its database were there"
-            assert DATABASE_LOST.search(str(error)), f"{step}: unclear error: {str(error)[-2000:]}"
+            assert error is not None, f"{step}: the attempt went on as if its database were there" + trace
+            assert DATABASE_LOST.search(str(error)), f"{step}: unclear error: {str(error)[-2000:]}" + trace
             where = {"during_write": "before", "after_prepare": "at" if layout == "one_server" else "after",
                      "in_store_commit": "at", "after_commit_point": "after"}[step]
             assert any(f"failed {where} its commit point" in note for note in getattr(error, "__notes__", [])), (
-                f"{step}: the error does not say where the batch stands: {getattr(error, '__notes__', None)}")
+                f"{step}: the error does not say where the batch stands: {getattr(error, '__notes__', None)}" + trace)
         if pid_file == sink_pid_file:
             stack.start("mariadb")
         else:
