@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import AVRO_DECODED_FIELD, Framing
 from airflow_eo.core.errors import ConfigurationError
@@ -98,7 +98,7 @@ def _check_reader(spark: SparkSession, reader: str, what: str) -> None:
     if is_connect(spark):
         return
     try:
-        getattr(spark._jvm.org.apache.avro, "Schema$Parser")().parse(reader)  # type: ignore[attr-defined]
+        getattr(_avro_package(spark), "Schema$Parser")().parse(reader)
     except Exception as exc:  # Py4JJavaError: SchemaParseException
         raise ConfigurationError(f"the {what} reader schema is not a valid Avro schema: {_java_message(exc)}") from exc
 
@@ -111,8 +111,7 @@ def _incompatible(spark: SparkSession, reader: str, writers: Mapping[int, str]) 
     """
     if is_connect(spark) or not writers:
         return {}
-    jvm = spark._jvm  # type: ignore[attr-defined]
-    avro = jvm.org.apache.avro
+    avro = _avro_package(spark)
 
     def parse(text: str) -> object:
         return getattr(avro, "Schema$Parser")().parse(text)
@@ -129,6 +128,12 @@ def _incompatible(spark: SparkSession, reader: str, writers: Mapping[int, str]) 
             out[schema_id] = "; ".join(f"{i.getMessage()} (at {i.getLocation()})"
                                        for i in result.getIncompatibilities())
     return out
+
+
+def _avro_package(spark: SparkSession) -> Any:
+    """``org.apache.avro`` in the driver's JVM (a classic session)."""
+    jvm: Any = spark._jvm
+    return jvm.org.apache.avro
 
 
 def _java_message(exc: Exception) -> str:
