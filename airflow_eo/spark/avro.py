@@ -116,7 +116,7 @@ def _incompatible(spark: SparkSession, reader: str, writers: Mapping[int, str]) 
     def parse(text: str) -> object:
         return getattr(avro, "Schema$Parser")().parse(text)
 
-    reader_schema = parse(reader)
+    reader_schema, reader_dict = parse(reader), json.loads(reader)
     out: dict[int, str] = {}
     for schema_id, writer in writers.items():
         try:
@@ -125,9 +125,27 @@ def _incompatible(spark: SparkSession, reader: str, writers: Mapping[int, str]) 
             out[schema_id] = f"not a valid Avro schema: {_java_message(exc)}"
             continue
         if str(result.getCompatibility()) == "INCOMPATIBLE":
-            out[schema_id] = "; ".join(f"{i.getMessage()} (at {i.getLocation()})"
-                                       for i in result.getIncompatibilities())
+            out[schema_id] = "; ".join(_describe(reader_dict, str(i.getType()), str(i.getMessage()),
+                                                 str(i.getLocation())) for i in result.getIncompatibilities())
     return out
+
+
+def _describe(reader: Any, kind: str, message: str, location: str) -> str:
+    """An incompatibility named by its field: Avro locates it by a JSON pointer into the reader schema."""
+    names, node, parts = [], reader, location.strip("/").split("/")
+    for i, part in enumerate(parts):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            if i > 0 and parts[i - 1] == "fields" and isinstance(node, dict):
+                names.append(str(node.get("name")))
+        else:
+            break
+    field = ".".join(names) or "the record"
+    if kind == "READER_FIELD_MISSING_DEFAULT_VALUE":
+        return f"field {field!r} is not in the writer schema and has no default"
+    return f"field {field!r}: {message}"
 
 
 def _avro_package(spark: SparkSession) -> Any:
