@@ -134,7 +134,14 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
         packages, jars = merged.get("spark.jars.packages", ""), merged.get("spark.jars", "")
         if name in packages or name in jars:
             continue
-        found = resolved()
+        try:
+            found = resolved()
+        except ConfigurationError:
+            if name == "spark-sql-kafka":
+                raise
+            # Only Avro pipelines need it: the others must not fail for it (from_avro then says what is missing).
+            log.warning("Spark's Avro functions are not available: %s", coordinates(), exc_info=True)
+            continue
         if found:
             merged["spark.jars"] = ",".join(p for p in (jars, *found) if p)
         else:  # no Maven here: let Spark resolve the package itself

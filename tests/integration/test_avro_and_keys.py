@@ -234,3 +234,47 @@ def test_bare_avro_round_trip_then_a_truncated_record_fails_the_batch(bootstrap,
     assert _orders(mysql_kwargs, table) == want
     committed = rows(mysql_kwargs, "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s", (op.pipeline_id,))
     assert [int(c[0]) for c in committed] == [12]
+
+
+def test_sessions_get_spark_avro_at_pyspark_version_without_what_pyspark_ships():
+    import pyspark
+
+    from airflow_eo.spark.session import session_conf
+
+    avro_jars = [j for j in session_conf({})["spark.jars"].split(",") if "spark-avro_" in j]
+    assert [j.rsplit("/", 1)[-1] for j in avro_jars] == [f"spark-avro_2.13-{pyspark.__version__}.jar"]
+    own = "/opt/jars/spark-avro_2.13-4.0.0.jar"
+    assert [j for j in session_conf({"spark.jars": own})["spark.jars"].split(",") if "spark-avro_" in j] == [own]
+
+
+def test_ids_missing_from_writer_schemas_are_asked_of_the_lookup_once_per_batch():
+    """The engine's ``schema_lookup`` (what a schema registry connection becomes): asked for the batch's ids that
+    ``writer_schemas`` lacks, and nothing else; an id it does not know either is a bad record."""
+    from pyspark.sql import functions as F
+
+    from airflow_eo.core.config import ParseConfig
+    from airflow_eo.spark.parsing import parse_records
+    from airflow_eo.spark.session import get_session
+
+    spark = get_session()
+    asked: list[int] = []
+
+    def lookup(schema_id: int) -> str | None:
+        asked.append(schema_id)
+        return json.dumps(_order(2)) if schema_id == 2 else None
+
+    values = [_framed(1, _order(1), _record(1, 1)), _framed(2, _order(2), _record(2, 2)),
+              _framed(2, _order(2), _record(4, 2)), _framed(9, READER, _record(3, 3)), b"\x01\x00\x00\x00\x05"]
+    raw = spark.createDataFrame(
+        [("t", 0, i, None, None, None, v) for i, v in enumerate(values)],
+        "kafka_topic STRING, kafka_partition INT, kafka_offset BIGINT, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
+        "kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>, kafka_value BINARY")
+    parse = ParseConfig("avro", avro_schema=json.dumps(READER), framing="confluent",
+                        writer_schemas={1: json.dumps(_order(1))})
+    parsed, payload = parse_records(spark, raw, parse, lookup)
+    got = parsed.orderBy("kafka_offset").select("order_id", "qty", "_eo_error").collect()
+    assert sorted(asked) == [2, 9]  # the batch's ids that writer_schemas lacks, each once (id 1 is supplied)
+    assert [tuple(r) for r in got[:3]] == [("o1", 1, None), ("o2", 2**40 + 2, None), ("o4", 2**40 + 4, None)]
+    assert got[3]["_eo_error"] == "value: unknown schema id 9 (not in writer_schemas nor the schema registry)"
+    assert "not the Confluent magic byte" in got[4]["_eo_error"]
+    assert parsed.where(F.col("_eo_error").isNull()).count() == 3 and payload[0] == "order_id"
