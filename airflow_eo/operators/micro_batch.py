@@ -162,6 +162,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         if schema_registry_conn_id and parse.framing is not Framing.CONFLUENT:
             raise ConfigurationError("schema_registry_conn_id resolves the schema ids of framing='confluent'")
+        if parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
+            raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
+                                     "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
         check_pipeline(sink, mode, parse, max_records_per_run)
         if mode is Mode.INTERVAL and self.has_dag():
             _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)

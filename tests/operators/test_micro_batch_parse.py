@@ -105,6 +105,8 @@ def test_formats_refuse_what_they_cannot_decode(tmp_path):
         op(key_format="json")
     with pytest.raises(ConfigurationError, match="key_schema is for key_format='json' or 'avro'"):
         op(key_format="string", key_schema="id STRING")
+    with pytest.raises(ConfigurationError, match="framing='confluent' needs the writer schemas of its ids"):
+        op(value_format="avro", avro_schema=ORDER, framing="confluent")
     with pytest.raises(ConfigurationError, match="schema_registry_conn_id resolves the schema ids"):
         op(value_format="avro", avro_schema=ORDER, framing="none", schema_registry_conn_id="registry")
 
