@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from airflow_eo.core.errors import ConfigurationError
@@ -28,6 +29,29 @@ class ValueFormat(str, Enum):
     JSON = "json"  # with a Spark DDL schema
     STRING = "string"
     BYTES = "bytes"
+    AVRO = "avro"  # with an Avro reader schema and a declared framing
+
+
+class KeyFormat(str, Enum):
+    """How a Kafka record's key becomes the ``key`` column (the raw key stays in ``kafka_key``)."""
+
+    BYTES = "bytes"  # no ``key`` column: the transform has the raw ``kafka_key``
+    STRING = "string"
+    JSON = "json"  # with key_schema as Spark DDL
+    AVRO = "avro"  # with key_schema as an Avro schema, framed as the values are
+
+
+class Framing(str, Enum):
+    """How an Avro payload sits in a key or value. Declared, never guessed: a raw Avro record whose first field is
+    an empty string or a zero starts with byte 0 too (DESIGN.md section 11)."""
+
+    NONE = "none"  # the payload is the Avro binary of one record, written with the reader schema
+    CONFLUENT = "confluent"  # magic byte 0, the writer schema's id (4 bytes, big-endian), then the Avro binary
+
+
+#: A field the engine adds to an Avro reader schema (with a default) to tell a record that failed to decode (Spark
+#: then returns a row of NULLs) from one whose fields are all NULL; a user's schema must not use the name.
+AVRO_DECODED_FIELD = "_eo_decoded"
 
 
 class BadRecordPolicy(str, Enum):
@@ -73,16 +97,106 @@ class ParseConfig:
     schema: str | None = None
     on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
     write_partitions: int | None = None
+    key_format: KeyFormat = KeyFormat.BYTES
+    key_schema: str | None = None
+    avro_schema: str | None = None
+    framing: Framing | None = None
+    writer_schemas: Mapping[int, str] | str | None = None
 
     def __post_init__(self) -> None:
         value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
         object.__setattr__(self, "value_format", value_format)
         object.__setattr__(self, "on_bad_record", choice(BadRecordPolicy, self.on_bad_record, "on_bad_record",
                                                          "policies"))
+        key_format = choice(KeyFormat, self.key_format, "key_format", "key formats")
+        object.__setattr__(self, "key_format", key_format)
+        if self.framing is not None:
+            object.__setattr__(self, "framing", choice(Framing, self.framing, "framing", "framings"))
         if self.value_format is ValueFormat.JSON and not self.schema:
             raise ConfigurationError("value_format='json' needs schema= (Spark DDL, e.g. 'id STRING NOT NULL, n INT')")
         if self.write_partitions is not None and self.write_partitions < 1:
             raise ConfigurationError("write_partitions must be a positive number of Spark tasks (or None)")
+        self._check_keys_and_avro()
+
+    def _check_keys_and_avro(self) -> None:
+        avro_value, avro_key = self.value_format is ValueFormat.AVRO, self.key_format is KeyFormat.AVRO
+        if self.key_format in (KeyFormat.JSON, KeyFormat.AVRO) and not self.key_schema:
+            kind = "Spark DDL" if self.key_format is KeyFormat.JSON else "an Avro record schema (JSON text or a path)"
+            raise ConfigurationError(f"key_format={self.key_format.value!r} needs key_schema= ({kind})")
+        if self.key_schema and self.key_format not in (KeyFormat.JSON, KeyFormat.AVRO):
+            raise ConfigurationError("key_schema is for key_format='json' or 'avro'")
+        if avro_value and not self.avro_schema:
+            raise ConfigurationError("value_format='avro' needs avro_schema= (the reader schema: an Avro record schema "
+                                     "as JSON text, or the path of an .avsc file)")
+        if self.avro_schema and not avro_value:
+            raise ConfigurationError("avro_schema is for value_format='avro'")
+        if not (avro_value or avro_key):
+            if self.framing is not None or self.writer_schemas is not None:
+                raise ConfigurationError("framing and writer_schemas are for Avro keys or values")
+            return
+        if self.framing is None:
+            raise ConfigurationError(
+                "Avro keys or values need framing='confluent' (magic byte 0 + a 4-byte schema id, then the record) "
+                "or framing='none' (the bare Avro record, written with the reader schema): the first byte cannot "
+                "tell them apart, since a bare record may start with byte 0 too")
+        if avro_value:
+            object.__setattr__(self, "avro_schema", avro_record_schema(self.avro_schema or "", "avro_schema"))
+        if avro_key:
+            object.__setattr__(self, "key_schema", avro_record_schema(self.key_schema or "", "key_schema"))
+        if self.writer_schemas is not None:
+            if self.framing is not Framing.CONFLUENT:
+                raise ConfigurationError("writer_schemas are found by the schema id of framing='confluent'; with "
+                                         "framing='none' every record is written with the reader schema")
+            object.__setattr__(self, "writer_schemas", writer_schemas_by_id(self.writer_schemas))
+
+    @property
+    def writer_schema_map(self) -> Mapping[int, str]:
+        """The supplied writer schemas by id (JSON text), after ``__post_init__`` loaded them."""
+        return self.writer_schemas if isinstance(self.writer_schemas, Mapping) else {}
+
+
+def avro_record_schema(text_or_path: str, option: str) -> str:
+    """An Avro record schema as compact JSON text, from JSON text or the path of a file holding it."""
+    text = text_or_path.strip()
+    if not text.startswith(("{", "[", '"')):
+        try:
+            text = Path(text).read_text()
+        except OSError as exc:
+            raise ConfigurationError(f"{option}={text_or_path!r} is neither Avro schema JSON nor a readable file: "
+                                     f"{exc}") from exc
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"{option}: not valid JSON ({exc})") from exc
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
+        raise ConfigurationError(f"{option}: the schema must be an Avro record ({{\"type\": \"record\", \"name\": .., "
+                                 "\"fields\": [..]}): its fields become columns")
+    if any(isinstance(f, dict) and f.get("name") == AVRO_DECODED_FIELD for f in schema["fields"]):
+        raise ConfigurationError(f"{option}: the field name {AVRO_DECODED_FIELD!r} is reserved by airflow_eo")
+    return json.dumps(schema, separators=(",", ":"))
+
+
+def writer_schemas_by_id(source: Mapping[int, Any] | str) -> dict[int, str]:
+    """Writer schemas by Confluent schema id: a mapping id -> schema (JSON text or a parsed dict), or a directory
+    of ``<id>.avsc`` files."""
+    if isinstance(source, str):
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ConfigurationError(f"writer_schemas={source!r} is not a directory of <id>.avsc files")
+        files = {p.stem: p for p in folder.glob("*.avsc")}
+        bad = sorted(s for s in files if not s.isdigit())
+        if bad:
+            raise ConfigurationError(f"writer_schemas: {bad} are not schema ids: name the files <id>.avsc")
+        source = {int(stem): path.read_text() for stem, path in files.items()}
+    out: dict[int, str] = {}
+    for schema_id, schema in source.items():
+        if isinstance(schema_id, str) and schema_id.isdigit():
+            schema_id = int(schema_id)
+        if not isinstance(schema_id, int) or not 0 <= schema_id < 2**31:
+            raise ConfigurationError(f"writer_schemas: id {schema_id!r} is not a schema id (0 .. 2**31-1)")
+        text = json.dumps(schema) if isinstance(schema, dict) else str(schema)
+        out[schema_id] = avro_record_schema(text, f"writer_schemas[{schema_id}]")
+    return out
 
 
 class SinkTraits(Protocol):

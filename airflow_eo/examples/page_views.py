@@ -23,6 +23,18 @@ TABLES_DDL = {
 }
 TABLES_DDL["page_view_events_hourly"] = TABLES_DDL["page_view_events"].replace(
     "page_view_events", "page_view_events_hourly")
+TABLES_DDL["app_pv_avro"] = TABLES_DDL["app_pv"].replace("app_pv", "app_pv_avro")
+
+# The page views as Confluent-framed Avro (DAG page_views_avro_xa): two writer versions, schema ids 1 and 2; the
+# second adds the timestamp with a default. The reader schema is the second.
+AVRO_TOPIC = "page_views_avro"
+_AVRO_V1 = {"type": "record", "name": "PageView", "namespace": "airflow_eo.examples", "fields": [
+    {"name": "event_id", "type": "string"}, {"name": "app_id", "type": "string"},
+    {"name": "user_id", "type": ["null", "string"], "default": None}]}
+_AVRO_V2 = {**_AVRO_V1, "fields": [*_AVRO_V1["fields"], {
+    "name": "ts", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None}]}
+AVRO_WRITER_SCHEMAS: dict[int, dict[str, Any]] = {1: _AVRO_V1, 2: _AVRO_V2}
+AVRO_SCHEMA = _AVRO_V2
 
 
 def count_per_app(df: DataFrame, batch: BatchContext) -> DataFrame:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+from airflow.sdk import BaseHook
 
 from airflow_eo.core.backlog import backlog
 from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.schema_registry import registry_lookup
 
 
 class KafkaClusterHook(KafkaBaseHook):
@@ -48,3 +50,16 @@ class KafkaClusterHook(KafkaBaseHook):
         :param starting_offsets: where a partition without a committed offset starts (as the operator's).
         """
         return backlog(self.get_offset_source().partition_offsets(topics, starting_offsets), committed)
+
+
+def schema_registry_lookup(conn_id: str) -> Callable[[int], str | None]:
+    """Writer schemas by id from the schema registry of an Airflow connection (any type, ``http`` by default):
+    host (a URL, or a host name with ``schema`` and ``port``), login and password for basic auth, and more
+    ``SchemaRegistryClient`` config (``ssl.ca.location``, ...) in the extra."""
+    conn = BaseHook.get_connection(conn_id)
+    host = conn.host or ""
+    url = host if "://" in host else f"{conn.schema or 'http'}://{host}" + (f":{conn.port}" if conn.port else "")
+    config: dict[str, Any] = {**conn.extra_dejson, "url": url}
+    if conn.login:
+        config["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+    return registry_lookup(config)

@@ -9,13 +9,22 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
-from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
+from airflow_eo.core.config import (
+    BadRecordPolicy,
+    Framing,
+    KeyFormat,
+    Mode,
+    ParseConfig,
+    ValueFormat,
+    check_pipeline,
+    choice,
+)
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.core.stores import PipelineLedger
-from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
@@ -52,8 +61,24 @@ class KafkaMicroBatchOperator(BaseOperator):
         One pipeline id belongs to one task: a second DAG or task declaring it is refused. (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
-    :param value_format: ``json`` (with ``schema``), ``string`` or ``bytes``.
+    :param value_format: ``json`` (with ``schema``), ``string``, ``bytes`` or ``avro`` (with ``avro_schema`` and
+        ``framing``). See the README, "Topic formats".
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required. (templated)
+    :param key_format: ``bytes`` (default: the raw key in ``kafka_key`` only), ``string``, ``json`` (with
+        ``key_schema`` as Spark DDL) or ``avro`` (with ``key_schema`` as an Avro record schema, framed as the
+        values): parsed into the ``key`` column the transform sees (a STRING or a STRUCT; NULL for a record
+        without a key). The transform also sees ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
+        ``kafka_timestamp``, ``kafka_key`` (raw) and ``kafka_headers`` (ARRAY<STRUCT<key, value BINARY>>).
+    :param key_schema: see ``key_format``.
+    :param avro_schema: the Avro reader schema of ``value_format="avro"``: a record, as JSON text or a file path;
+        its fields become the columns.
+    :param framing: ``confluent`` (magic byte 0, a 4-byte schema id, the record: each record is decoded with its
+        writer schema and resolved into the reader schema) or ``none`` (bare records written with the reader
+        schema). Declared, never guessed from the first byte.
+    :param writer_schemas: ``framing="confluent"``: writer schemas by id, a mapping ``{id: schema}`` (JSON text or
+        a dict) or a directory of ``<id>.avsc`` files. A record with an id found nowhere is a bad record.
+    :param schema_registry_conn_id: ``framing="confluent"``: a connection to a schema registry (host URL,
+        login/password) asked for ids not in ``writer_schemas`` (needs ``airflow-eo[schema-registry]``).
     :param starting_offsets: where a partition never read before starts: ``earliest``,
         ``latest`` or a timestamp in epoch milliseconds.
     :param max_records_per_run: cap of offsets per batch, shared across partitions by lag.
@@ -111,6 +136,12 @@ class KafkaMicroBatchOperator(BaseOperator):
         spark_conf: Mapping[str, Any] | None = None,
         write_partitions: int | None = None,
         kafka_options: Mapping[str, str] | None = None,
+        key_format: KeyFormat | str = KeyFormat.BYTES,
+        key_schema: str | None = None,
+        avro_schema: str | None = None,
+        framing: Framing | str | None = None,
+        writer_schemas: Mapping[int, Any] | str | None = None,
+        schema_registry_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -125,7 +156,15 @@ class KafkaMicroBatchOperator(BaseOperator):
         if idle_partition_timeout is not None and (mode is not Mode.INTERVAL or idle_partition_timeout < timedelta(0)):
             raise ConfigurationError("idle_partition_timeout is for mode='interval' only, and must not be negative "
                                      "(a timedelta or seconds; None waits for every partition)")
-        parse = ParseConfig(value_format, schema, on_bad_record, write_partitions)  # type: ignore[arg-type]
+        self.key_format, self.key_schema, self.avro_schema = key_format, key_schema, avro_schema
+        self.framing, self.writer_schemas = framing, writer_schemas
+        self.schema_registry_conn_id = schema_registry_conn_id
+        parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
+        if schema_registry_conn_id and parse.framing is not Framing.CONFLUENT:
+            raise ConfigurationError("schema_registry_conn_id resolves the schema ids of framing='confluent'")
+        if parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
+            raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
+                                     "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
         check_pipeline(sink, mode, parse, max_records_per_run)
         if mode is Mode.INTERVAL and self.has_dag():
             _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
@@ -169,10 +208,12 @@ class KafkaMicroBatchOperator(BaseOperator):
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,
             kafka_config=kafka_config,
-            parse=ParseConfig(self.value_format, self.schema, self.on_bad_record, self.write_partitions),
+            parse=self._parse_config(self.value_format, self.schema, self.on_bad_record, self.write_partitions),
             transform=self.transform,
             kafka_options=self.kafka_options,
             connect_early=spark_hook.is_connect(),
+            schema_lookup=schema_registry_lookup(self.schema_registry_conn_id) if self.schema_registry_conn_id
+            else None,
         )
         for topic in self.topics:
             validate_topic(topic)
@@ -210,6 +251,15 @@ class KafkaMicroBatchOperator(BaseOperator):
             context["outlet_events"][sink_asset_alias(self.dag_id, self.task_id)].add(
                 Asset(sink_asset.uri), extra={k: result[k] for k in _ASSET_EXTRA_KEYS})
         return result
+
+    def _parse_config(self, value_format: Any, schema: str | None, on_bad_record: Any,
+                      write_partitions: int | None) -> ParseConfig:
+        # ParseConfig turns the option strings into their enums (and says which choices there are).
+        return ParseConfig(value_format, schema, on_bad_record, write_partitions,
+                           key_format=self.key_format,  # type: ignore[arg-type]
+                           key_schema=self.key_schema, avro_schema=self.avro_schema,
+                           framing=self.framing,  # type: ignore[arg-type]
+                           writer_schemas=self.writer_schemas)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

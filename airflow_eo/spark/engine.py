@@ -32,7 +32,7 @@ from airflow_eo.core.protocol import (
     WriteResult,
 )
 from airflow_eo.core.ranges import spark_offsets
-from airflow_eo.spark.parsing import METADATA_COLUMNS, parse_records
+from airflow_eo.spark.parsing import metadata_columns, parse_records
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ class SparkBatchEngine:
     transform: Transform | str | None = None
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     connect_early: bool = False
+    #: Writer schemas of Confluent-framed Avro by id, for ids not in ``parse.writer_schemas`` (a schema registry).
+    schema_lookup: Callable[[int], str | None] | None = None
     # The session and the running batch's job tag, for cancel() (on_kill); a batch's write is described by its
     # WritePlan, not by engine state.
     _job_tag: str | None = field(default=None, init=False)
@@ -111,6 +113,7 @@ class SparkBatchEngine:
                   .option("startingOffsets", starting)
                   .option("endingOffsets", ending)
                   .option("kafka.isolation.level", "read_committed")
+                  .option("includeHeaders", "true")
                   .option("failOnDataLoss", "true"))
         for key in _PASSED_TO_SPARK:
             if key in self.kafka_config:
@@ -121,12 +124,13 @@ class SparkBatchEngine:
         return raw.select(
             F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
             F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
-            F.col("key").alias("kafka_key"), F.col("value").alias("kafka_value"),
+            F.col("key").alias("kafka_key"), F.col("headers").alias("kafka_headers"),
+            F.col("value").alias("kafka_value"),
         )
 
     def parse_records(self, spark: SparkSession, raw: DataFrame) -> tuple[DataFrame, list[str]]:
         """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names."""
-        return parse_records(spark, raw, self.parse)
+        return parse_records(spark, raw, self.parse, self.schema_lookup)
 
     # ------------------------------------------------------------------ execute
 
@@ -163,7 +167,7 @@ class SparkBatchEngine:
         row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
         records_in, bad = int(row["records"]), int(row["bad"])
         dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises here
-        good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *METADATA_COLUMNS)
+        good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *metadata_columns(self.parse))
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
         t1 = time.monotonic()
@@ -223,7 +227,7 @@ class SparkBatchEngine:
 
     def _apply_transform(self, spark: SparkSession, good: DataFrame, batch: BatchContext) -> DataFrame:
         if self.transform is None:
-            return good.drop(*METADATA_COLUMNS)
+            return good.drop(*metadata_columns(self.parse))
         if isinstance(self.transform, str):
             good.createOrReplaceTempView(BATCH_VIEW)
             return spark.sql(self.transform)

@@ -1,75 +1,131 @@
-"""Records to rows on Spark: a batch's Kafka values parsed by its value format, bad records marked, not dropped.
+"""Records to rows on Spark: a batch's Kafka keys and values parsed by their formats, bad records marked, not dropped.
 
-Every value format is parsed here (string, bytes, JSON with a Spark DDL schema); the row keeps its Kafka metadata and
-an ``_eo_error`` column that is NULL for a good record and says what is wrong with a bad one.
+Every value format is parsed here (string, bytes, JSON with a Spark DDL schema, Avro through ``spark/avro.py``), and
+the key by ``key_format`` into the ``key`` column; the row keeps its Kafka metadata (:data:`METADATA_COLUMNS`), the raw
+value, and an ``_eo_error`` column that is NULL for a good record and says what is wrong with a bad one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_eo.core.config import ParseConfig, ValueFormat
+from airflow_eo.core.config import Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.spark.avro import decode_avro
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key")
+#: What the transform sees of each record besides its parsed value: topic, partition, offset, timestamp (Kafka's,
+#: a TIMESTAMP), the raw key (BINARY) and the headers (ARRAY<STRUCT<key: STRING, value: BINARY>>).
+METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key", "kafka_headers")
+#: The parsed key (``key_format`` other than ``bytes``): a STRING, or a STRUCT of the key schema's fields.
+KEY_COLUMN = "key"
 
 
-def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig) -> tuple[DataFrame, list[str]]:
-    """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names."""
+def metadata_columns(parse: ParseConfig) -> tuple[str, ...]:
+    """The columns a transform gets besides the payload's (dropped when there is no transform)."""
+    return METADATA_COLUMNS + ((KEY_COLUMN,) if parse.key_format is not KeyFormat.BYTES else ())
+
+
+def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
+                  schema_lookup: Callable[[int], str | None] | None = None) -> tuple[DataFrame, list[str]]:
+    """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names.
+
+    :param schema_lookup: writer schemas of Confluent-framed Avro by id, asked for ids ``parse.writer_schemas`` lacks.
+    """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
 
-    if parse.value_format is not ValueFormat.JSON:
+    df = raw
+    framing = parse.framing or Framing.NONE
+    if parse.value_format is ValueFormat.JSON:
+        df, payload, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, parse.schema or ""), "_eo_v",
+                                               "value")
+        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+    elif parse.value_format is ValueFormat.AVRO:
+        df, payload, decode_error = decode_avro(spark, df, "kafka_value", parse.avro_schema or "", framing,
+                                                parse.writer_schema_map, schema_lookup, "_eo_v", "value")
+        value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
+        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+    else:
         value = F.col("kafka_value")
         if parse.value_format is ValueFormat.STRING:
             value = value.cast("string")
-        error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
+        value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null"))
         if parse.value_format is ValueFormat.STRING:
-            error = error.when(~F.is_valid_utf8(value), F.lit("value is not valid UTF-8"))
-        columns: list[Column | str] = [value.alias("value"), *METADATA_COLUMNS, "kafka_value",
-                                       error.alias("_eo_error")]
-        return raw.select(*columns), ["value"]
+            value_error = value_error.when(~F.is_valid_utf8(value), F.lit("value is not valid UTF-8"))
+        payload, value_columns = ["value"], [value.alias("value")]
 
-    declared = _parse_ddl(spark, parse.schema or "")
+    key = F.col("kafka_key")
+    key_columns: list[Column] = []
+    key_error: Column | None = None
+    if parse.key_format is KeyFormat.STRING:
+        key_columns = [key.cast("string").alias(KEY_COLUMN)]
+        key_error = F.when(~F.is_valid_utf8(key.cast("string")), F.lit("key is not valid UTF-8"))
+    elif parse.key_format in (KeyFormat.JSON, KeyFormat.AVRO):
+        if parse.key_format is KeyFormat.JSON:
+            df, fields, key_error = _parse_json(df, "kafka_key", _parse_ddl(spark, parse.key_schema or ""), "_eo_k",
+                                                "key")
+        else:
+            df, fields, key_error = decode_avro(spark, df, "kafka_key", parse.key_schema or "", framing,
+                                                parse.writer_schema_map, schema_lookup, "_eo_k", "key")
+        # A record without a key has a NULL key column, not an error: keys are optional in Kafka.
+        key_columns = [F.when(key.isNotNull(), F.struct(*[F.col(f"_eo_k.{n}").alias(n) for n in fields]))
+                       .alias(KEY_COLUMN)]
+        key_error = F.when(key.isNotNull(), key_error)
+    clash = sorted(set(payload) & set(metadata_columns(parse)))
+    if clash:
+        raise ConfigurationError(f"value field(s) {clash} clash with the metadata columns {metadata_columns(parse)}: "
+                                 "rename them in the schema")
+    error = value_error if key_error is None else F.coalesce(value_error, key_error)
+    return df.select(*value_columns, *METADATA_COLUMNS, *key_columns, "kafka_value", error.alias("_eo_error")), payload
+
+
+def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what: str
+                ) -> tuple[DataFrame, list[str], Column]:
+    """``df`` with ``column`` parsed as JSON into the struct column ``tag``; the field names and the error
+    expression (NULL when good; a NULL ``column`` is the caller's to judge)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
     required = [f.name for f in declared.fields if not f.nullable]
     parse_schema = StructType([StructField(f.name, f.dataType, True) for f in declared.fields]
                               + [StructField("_eo_corrupt", StringType(), True)])
     as_text = StructType([StructField(f.name, StringType(), True) for f in declared.fields]
                          + [StructField("_eo_corrupt", StringType(), True)])
-    text = F.col("kafka_value").cast("string")
+    text = F.col(column).cast("string")
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
+    prefix = "" if what == "value" else f"{what}: "
+    as_text_col = f"{tag}_text"
     # Each parse is the output of a Generate (explode of a one-element array): a filter on the error below
     # cannot be pushed beneath it, where Spark would inline from_json into every reference (measured: a filter
     # on _eo_error then parsed each value ~20 times).
-    df = raw.withColumn("_eo_parsed", F.explode(F.array(F.from_json(text, parse_schema, options))))
-    typed_row_failed = F.col("_eo_parsed").isNull() | F.col("_eo_parsed._eo_corrupt").isNotNull()
+    df = df.withColumn(tag, F.explode(F.array(F.from_json(text, parse_schema, options))))
+    typed_row_failed = F.col(tag).isNull() | F.col(f"{tag}._eo_corrupt").isNotNull()
     # Only a value whose typed parse failed is parsed again, with every field as STRING: that tells malformed
     # JSON apart from a field of the wrong type (Spark nulls the whole typed row in both cases). Good records
     # are parsed once.
-    df = df.withColumn("_eo_text", F.explode(F.array(F.when(typed_row_failed,
-                                                            F.from_json(text, as_text, options)))))
+    df = df.withColumn(as_text_col, F.explode(F.array(F.when(typed_row_failed,
+                                                             F.from_json(text, as_text, options)))))
     # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
-    error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).when(
-        ~F.is_valid_utf8(text), F.lit("value is not valid UTF-8")).when(
-        typed_row_failed & (F.col("_eo_text").isNull() | F.col("_eo_text._eo_corrupt").isNotNull()),
-        F.lit("malformed JSON"))
+    error = F.when(~F.is_valid_utf8(text), F.lit(f"{what} is not valid UTF-8")).when(
+        typed_row_failed & (F.col(as_text_col).isNull() | F.col(f"{as_text_col}._eo_corrupt").isNotNull()),
+        F.lit(f"{prefix}malformed JSON"))
     for f in declared.fields:
-        typed = F.col(f"_eo_parsed.{f.name}")
+        typed = F.col(f"{tag}.{f.name}")
         if not isinstance(f.dataType, StringType):
-            typed = F.when(typed_row_failed, F.col(f"_eo_text.{f.name}").try_cast(f.dataType)).otherwise(typed)
-        error = error.when(typed.isNull() & F.col(f"_eo_text.{f.name}").isNotNull(),
-                           F.lit(f"field {f.name!r} is not a valid {f.dataType.simpleString()}"))
-    error = error.when(typed_row_failed, F.lit("value does not match the schema"))
+            typed = F.when(typed_row_failed, F.col(f"{as_text_col}.{f.name}").try_cast(f.dataType)).otherwise(typed)
+        error = error.when(typed.isNull() & F.col(f"{as_text_col}.{f.name}").isNotNull(),
+                           F.lit(f"{prefix}field {f.name!r} is not a valid {f.dataType.simpleString()}"))
+    error = error.when(typed_row_failed, F.lit(f"{what} does not match the schema"))
     for name in required:
-        error = error.when(F.col(f"_eo_parsed.{name}").isNull(),
-                           F.lit(f"required field {name!r} is missing or null"))
-    payload = [f.name for f in declared.fields]
-    return df.select(*[F.col(f"_eo_parsed.{n}").alias(n) for n in payload], *METADATA_COLUMNS, "kafka_value",
-                     error.alias("_eo_error")), payload
+        error = error.when(F.col(f"{tag}.{name}").isNull(),
+                           F.lit(f"{prefix}required field {name!r} is missing or null"))
+    if what == "value":
+        error = F.when(F.col(column).isNull(), F.lit("value is null")).otherwise(error)
+    return df, [f.name for f in declared.fields], error
 
 
 def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
@@ -82,4 +138,3 @@ def _parse_ddl(spark: SparkSession, ddl: str) -> StructType:
     if not isinstance(parsed, StructType):  # a lone type ('INT') parses too, but has no fields
         raise ConfigurationError(f"schema {ddl!r} is a single type, not a list of fields ('name TYPE [NOT NULL], ...')")
     return parsed
-

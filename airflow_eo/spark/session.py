@@ -96,6 +96,29 @@ def kafka_connector_jars(resolve: bool = True) -> list[str] | None:
         ) from exc
 
 
+def format_jars(resolve: bool = True) -> list[str] | None:
+    """Jars of Spark's Avro functions (``from_avro``) at pyspark's version, without those pyspark already ships.
+
+    Resolved like the Kafka connector (:func:`maven_jars`); None when Maven is not installed. Always added to a
+    classic session: a session is shared by the batches of a process, and its jars cannot change once it runs.
+    """
+    import pyspark
+
+    shipped = {p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    try:
+        jars = maven_jars("org.apache.spark", f"spark-avro_{SCALA_BINARY}", pyspark.__version__, resolve)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"could not resolve Spark's Avro functions {avro_coordinates()} from Maven Central; "
+                                 f"put the spark-avro jar in spark.jars. {exc}") from exc
+    return None if jars is None else [j for j in jars if Path(j).name not in shipped]
+
+
+def avro_coordinates() -> str:
+    import pyspark
+
+    return f"org.apache.spark:spark-avro_{SCALA_BINARY}:{pyspark.__version__}"
+
+
 def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) -> dict[str, str]:
     """Our defaults + the user's conf, with the Kafka connector added unless the user configured it.
 
@@ -106,14 +129,23 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
     if remote:
         return {**{k: v for k, v in DEFAULT_CONF.items() if k.startswith("spark.sql.")}, **user}
     merged = {**DEFAULT_CONF, **user}
-    packages, jars = merged.get("spark.jars.packages", ""), merged.get("spark.jars", "")
-    if "spark-sql-kafka" in packages or "spark-sql-kafka" in jars:
-        return merged
-    connector = kafka_connector_jars()
-    if connector:
-        merged["spark.jars"] = ",".join(p for p in (jars, *connector) if p)
-    else:  # no Maven here: let Spark resolve the package itself
-        merged["spark.jars.packages"] = ",".join(p for p in (packages, kafka_connector_coordinates()) if p)
+    for name, resolved, coordinates in (("spark-sql-kafka", kafka_connector_jars, kafka_connector_coordinates),
+                                        ("spark-avro", format_jars, avro_coordinates)):
+        packages, jars = merged.get("spark.jars.packages", ""), merged.get("spark.jars", "")
+        if name in packages or name in jars:
+            continue
+        try:
+            found = resolved()
+        except ConfigurationError:
+            if name == "spark-sql-kafka":
+                raise
+            # Only Avro pipelines need it: the others must not fail for it (from_avro then says what is missing).
+            log.warning("Spark's Avro functions are not available: %s", coordinates(), exc_info=True)
+            continue
+        if found:
+            merged["spark.jars"] = ",".join(p for p in (jars, *found) if p)
+        else:  # no Maven here: let Spark resolve the package itself
+            merged["spark.jars.packages"] = ",".join(p for p in (packages, coordinates()) if p)
     return merged
 
 

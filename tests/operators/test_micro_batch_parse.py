@@ -78,3 +78,47 @@ def test_idle_partition_timeout_is_an_interval_mode_duration():
         op(idle_partition_timeout=60)
     with pytest.raises(ConfigurationError, match="must not be negative"):
         op(mode="interval", idle_partition_timeout=-1)
+
+
+ORDER = '{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]}'
+
+
+def test_formats_refuse_what_they_cannot_decode(tmp_path):
+    with pytest.raises(ConfigurationError, match="value_format='avro' needs avro_schema="):
+        op(value_format="avro", framing="none")
+    with pytest.raises(ConfigurationError, match="framing='confluent'.*or framing='none'.*cannot tell them apart"):
+        op(value_format="avro", avro_schema=ORDER)
+    with pytest.raises(ConfigurationError, match="supported framings are none, confluent"):
+        op(value_format="avro", avro_schema=ORDER, framing="guess")
+    with pytest.raises(ConfigurationError, match="must be an Avro record"):
+        op(value_format="avro", avro_schema='"string"', framing="none")
+    with pytest.raises(ConfigurationError, match="neither Avro schema JSON nor a readable file"):
+        op(value_format="avro", avro_schema=str(tmp_path / "missing.avsc"), framing="none")
+    with pytest.raises(ConfigurationError, match="reserved by airflow_eo"):
+        op(value_format="avro", avro_schema=ORDER.replace('"id"', '"_eo_decoded"'), framing="none")
+    with pytest.raises(ConfigurationError, match="with framing='none' every record is written with the reader"):
+        op(value_format="avro", avro_schema=ORDER, framing="none", writer_schemas={1: ORDER})
+    (tmp_path / "v1.avsc").write_text(ORDER)
+    with pytest.raises(ConfigurationError, match=r"\['v1'\] are not schema ids"):
+        op(value_format="avro", avro_schema=ORDER, framing="confluent", writer_schemas=str(tmp_path))
+    with pytest.raises(ConfigurationError, match="key_format='json' needs key_schema="):
+        op(key_format="json")
+    with pytest.raises(ConfigurationError, match="key_schema is for key_format='json' or 'avro'"):
+        op(key_format="string", key_schema="id STRING")
+    with pytest.raises(ConfigurationError, match="framing='confluent' needs the writer schemas of its ids"):
+        op(value_format="avro", avro_schema=ORDER, framing="confluent")
+    with pytest.raises(ConfigurationError, match="schema_registry_conn_id resolves the schema ids"):
+        op(value_format="avro", avro_schema=ORDER, framing="none", schema_registry_conn_id="registry")
+
+
+def test_avro_schemas_load_from_files_and_directories(tmp_path):
+    (tmp_path / "order.avsc").write_text(ORDER)
+    writers = tmp_path / "writers"
+    writers.mkdir()
+    (writers / "7.avsc").write_text(ORDER)
+    task = op(value_format="avro", avro_schema=str(tmp_path / "order.avsc"), framing="confluent",
+              writer_schemas=str(writers), key_format="avro", key_schema=ORDER)
+    parse = task._parse_config(task.value_format, None, task.on_bad_record, None)
+    compact = '{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}'
+    assert parse.avro_schema == parse.key_schema == compact
+    assert dict(parse.writer_schema_map) == {7: parse.avro_schema}
