@@ -1,0 +1,160 @@
+"""The PostgreSQL sinks under the real operator (real Kafka, Spark, PostgreSQL and MariaDB): each sink equals the
+ground truth read from the topic after a SIGKILL at every protocol step it passes, with the offset store on the same
+PostgreSQL database (the upsert sink: fenced) and on MySQL (the two-phase sink: mixed); no prepared transaction is
+left and the committed batches tile the topic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
+from airflow_eo.core.xid import pipeline_key
+from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.postgres.sink import two_phase_disabled_message
+from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
+from examples.page_views import ground_truth, produce_page_views
+from tests.conftest import create_topic
+from tests.integration.operator_harness import rows
+from tests.integration.page_views import assert_contiguous, run_child
+
+PG_STORE = "eo_pg_store"
+MYSQL_STORE = "eo_offset_store"
+
+EVENTS_DDL = ("CREATE TABLE {name} (event_id VARCHAR(64) NOT NULL PRIMARY KEY, app_id VARCHAR(64) NOT NULL, "
+              "user_id VARCHAR(64) NULL, ts TIMESTAMP(3) NULL)")
+COUNTS_DDL = "CREATE TABLE {name} (app_id VARCHAR(64) NOT NULL PRIMARY KEY, pv BIGINT NOT NULL)"
+
+TWO_PHASE_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
+                    "between_xa_commits"]
+UPSERT_POINTS = ["during_write", "in_store_commit", "after_commit_point"]
+
+
+@pytest.fixture
+def pg_store(monkeypatch, postgres_kwargs) -> str:
+    """The connection id of an offset store on the stack's PostgreSQL (the sinks' database)."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{PG_STORE.upper()}", os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
+    return PG_STORE
+
+
+def pg_rows(postgres_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
+    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+        cur = conn.execute(sql, args)
+        return cur.fetchall() if cur.description else []
+
+
+def pg_table(postgres_kwargs: dict[str, Any], ddl: str, prefix: str) -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    pg_rows(postgres_kwargs, ddl.format(name=name))
+    return name
+
+
+def prepared_gids(postgres_kwargs: dict[str, Any], pipeline: str) -> list[str]:
+    """The pipeline's prepared transactions, read straight from pg_prepared_xacts."""
+    return [r[0] for r in pg_rows(postgres_kwargs, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
+                                  (f"eo:{pipeline_key(pipeline)}:%",))]
+
+
+def store_batches(store: str, postgres_kwargs: dict[str, Any], mysql_kwargs: dict[str, Any],
+                  pipeline: str) -> list[dict[str, Any]]:
+    sql = "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id"
+    found = pg_rows(postgres_kwargs, sql, (pipeline,)) if store == PG_STORE else rows(mysql_kwargs, sql, (pipeline,))
+    return [{"batch_id": b, "state": s, "ranges": json.loads(r) if isinstance(r, str) else r} for b, s, r in found]
+
+
+def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres_kwargs: dict[str, Any],
+                mysql_kwargs: dict[str, Any], visible: Any) -> None:
+    """One run SIGKILLed at each point in turn (as ``test_crash.crash_at_every_point``), then the same run again,
+    more events and a later run."""
+    store, pipeline = job["offset_store_conn_id"], job["pipeline_id"]
+    produce_page_views(bootstrap, 600, topic=job["topic"])
+    run_id = f"manual__{uuid.uuid4().hex}"
+    env = {f"AIRFLOW_CONN_{PG_STORE.upper()}": os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"]}
+    for point in points:
+        batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)
+        if batches and batches[-1]["state"] == "committed":
+            run_id = f"manual__{uuid.uuid4().hex}"  # that run committed: the next crash kills a new one
+        crashed = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
+                            fault=point, env=env)
+        assert crashed.returncode == -signal.SIGKILL, (
+            f"the run was not killed at {point}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}")
+        assert store_batches(store, postgres_kwargs, mysql_kwargs, pipeline), "the batch row comes first"
+        if point == "after_prepare":
+            assert prepared_gids(postgres_kwargs, pipeline), "the crash should leave prepared transactions"
+            assert not visible(), "nothing may be visible before the commit point"
+        produce_page_views(bootstrap, 100, topic=job["topic"])
+
+    for run_id in (run_id, f"manual__{uuid.uuid4().hex}"):  # the same run again, then a later one
+        done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        produce_page_views(bootstrap, 200, topic=job["topic"])
+    done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "last"})], env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    assert prepared_gids(postgres_kwargs, pipeline) == [], "prepared transactions were left behind"
+    batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)
+    assert_contiguous(batches)
+    _, _, ends = ground_truth(bootstrap, job["topic"])
+    committed: dict[int, int] = {}
+    for batch in batches:
+        if batch["state"] == "committed":
+            committed.update({r["partition"]: r["until_offset"] for r in batch["ranges"]})
+    assert committed == ends, "the committed batches do not reach the end of the topic"
+
+
+def test_two_phase_sink_with_the_store_on_mysql_survives_sigkill_at_every_step(bootstrap, postgres_kwargs,
+                                                                              mysql_kwargs, airflow_db):
+    topic = create_topic(bootstrap, f"pg2pc_{uuid.uuid4().hex[:8]}", 3)
+    table = pg_table(postgres_kwargs, COUNTS_DDL, "app_pv")
+    job = {"topic": topic, "pipeline_id": f"pg2pc_{topic}", "offset_store_conn_id": MYSQL_STORE,
+           "transform": "airflow_eo.examples.page_views.count_per_app",
+           "sink": {"kind": "PostgresTwoPhaseSink", "table": table, "key_columns": ["app_id"],
+                    "updates": {"pv": "add"}}}
+    crash_chain(job, TWO_PHASE_POINTS, bootstrap, postgres_kwargs, mysql_kwargs,
+                visible=lambda: pg_rows(postgres_kwargs, f"SELECT * FROM {table}"))
+    pv_per_app, _, _ = ground_truth(bootstrap, topic)
+    assert dict(pg_rows(postgres_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_per_app
+    # airflow eo reads the pipeline through the sink's capabilities: nothing in doubt, nothing unfinished.
+    status = pipeline_operations(MYSQL_STORE, "kafka_default").status(job["pipeline_id"])
+    assert status.in_doubt == [] and status.unfinished == []
+
+
+def test_upsert_sink_fenced_by_the_store_on_postgres_survives_sigkill_at_every_step(bootstrap, postgres_kwargs,
+                                                                                   mysql_kwargs, pg_store,
+                                                                                   airflow_db):
+    topic = create_topic(bootstrap, f"pgup_{uuid.uuid4().hex[:8]}", 3)
+    table = pg_table(postgres_kwargs, EVENTS_DDL, "pv_events")
+    job = {"topic": topic, "pipeline_id": f"pgup_{topic}", "offset_store_conn_id": pg_store,
+           "sink": {"kind": "PostgresUpsertSink", "table": table, "key_columns": ["event_id"]}}
+    crash_chain(job, UPSERT_POINTS, bootstrap, postgres_kwargs, mysql_kwargs, visible=lambda: False)
+    _, event_ids, _ = ground_truth(bootstrap, topic)
+    written = [r[0] for r in pg_rows(postgres_kwargs, f"SELECT event_id FROM {table}")]
+    assert len(written) == len(event_ids) and set(written) == event_ids
+    # The sink's writes are fenced: the adapter built for this store checks the pipeline's epoch.
+    sink = build_sink(PostgresUpsertSink(table=table, key_columns=["event_id"]), job["pipeline_id"], pg_store)
+    assert sink.store_kwargs is not None  # type: ignore[attr-defined]
+
+
+def test_checks_refuse_bad_targets_before_any_side_effect(postgres_kwargs, pg_store):
+    """A missing table, a table without a unique key on the key columns, max_prepared_transactions = 0 (the
+    message logic, against the value the stack's server reports): refused by check(), nothing created."""
+    pipeline = f"pgcheck_{uuid.uuid4().hex[:8]}"
+    no_key = pg_table(postgres_kwargs, "CREATE TABLE {name} (app_id VARCHAR(64) NOT NULL, pv BIGINT NOT NULL)",
+                      "nokey")
+    tables_before = pg_rows(postgres_kwargs, "SELECT count(*) FROM pg_class")[0][0]
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        build_sink(PostgresTwoPhaseSink(table="no_such_table", key_columns=["app_id"]), pipeline, pg_store).check()
+    with pytest.raises(ConfigurationError, match=r"PRIMARY KEY or UNIQUE constraint on exactly \(app_id\)"):
+        build_sink(PostgresUpsertSink(table=no_key, key_columns=["app_id"]), pipeline, pg_store).check()
+    assert pg_rows(postgres_kwargs, "SELECT count(*) FROM pg_class")[0][0] == tables_before
+    setting = int(pg_rows(postgres_kwargs, "SHOW max_prepared_transactions")[0][0])
+    assert setting > 0  # the stack's server allows prepared transactions
+    message = two_phase_disabled_message("PostgresTwoPhaseSink", "h:5432/db")
+    assert "max_prepared_transactions = 0" in message and "PostgresUpsertSink" in message
