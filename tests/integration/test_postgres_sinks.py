@@ -16,6 +16,7 @@ import pytest
 
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.xid import pipeline_key
+from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.postgres.sink import two_phase_disabled_message
@@ -74,6 +75,7 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
     """One run SIGKILLed at each point in turn (as ``test_crash.crash_at_every_point``), then the same run again,
     more events and a later run."""
     store, pipeline = job["offset_store_conn_id"], job["pipeline_id"]
+    OffsetStoreHook(store).get_store().migrate()  # its tables exist before the first batch is read back
     produce_page_views(bootstrap, 600, topic=job["topic"])
     run_id = f"manual__{uuid.uuid4().hex}"
     env = {f"AIRFLOW_CONN_{PG_STORE.upper()}": os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"]}
@@ -110,7 +112,7 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
 
 
 def test_two_phase_sink_with_the_store_on_mysql_survives_sigkill_at_every_step(bootstrap, postgres_kwargs,
-                                                                              mysql_kwargs, airflow_db):
+                                                                              mysql_kwargs, pg_store, airflow_db):
     topic = create_topic(bootstrap, f"pg2pc_{uuid.uuid4().hex[:8]}", 3)
     table = pg_table(postgres_kwargs, COUNTS_DDL, "app_pv")
     job = {"topic": topic, "pipeline_id": f"pg2pc_{topic}", "offset_store_conn_id": MYSQL_STORE,
