@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
+from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
@@ -23,7 +23,8 @@ from airflow_eo.postgres.sink import two_phase_disabled_message
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
 from tests.conftest import create_topic
-from tests.integration.operator_harness import rows
+from tests.integration.operator_harness import operator, rows, run
+from tests.integration.test_bad_input import BAD_VALUES
 from tests.integration.page_views import assert_contiguous, run_child
 
 PG_STORE = "eo_pg_store"
@@ -160,3 +161,35 @@ def test_checks_refuse_bad_targets_before_any_side_effect(postgres_kwargs, pg_st
     assert setting > 0  # the stack's server allows prepared transactions
     message = two_phase_disabled_message("PostgresTwoPhaseSink", "h:5432/db")
     assert "max_prepared_transactions = 0" in message and "PostgresUpsertSink" in message
+
+
+@pytest.mark.parametrize("kind", ["upsert", "two_phase"])
+def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_batch(kind, bootstrap, postgres_kwargs,
+                                                                                     topic_name):
+    """Under on_bad_record="fail" a bad record commits nothing (the upsert sink's writers hold their staged rows
+    until every task counted none: one pass; the two-phase sink's prepared transactions are rolled back); under
+    "dead_letter" they land in the sink's PostgreSQL table with the batch. The table's name is mixed-case and
+    schema-qualified: quoted as given."""
+    create_topic(bootstrap, topic_name, 3)
+    name = f"Events_{uuid.uuid4().hex[:8]}"
+    pg_rows(postgres_kwargs, EVENTS_DDL.format(name=f'public."{name}"'))
+    table, dead_table = f"public.{name}", f"Dead_{uuid.uuid4().hex[:8]}"
+    spec = (PostgresUpsertSink if kind == "upsert" else PostgresTwoPhaseSink)(
+        table=table, key_columns=["event_id"], dead_letter_table=dead_table)
+    produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES[:1])
+    failing = operator(topic_name, spec, pipeline_id=f"pgbad_{kind}_{topic_name}", write_partitions=3)
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*malformed JSON.*Nothing was committed"):
+        run(failing)
+    assert pg_rows(postgres_kwargs, f'SELECT count(*) FROM public."{name}"') == [(0,)]
+    assert prepared_gids(postgres_kwargs, failing.pipeline_id) == []
+
+    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES)
+    op = operator(topic_name, spec, pipeline_id=f"pgdead_{kind}_{topic_name}", on_bad_record="dead_letter")
+    summary = run(op)
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (504, 500, 4)
+    written = {r[0] for r in pg_rows(postgres_kwargs, f'SELECT event_id FROM public."{name}"')}
+    assert {e["event_id"] for e in good} <= written and len(written) == 500
+    dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
+    assert sorted(bytes(d["raw_value"]) for d in dead) == sorted([BAD_VALUES[0], *BAD_VALUES])
+    assert {d["batch_id"] for d in dead} == {summary["batch_id"]}
+    assert prepared_gids(postgres_kwargs, op.pipeline_id) == []
