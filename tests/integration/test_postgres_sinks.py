@@ -24,8 +24,8 @@ from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
 from tests.conftest import create_topic
 from tests.integration.operator_harness import operator, rows, run
-from tests.integration.test_bad_input import BAD_VALUES
 from tests.integration.page_views import assert_contiguous, run_child
+from tests.integration.test_bad_input import BAD_VALUES
 
 PG_STORE = "eo_pg_store"
 MYSQL_STORE = "eo_offset_store"
@@ -34,7 +34,8 @@ EVENTS_DDL = ("CREATE TABLE {name} (event_id VARCHAR(64) NOT NULL PRIMARY KEY, a
               "user_id VARCHAR(64) NULL, ts TIMESTAMP(3) NULL)")
 COUNTS_DDL = "CREATE TABLE {name} (app_id VARCHAR(64) NOT NULL PRIMARY KEY, pv BIGINT NOT NULL)"
 
-TWO_PHASE_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
+# after_plan is before any sink code runs: the MySQL XA chain covers it.
+TWO_PHASE_POINTS = ["during_write", "after_prepare", "in_store_commit", "after_commit_point",
                     "between_xa_commits"]
 UPSERT_POINTS = ["during_write", "in_store_commit", "after_commit_point"]
 
@@ -94,12 +95,11 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
             assert not visible(), "nothing may be visible before the commit point"
         produce_page_views(bootstrap, 100, topic=job["topic"])
 
-    for run_id in (run_id, f"manual__{uuid.uuid4().hex}"):  # the same run again, then a later one
-        done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        produce_page_views(bootstrap, 200, topic=job["topic"])
-    done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "last"})], env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    retried = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
+    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]  # the same run again
+    produce_page_views(bootstrap, 200, topic=job["topic"])
+    later = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "later"})], env=env)
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
 
     assert prepared_gids(postgres_kwargs, pipeline) == [], "prepared transactions were left behind"
     batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)
