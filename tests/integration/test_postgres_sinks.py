@@ -7,22 +7,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from airflow_eo.core.errors import BadRecordError, ConfigurationError
+from airflow_eo.core.errors import BadRecordError, ConfigurationError, UnsupportedServerError
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
-from airflow_eo.postgres.sink import two_phase_disabled_message
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
 from tests.conftest import create_topic
+from tests.faults.conftest import load_stack
 from tests.integration.operator_harness import operator, rows, run
 from tests.integration.page_views import assert_contiguous, run_child
 from tests.integration.test_bad_input import BAD_VALUES
@@ -146,8 +153,7 @@ def test_upsert_sink_fenced_by_the_store_on_postgres_survives_sigkill_at_every_s
 
 
 def test_checks_refuse_bad_targets_before_any_side_effect(postgres_kwargs, pg_store):
-    """A missing table, a table without a unique key on the key columns, max_prepared_transactions = 0 (the
-    message logic, against the value the stack's server reports): refused by check(), nothing created."""
+    """A missing table, a table without a unique key on the key columns: refused by check(), nothing created."""
     pipeline = f"pgcheck_{uuid.uuid4().hex[:8]}"
     no_key = pg_table(postgres_kwargs, "CREATE TABLE {name} (app_id VARCHAR(64) NOT NULL, pv BIGINT NOT NULL)",
                       "nokey")
@@ -157,10 +163,52 @@ def test_checks_refuse_bad_targets_before_any_side_effect(postgres_kwargs, pg_st
     with pytest.raises(ConfigurationError, match=r"PRIMARY KEY or UNIQUE constraint on exactly \(app_id\)"):
         build_sink(PostgresUpsertSink(table=no_key, key_columns=["app_id"]), pipeline, pg_store).check()
     assert pg_rows(postgres_kwargs, "SELECT count(*) FROM pg_class")[0][0] == tables_before
-    setting = int(pg_rows(postgres_kwargs, "SHOW max_prepared_transactions")[0][0])
-    assert setting > 0  # the stack's server allows prepared transactions
-    message = two_phase_disabled_message("PostgresTwoPhaseSink", "h:5432/db")
-    assert "max_prepared_transactions = 0" in message and "PostgresUpsertSink" in message
+
+
+@pytest.fixture
+def server_without_two_phase(monkeypatch) -> Iterator[str]:
+    """A throwaway PostgreSQL server with max_prepared_transactions = 0 (PostgreSQL's default; under a second to
+    start), as Airflow connection ``pg_zero``."""
+    stack = load_stack()
+    bin_dir, as_user = stack.postgres_bin_dir(), stack.postgres_user()
+    home = Path(tempfile.mkdtemp(prefix="eo-pg-zero-"))
+    if as_user:
+        os.chown(home, as_user["user"], as_user["group"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ctl = [str(bin_dir / "pg_ctl"), "-D", str(home / "data")]
+    subprocess.run([str(bin_dir / "initdb"), "-D", str(home / "data"), "-U", "postgres", "--auth=trust", "--no-sync",
+                    "-E", "UTF8", "--locale=C.UTF-8"], check=True, capture_output=True, cwd=home, **as_user)
+    subprocess.run([*ctl, "-w", "-l", str(home / "log"), "-o", f"-p {port} -k {home} -c listen_addresses=127.0.0.1 "
+                    "-c max_prepared_transactions=0 -c fsync=off", "start"], check=True, capture_output=True, cwd=home,
+                   **as_user)
+    monkeypatch.setenv("AIRFLOW_CONN_PG_ZERO", f"postgresql://postgres@127.0.0.1:{port}/postgres")
+    try:
+        yield "pg_zero"
+    finally:
+        subprocess.run([*ctl, "-m", "immediate", "stop"], capture_output=True, cwd=home, **as_user)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_two_phase_sink_refuses_a_server_without_prepared_transactions_before_any_side_effect(
+        server_without_two_phase, bootstrap, mysql_kwargs, topic_name):
+    conn_id = server_without_two_phase
+    kwargs = EoPostgresHook(conn_id).get_connect_kwargs()
+    pg_rows(kwargs, COUNTS_DDL.format(name="app_pv"))
+    relations = pg_rows(kwargs, "SELECT count(*) FROM pg_class")
+    create_topic(bootstrap, topic_name, 1)
+    produce_page_views(bootstrap, 10, topic=topic_name)
+    two_phase = operator(topic_name, PostgresTwoPhaseSink(table="app_pv", key_columns=["app_id"], conn_id=conn_id),
+                         pipeline_id=f"pgzero_{topic_name}")
+    with pytest.raises(UnsupportedServerError, match=r"max_prepared_transactions = 0.*set max_prepared_transactions"):
+        run(two_phase)
+    # Refused before the take: the store never heard of the pipeline, the server holds nothing new.
+    assert rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_pipeline WHERE pipeline_id = %s", (two_phase.pipeline_id,)) \
+        == [(0,)]
+    assert pg_rows(kwargs, "SELECT count(*) FROM pg_class") == relations
+    # The upsert sink needs no prepared transaction: the same server takes it.
+    build_sink(PostgresUpsertSink(table="app_pv", key_columns=["app_id"], conn_id=conn_id), "p", MYSQL_STORE).check()
 
 
 @pytest.mark.parametrize("kind", ["upsert", "two_phase"])
