@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
-from airflow_eo.core.errors import BadRecordError, ConfigurationError, UnsupportedServerError
+from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
+from airflow_eo.core.protocol import BatchContext
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
@@ -241,3 +243,24 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
     assert sorted(bytes(d["raw_value"]) for d in dead) == sorted([BAD_VALUES[0], *BAD_VALUES])
     assert {d["batch_id"] for d in dead} == {summary["batch_id"]}
     assert prepared_gids(postgres_kwargs, op.pipeline_id) == []
+
+
+def test_a_zombie_writer_of_the_upsert_sink_cannot_write_after_a_newer_attempt_took_the_pipeline(postgres_kwargs,
+                                                                                                  pg_store):
+    """The fence, executor side: a partition writer of an attempt whose epoch a newer take superseded (an executor
+    that outlived its driver) aborts before its insert; the newer attempt's writer writes."""
+    pipeline, table = f"pgzombie_{uuid.uuid4().hex[:8]}", pg_table(postgres_kwargs, EVENTS_DDL, "pv_zombie")
+    store = OffsetStoreHook(pg_store).get_store()
+    store.migrate()
+    sink = build_sink(PostgresUpsertSink(table=table, key_columns=["event_id"]), pipeline, pg_store)
+    sink.check()
+    columns = ["event_id", "app_id"]
+    rows_in = [pa.RecordBatch.from_pylist([{"event_id": "e1", "app_id": "zombie"}])]
+    zombie = sink.partition_writer(BatchContext(pipeline, 0, "r1", store.take_pipeline(pipeline), ()), columns)  # type: ignore[attr-defined]
+    newer = store.take_pipeline(pipeline)
+    with pytest.raises(FencedError, match="newer attempt"):
+        zombie(iter(rows_in), partition=0, stage_id=0, attempt_id=0)
+    assert pg_rows(postgres_kwargs, f"SELECT count(*) FROM {table}") == [(0,)]
+    writer = sink.partition_writer(BatchContext(pipeline, 0, "r2", newer, ()), columns)  # type: ignore[attr-defined]
+    assert writer(iter([pa.RecordBatch.from_pylist([{"event_id": "e1", "app_id": "newer"}])]), 0, 0, 0) == (None, 1)
+    assert pg_rows(postgres_kwargs, f"SELECT event_id, app_id FROM {table}") == [("e1", "newer")]
