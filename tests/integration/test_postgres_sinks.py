@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,11 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
         if point == "after_prepare":
             assert prepared_gids(postgres_kwargs, pipeline), "the crash should leave prepared transactions"
             assert not visible(), "nothing may be visible before the commit point"
+        if point in ("after_prepare", "after_commit_point"):  # `airflow eo status` lists them, with the decision
+            in_doubt = pipeline_operations(store, "kafka_default").status(pipeline).in_doubt
+            assert sorted(b.decision.xid for b in in_doubt) == sorted(prepared_gids(postgres_kwargs, pipeline))
+            expected = "rollback" if point == "after_prepare" else "commit"
+            assert {b.decision.action.value for b in in_doubt} == {expected}
         produce_page_views(bootstrap, 100, topic=job["topic"])
 
     retried = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
@@ -237,8 +243,9 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
     op = operator(topic_name, spec, pipeline_id=f"pgdead_{kind}_{topic_name}", on_bad_record="dead_letter")
     summary = run(op)
     assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (504, 500, 4)
-    written = {r[0] for r in pg_rows(postgres_kwargs, f'SELECT event_id FROM public."{name}"')}
-    assert {e["event_id"] for e in good} <= written and len(written) == 500
+    written = dict(pg_rows(postgres_kwargs, f'SELECT event_id, ts FROM public."{name}"'))
+    assert {e["event_id"] for e in good} <= set(written) and len(written) == 500
+    assert all(written[e["event_id"]] == datetime.fromisoformat(e["ts"].replace("Z", "")) for e in good)  # UTC
     dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
     assert sorted(bytes(d["raw_value"]) for d in dead) == sorted([BAD_VALUES[0], *BAD_VALUES])
     assert {d["batch_id"] for d in dead} == {summary["batch_id"]}
