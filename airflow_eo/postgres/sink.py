@@ -9,6 +9,7 @@ partition runner, and (two-phase) recover and finalize prepared transactions thr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -19,9 +20,9 @@ import psycopg
 import pyarrow as pa
 
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
-from airflow_eo.core.recovery import BranchAction, BranchDecision, SinkRecovery, decide_branch
+from airflow_eo.core.recovery import SinkRecovery
+from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.dead_letters import read_dead_letters
@@ -269,51 +270,22 @@ class PostgresTwoPhaseAdapter(PostgresTableSink):
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Resolve every prepared transaction of this pipeline: commit if its batch committed and lists it, else roll
         back (:func:`~airflow_eo.core.recovery.decide_branch`); returns the decisions taken."""
-        decisions: list[BranchDecision] = []
         with prepared_session(self.connect_kwargs) as prepared:
-            ours = prepared.recover(pipeline_id)
-            if ours:
-                log.warning("%s: %d prepared transaction(s) of pipeline %s left by earlier attempts; resolving",
-                            self.name, len(ours), pipeline_id)
-            records: dict[int, BatchRecord | None] = {}
-            for xid in ours:
-                if xid.batch_id not in records:
-                    records[xid.batch_id] = batch_lookup(xid.batch_id)
-                decision = decide_branch(xid, records[xid.batch_id])
-                if decision.action is BranchAction.COMMIT:
-                    prepared.commit(xid)
-                else:
-                    prepared.rollback(xid)
-                log.info("recovered prepared transaction %s of batch %d: %s (%s)", xid.encode(), xid.batch_id,
-                         decision.action.value, decision.reason)
-                decisions.append(decision)
-        return SinkRecovery(branches=tuple(decisions))
+            return SinkRecovery(branches=resolve_branches(prepared, pipeline_id, batch_lookup,
+                                                          "prepared transaction"))
 
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         with prepared_session(self.connect_kwargs) as prepared:
-            for i, text in enumerate(xids):
-                prepared.commit(Xid.decode(text))
-                if i == 0 and len(xids) > 1:
-                    failpoint("between_xa_commits")
-            # Strays: transactions of this batch that failed attempts prepared but nobody reported.
-            reported = set(xids)
-            for xid in prepared.recover(batch.pipeline_id):
-                if xid.batch_id == batch.batch_id and xid.encode() not in reported:
-                    prepared.rollback(xid)
+            commit_batch_branches(prepared, batch, xids)
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
-        """Roll back this attempt's prepared transactions of the batch: the reported ones, and those its Spark tasks
-        prepared before the job failed (same batch and epoch: no other attempt's matches)."""
+        """Roll back this attempt's prepared transactions of the batch
+        (:func:`~airflow_eo.core.two_phase.attempt_branches`)."""
         try:
             with prepared_session(self.connect_kwargs) as prepared:
-                ours = {Xid.decode(text) for text in xids}
-                ours.update(x for x in prepared.recover(batch.pipeline_id)
-                            if (x.batch_id, x.epoch) == (batch.batch_id, batch.epoch))
-                for xid in sorted(ours):
-                    try:
+                for xid in attempt_branches(prepared, batch, xids):
+                    with contextlib.suppress(psycopg.Error):
                         prepared.rollback(xid)
-                    except psycopg.Error:
-                        pass
         except psycopg.Error:
             pass  # best effort: the next attempt's recovery rolls them back
 

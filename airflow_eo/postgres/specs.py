@@ -9,10 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import UpdateMode, choice
+from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates
 from airflow_eo.core.connections import Connections
-from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.sinks import SinkAsset, SinkSpec
 from airflow_eo.postgres.sql import split_table
 
@@ -48,23 +46,9 @@ class PostgresUpsertSink(SinkSpec):
     def __post_init__(self) -> None:
         split_table(self.table)
         split_table(self.dead_letter_table)
-        if not self.key_columns or isinstance(self.key_columns, str):
-            raise ConfigurationError(f"{self.name}: key_columns must be a non-empty list of column names")
-        object.__setattr__(self, "key_columns", tuple(self.key_columns))
-        for key in self.key_columns:
-            validate_identifier(key, "key column")
-        updates = {}
-        for column, mode in self.updates.items():
-            validate_identifier(column, "column name")
-            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
-                                     "update modes")
-            if updates[column] is UpdateMode.ADD and not self.capabilities.accumulates:
-                raise ConfigurationError(
-                    f"{self.name}: column {column!r} uses an accumulating update ('add'), which counts a "
-                    "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
-                    "use PostgresTwoPhaseSink for accumulating updates (its writes commit atomically with the "
-                    "offsets)."
-                )
+        keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
+                                                    self.capabilities.accumulates, "PostgresTwoPhaseSink")
+        object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)
 
     @property

@@ -60,16 +60,13 @@ def test_page_views_pg_counts_each_event_once_all_on_postgres(bootstrap, postgre
     """The two-phase sink and the offset store in one PostgreSQL database."""
     reset_page_views_pg(postgres_kwargs)
     produce_page_views(bootstrap, 400)
-    for new_events in (200, 0):
-        done = run_dag("page_views_pg")
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        if new_events:
-            produce_page_views(bootstrap, new_events)
+    done = run_dag("page_views_pg")  # one run (the crash chains of tests/integration/test_postgres_sinks run more)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     pv_per_app, _, ends = ground_truth(bootstrap, TOPIC)
     with psycopg.connect(**postgres_kwargs) as conn:
         assert dict(conn.execute("SELECT app_id, pv FROM app_pv").fetchall()) == pv_per_app
         assert dict(conn.execute("SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                                  ("page_views_pg",)).fetchall()) == ends
         assert conn.execute("SELECT state FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
-                            ("page_views_pg",)).fetchall() == [("committed",), ("committed",)]
+                            ("page_views_pg",)).fetchall() == [("committed",)]
     assert pg_prepared_transactions(postgres_kwargs, "page_views_pg") == []
