@@ -59,7 +59,7 @@ class PreparedTransactions:
     def recover_with_age(self, pipeline_id: str | None = None) -> list[tuple[Xid, datetime]]:
         """Our prepared transactions in this database with when each was prepared."""
         rows = self.conn.execute(
-            "SELECT gid, prepared FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'eo:%%'"
+            "SELECT gid, prepared FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'eo:%'"
         ).fetchall()
         key = None if pipeline_id is None else pipeline_key(pipeline_id)
         found = [(parse_gid(text), prepared) for text, prepared in rows]
