@@ -19,6 +19,7 @@ from airflow_eo.core.sinks import (
 )
 from airflow_eo.kafka.specs import KafkaTransactionalSink
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink
+from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink
 
 #: The registered sink kinds by name (what the offset store records): the spec classes.
 SINK_KINDS = {name: kind.spec for name, kind in sink_kinds().items()}
@@ -28,6 +29,8 @@ __all__ = [
     "KafkaTransactionalSink",
     "MySqlUpsertSink",
     "MySqlXaSink",
+    "PostgresTwoPhaseSink",
+    "PostgresUpsertSink",
     "SinkAsset",
     "SinkCapabilities",
     "SinkKind",

@@ -22,6 +22,7 @@ from airflow_eo.examples.page_views import (  # noqa: F401 (re-exported: one mod
     TOPIC,
     count_per_app,
     create_table_like,
+    ensure_postgres_tables,
     ensure_tables,
 )
 from airflow_eo.examples.topics import ensure_topic

@@ -121,3 +121,30 @@ def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[s
         return [x.encode() for x in XaFacade(conn).recover() if x.pipeline_key == pipeline_key(pipeline)]
     finally:
         conn.close()
+
+
+def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page_views_pg") -> None:
+    """The ``page_views_pg`` pipeline back to its first run, all on PostgreSQL: its prepared transactions rolled
+    back, its rows in the offset store forgotten, ``app_pv`` emptied."""
+    import psycopg
+
+    from airflow_eo.postgres.prepared import prepared_session
+    from airflow_eo.postgres.store import PostgresOffsetStore
+
+    page_views.ensure_postgres_tables(connect_kwargs)
+    PostgresOffsetStore(connect_kwargs).migrate()
+    with prepared_session(connect_kwargs) as prepared:
+        for xid in prepared.recover(pipeline_id):
+            prepared.rollback(xid)
+    with psycopg.connect(**connect_kwargs) as conn:  # one transaction
+        for table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
+            conn.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
+        conn.execute("TRUNCATE TABLE app_pv")
+
+
+def pg_prepared_transactions(connect_kwargs: dict[str, Any], pipeline_id: str) -> list[str]:
+    """The gids of the pipeline's prepared transactions on a PostgreSQL database."""
+    from airflow_eo.postgres.prepared import prepared_session
+
+    with prepared_session(connect_kwargs) as prepared:
+        return [x.encode() for x in prepared.recover(pipeline_id)]

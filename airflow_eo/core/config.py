@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import validate_identifier
 
 
 class Mode(str, Enum):
@@ -62,7 +63,7 @@ class BadRecordPolicy(str, Enum):
 
 
 class UpdateMode(str, Enum):
-    """How a MySQL sink updates a non-key column of an existing row."""
+    """How a table sink (MySQL, PostgreSQL) updates a non-key column of an existing row."""
 
     REPLACE = "replace"  # c = new c: replay-safe
     ADD = "add"  # c = c + new c: accumulating, transactional sinks only
@@ -80,6 +81,31 @@ def choice(enum: type[E], value: E | str, option: str, label: str) -> E:
     except ValueError:
         names = ", ".join(str(m.value) for m in enum)
         raise ConfigurationError(f"{option}={value!r}: supported {label} are {names}") from None
+
+
+def table_sink_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str, UpdateMode | str],
+                                accumulates: bool, two_phase_kind: str
+                                ) -> tuple[tuple[str, ...], dict[str, UpdateMode]]:
+    """The checked ``key_columns`` and ``updates`` of a table sink spec (MySQL's, PostgreSQL's): a non-empty list of
+    valid names; per column ``replace`` or ``add``, the latter only where the kind ``accumulates`` (two-phase).
+
+    :param name: the spec's kind, for messages.
+    :param two_phase_kind: the kind that takes accumulating updates, which the message of a refusal names.
+    """
+    if not key_columns or isinstance(key_columns, str):
+        raise ConfigurationError(f"{name}: key_columns must be a non-empty list of column names")
+    keys = tuple(validate_identifier(key, "key column") for key in key_columns)
+    checked = {}
+    for column, mode in updates.items():
+        validate_identifier(column, "column name")
+        checked[column] = choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
+        if checked[column] is UpdateMode.ADD and not accumulates:
+            raise ConfigurationError(
+                f"{name}: column {column!r} uses an accumulating update ('add'), which counts a record twice when "
+                f"a batch is replayed after a crash. The upsert sink only overwrites; use {two_phase_kind} for "
+                "accumulating updates (its writes commit atomically with the offsets)."
+            )
+    return keys, checked
 
 
 @dataclass(frozen=True)

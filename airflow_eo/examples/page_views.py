@@ -67,3 +67,20 @@ def create_table_like(connect_kwargs: dict[str, Any], example: str, name: str) -
     finally:
         conn.close()
     return name
+
+
+#: The same tables on PostgreSQL (the ``page_views_pg`` DAG).
+POSTGRES_TABLES_DDL = {
+    "app_pv": "CREATE TABLE IF NOT EXISTS app_pv (app_id VARCHAR(64) NOT NULL PRIMARY KEY, pv BIGINT NOT NULL)",
+    "page_view_events": "CREATE TABLE IF NOT EXISTS page_view_events (event_id VARCHAR(64) NOT NULL PRIMARY KEY, "
+                        "app_id VARCHAR(64) NOT NULL, user_id VARCHAR(64) NULL, ts TIMESTAMP(3) NULL)",
+}
+
+
+def ensure_postgres_tables(connect_kwargs: dict[str, Any]) -> None:
+    """The example tables on PostgreSQL (psycopg arguments of a ``postgres`` connection)."""
+    import psycopg
+
+    with psycopg.connect(**connect_kwargs, autocommit=True) as conn:
+        for ddl in POSTGRES_TABLES_DDL.values():
+            conn.execute(ddl)

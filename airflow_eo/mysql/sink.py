@@ -7,6 +7,7 @@ runner, and (XA) recover and finalize branches through the one XA API, :class:`~
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -17,9 +18,9 @@ import pyarrow as pa
 import pymysql
 
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
-from airflow_eo.core.recovery import BranchAction, BranchDecision, SinkRecovery, decide_branch
+from airflow_eo.core.recovery import SinkRecovery
+from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.mysql.bulk_load import staging_types
 from airflow_eo.mysql.connection import connect
@@ -304,50 +305,20 @@ class MySqlXaAdapter(MySqlTableSink):
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Resolve every prepared branch of this pipeline: commit if its batch committed and lists it, else roll
         back (:func:`~airflow_eo.core.recovery.decide_branch`); returns the decisions taken."""
-        decisions: list[BranchDecision] = []
         with xa_session(self.connect_kwargs) as xa:
-            ours = xa.recover(pipeline_id)
-            if ours:
-                log.warning("%s: %d prepared XA branch(es) of pipeline %s left by earlier attempts; resolving",
-                            self.name, len(ours), pipeline_id)
-            records: dict[int, BatchRecord | None] = {}
-            for xid in ours:
-                if xid.batch_id not in records:
-                    records[xid.batch_id] = batch_lookup(xid.batch_id)
-                decision = decide_branch(xid, records[xid.batch_id])
-                if decision.action is BranchAction.COMMIT:
-                    xa.commit(xid)
-                else:
-                    xa.rollback(xid)
-                log.info("recovered branch %s of batch %d: %s (%s)", xid.encode(), xid.batch_id,
-                         decision.action.value, decision.reason)
-                decisions.append(decision)
-        return SinkRecovery(branches=tuple(decisions))  # the store's commit is the commit point: nothing rolls forward
+            decisions = resolve_branches(xa, pipeline_id, batch_lookup, "prepared XA branch")
+        return SinkRecovery(branches=decisions)  # the store's commit is the commit point: nothing rolls forward
 
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         with xa_session(self.connect_kwargs) as xa:
-            for i, text in enumerate(xids):
-                xa.commit(Xid.decode(text))
-                if i == 0 and len(xids) > 1:
-                    failpoint("between_xa_commits")
-            # Strays: branches of this batch that failed attempts prepared but nobody reported.
-            reported = set(xids)
-            for xid in xa.recover(batch.pipeline_id):
-                if xid.batch_id == batch.batch_id and xid.encode() not in reported:
-                    xa.rollback(xid)
+            commit_batch_branches(xa, batch, xids)
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
-        """Roll back this attempt's branches of the batch: the reported ones, and those its Spark tasks
-        prepared before the job failed (same batch and epoch: no other attempt's branch matches)."""
+        """Roll back this attempt's branches of the batch (:func:`~airflow_eo.core.two_phase.attempt_branches`)."""
         try:
             with xa_session(self.connect_kwargs) as xa:
-                ours = {Xid.decode(text) for text in xids}
-                ours.update(x for x in xa.recover(batch.pipeline_id)
-                            if (x.batch_id, x.epoch) == (batch.batch_id, batch.epoch))
-                for xid in sorted(ours):
-                    try:
+                for xid in attempt_branches(xa, batch, xids):
+                    with contextlib.suppress(pymysql.err.MySQLError):
                         xa.rollback(xid)
-                    except pymysql.err.MySQLError:
-                        pass
         except pymysql.err.MySQLError:
             pass  # best effort: the next attempt's recovery rolls them back

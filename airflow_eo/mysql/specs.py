@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import UpdateMode, choice
+from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import quote_table, validate_identifier
+from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.sinks import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
@@ -54,22 +54,9 @@ class MySqlUpsertSink(SinkSpec):
     def __post_init__(self) -> None:
         quote_table(self.table)
         quote_table(self.dead_letter_table)
-        if not self.key_columns or isinstance(self.key_columns, str):
-            raise ConfigurationError(f"{self.name}: key_columns must be a non-empty list of column names")
-        object.__setattr__(self, "key_columns", tuple(self.key_columns))
-        for key in self.key_columns:
-            validate_identifier(key, "key column")
-        updates = {}
-        for column, mode in self.updates.items():
-            validate_identifier(column, "column name")
-            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
-                                     "update modes")
-            if updates[column] is UpdateMode.ADD and not self.capabilities.accumulates:
-                raise ConfigurationError(
-                    f"{self.name}: column {column!r} uses an accumulating update ('add'), which counts a "
-                    "record twice when a batch is replayed after a crash. The upsert sink only overwrites; "
-                    "use MySqlXaSink for accumulating updates (its writes commit atomically with the offsets)."
-                )
+        keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
+                                                    self.capabilities.accumulates, "MySqlXaSink")
+        object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)
         if self.rows_per_statement < 1:
             raise ConfigurationError(f"{self.name}: rows_per_statement must be >= 1")

@@ -1,4 +1,4 @@
-"""The postgres integration: its offset store (and sink kinds) registered once, here.
+"""The postgres integration: its sink kinds and offset store registered once, here.
 
 Cheap to import: the factories import psycopg and the adapters when a run builds one.
 """
@@ -6,7 +6,14 @@ Cheap to import: the factories import psycopg and the adapters when a run builds
 from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
+from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
+
+register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True,
+                                                   connection_type="postgres"), build_upsert)
+register_sink(PostgresTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
+                                                     connection_type="postgres"), build_two_phase)
 
 
 def _store(connection: ConnectionInfo) -> PipelineLedger:

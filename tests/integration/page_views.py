@@ -47,14 +47,22 @@ def run_dag(dag_id: str, logical_date: datetime | None = None, fault: str | None
     ``fault``: a failpoint armed in the child, by name (its crash action: ``airflow_eo.core.failpoints.POINTS``)
     or as ``name=actions``; the child is registered as the ``driver`` its ``kill(driver)`` may kill.
     """
+    logical_date = logical_date or datetime.now(timezone.utc)
+    args = [str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()]
+    if conf is not None:
+        args.append(json.dumps(conf))
+    return run_child(args, fault, env, timeout)
+
+
+def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python *args`` in a child process with ``fault`` armed (see :func:`run_dag`), registered as the
+    ``driver``."""
     child_env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
     child_env.update(env or {})
     if fault:
         child_env.update(arm(fault, directory=child_env.get(FAILPOINT_DIR_ENV) or tempfile.mkdtemp(prefix="eo-fp-")))
-    logical_date = logical_date or datetime.now(timezone.utc)
-    args = [sys.executable, str(REPO / "scripts" / "run_dag.py"), dag_id, logical_date.isoformat()]
-    if conf is not None:
-        args.append(json.dumps(conf))
+    args = [sys.executable, *args]
     with subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         if fault:
             register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)

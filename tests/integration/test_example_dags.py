@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import psycopg
 import pytest
 
-from examples.page_views import produce_page_views
+from examples.page_views import TOPIC, ground_truth, produce_page_views
+from examples.state import pg_prepared_transactions, reset_page_views_pg
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
     XA_PIPELINE,
@@ -52,3 +54,19 @@ def test_cleared_committed_run_returns_its_summary_and_does_nothing(bootstrap, m
     from tests.integration.page_views import sink_state
 
     assert sink_state(mysql_kwargs)[0] == truth.pv_per_app  # the 50 new events wait for the next run
+
+
+def test_page_views_pg_counts_each_event_once_all_on_postgres(bootstrap, postgres_kwargs, airflow_db):
+    """The two-phase sink and the offset store in one PostgreSQL database."""
+    reset_page_views_pg(postgres_kwargs)
+    produce_page_views(bootstrap, 400)
+    done = run_dag("page_views_pg")  # one run (the crash chains of tests/integration/test_postgres_sinks run more)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    pv_per_app, _, ends = ground_truth(bootstrap, TOPIC)
+    with psycopg.connect(**postgres_kwargs) as conn:
+        assert dict(conn.execute("SELECT app_id, pv FROM app_pv").fetchall()) == pv_per_app
+        assert dict(conn.execute("SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
+                                 ("page_views_pg",)).fetchall()) == ends
+        assert conn.execute("SELECT state FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
+                            ("page_views_pg",)).fetchall() == [("committed",)]
+    assert pg_prepared_transactions(postgres_kwargs, "page_views_pg") == []

@@ -1,0 +1,107 @@
+"""The PostgreSQL sink kinds a DAG declares (validated at parse time, no I/O) and their factories.
+
+Importing this module is cheap (no psycopg, no pyarrow): the factories import the adapters when a run builds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates
+from airflow_eo.core.connections import Connections
+from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.postgres.sql import split_table
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import Sink
+
+
+@dataclass(frozen=True)
+class PostgresUpsertSink(SinkSpec):
+    """``INSERT .. ON CONFLICT (keys) DO UPDATE SET c = EXCLUDED.c`` with overwrite semantics, replay-safe.
+
+    Each Spark task ``COPY``s its rows into a session-private TEMP table, then writes them with one
+    ``INSERT .. SELECT .. ON CONFLICT`` (of several rows of one key, the last in offset order wins) and commits; the
+    store's commit point follows. A crash replays the batch and rewrites the same rows, so only overwriting updates
+    are allowed (an accumulating ``add`` is refused here, at DAG parse time). With the offset store in the same
+    database, every insert is fenced by the attempt's epoch.
+
+    :param table: target table (``table`` or ``schema.table``, case-sensitive: quoted as given); must exist with a
+        PRIMARY KEY / UNIQUE constraint on exactly ``key_columns``.
+    :param key_columns: the upsert key.
+    :param conn_id: Airflow ``postgres`` connection of the target database.
+    :param updates: per non-key column, ``"replace"`` (default, ``c = EXCLUDED.c``); the two-phase sink also allows
+        ``"add"`` (``c = t.c + EXCLUDED.c``).
+    :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
+    """
+
+    table: str
+    key_columns: Sequence[str]
+    conn_id: str = "postgres_default"
+    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
+    dead_letter_table: str = "eo_dead_letter"
+
+    def __post_init__(self) -> None:
+        split_table(self.table)
+        split_table(self.dead_letter_table)
+        keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
+                                                    self.capabilities.accumulates, "PostgresTwoPhaseSink")
+        object.__setattr__(self, "key_columns", keys)
+        object.__setattr__(self, "updates", updates)
+
+    @property
+    def accumulating(self) -> bool:
+        return any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def target(self) -> str:
+        return self.table
+
+    def asset(self, connections: Connections) -> SinkAsset:
+        """``postgres://host:port/database/schema/table``, the scheme of Airflow's PostgreSQL provider."""
+        from airflow_eo.postgres.connection import connect_kwargs
+
+        db = connect_kwargs(connections.connection(self.conn_id))
+        schema, table = split_table(self.table)
+        return SinkAsset(f"postgres://{db['host']}:{db['port']}", f"{db['dbname']}.{schema or 'public'}.{table}")
+
+
+@dataclass(frozen=True)
+class PostgresTwoPhaseSink(PostgresUpsertSink):
+    """Two-phase commit: each Spark task's transaction ends with ``PREPARE TRANSACTION``; ``COMMIT PREPARED`` only
+    after the store's commit point. Nothing visible before it; all or nothing per batch.
+
+    Allows accumulating updates, e.g. ``updates={"pv": "add"}`` → ``pv = t.pv + EXCLUDED.pv``. Needs
+    ``max_prepared_transactions`` > 0 on the server (at least the pipeline's Spark write tasks + 1) and the ``CREATE``
+    privilege on the table's schema (each task stages its rows in a table that lives only inside its transaction).
+    """
+
+
+def _options(spec: PostgresUpsertSink) -> dict[str, Any]:
+    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
+            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
+            "dead_letter_table": spec.dead_letter_table}
+
+
+def build_upsert(spec: PostgresUpsertSink, pipeline_id: str, connections: Connections,
+                 offset_store_conn_id: str | None) -> Sink:
+    from airflow_eo.postgres.connection import connect_kwargs
+    from airflow_eo.postgres.sink import PostgresUpsertAdapter
+
+    # The fence is a row of the store's own database: only a store on PostgreSQL can fence this sink's writes.
+    store_connection = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
+    store = (connect_kwargs(store_connection)
+             if store_connection is not None and store_connection.conn_type == "postgres" else None)
+    return PostgresUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)), store_kwargs=store,
+                                 **_options(spec))
+
+
+def build_two_phase(spec: PostgresTwoPhaseSink, pipeline_id: str, connections: Connections,
+                    offset_store_conn_id: str | None) -> Sink:
+    # Prepared transactions of an older attempt are never committed: no epoch fence needed.
+    from airflow_eo.postgres.connection import connect_kwargs
+    from airflow_eo.postgres.sink import PostgresTwoPhaseAdapter
+
+    return PostgresTwoPhaseAdapter(connect_kwargs(connections.connection(spec.conn_id)), **_options(spec))

@@ -1,0 +1,102 @@
+"""SQL text for the PostgreSQL sinks: identifiers validated (:mod:`airflow_eo.core.identifiers`' rule) and quoted
+with PostgreSQL's double quotes, values as ``%s`` placeholders.
+
+A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquoted) is named ``app_pv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import validate_identifier
+
+#: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
+#: session's own ``pg_temp`` schema).
+STAGING_TABLE = "_airflow_eo_stage"
+#: Rows of a staging table keep their load order: the last of several rows of one key wins.
+STAGING_SEQ = "_eo_seq"
+
+
+def quote_identifier(name: str, what: str = "identifier") -> str:
+    return f'"{validate_identifier(name, what)}"'
+
+
+def split_table(name: str) -> tuple[str | None, str]:
+    """``table`` or ``schema.table`` → (schema or None, table), each part validated."""
+    parts = name.split(".") if isinstance(name, str) else [name]
+    if len(parts) > 2:
+        raise ConfigurationError(f"invalid table name {name!r}: use 'table' or 'schema.table'")
+    for part in parts:
+        validate_identifier(part, "table name")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+def quote_table(name: str) -> str:
+    """``"table"`` or ``"schema"."table"``."""
+    schema, table = split_table(name)
+    return (f"{quote_identifier(schema)}." if schema else "") + quote_identifier(table)
+
+
+def staging_ddl(table: str, staging: str, columns: Sequence[str], temporary: bool) -> list[str]:
+    """A staging table with the target's column types (so COPY converts as an INSERT into the target would), no
+    constraints, and the load order. ``temporary``: the session's TEMP table (the upsert sink); else a table in
+    the target's schema, created and dropped inside the caller's transaction (a transaction that touched a TEMP
+    table cannot be prepared)."""
+    name = staging_name(table, staging, temporary)
+    kind = "TEMP TABLE" if temporary else "UNLOGGED TABLE"
+    quoted = ", ".join(quote_identifier(c, "column name") for c in columns)
+    return [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
+            f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT GENERATED ALWAYS AS IDENTITY"]
+
+
+def staging_name(table: str, staging: str, temporary: bool) -> str:
+    """The staging table, quoted: the session's TEMP table, or a table of the target's schema."""
+    schema, _ = split_table(table)
+    if temporary or not schema:
+        return quote_identifier(staging)
+    return f"{quote_identifier(schema)}.{quote_identifier(staging)}"
+
+
+def copy_statement(staging: str, columns: Sequence[str], csv: bool) -> str:
+    quoted = ", ".join(quote_identifier(c, "column name") for c in columns)
+    return f"COPY {staging} ({quoted}) FROM STDIN" + (" (FORMAT csv)" if csv else "")
+
+
+def upsert_from_staging_statement(table: str, staging: str, columns: Sequence[str], key_columns: Sequence[str],
+                                  updates: Mapping[str, str]) -> str:
+    """The staged rows into ``table``: ``INSERT .. SELECT .. ON CONFLICT (keys) DO UPDATE``.
+
+    PostgreSQL refuses to update one row twice in a statement, so the staged rows are first reduced to one per
+    key with what writing them one after the other would leave: an overwritten column keeps its last value (load
+    order), an added one their sum (``c = t.c + EXCLUDED.c``)."""
+    quoted = [quote_identifier(c, "column name") for c in columns]
+    keys = [quote_identifier(k, "key column") for k in key_columns]
+    seq = quote_identifier(STAGING_SEQ)
+    adds = {c for c in columns if c not in key_columns and updates.get(c, "replace") == "add"}
+    if adds:
+        picked = [q if c in key_columns else (f"SUM({q})" if c in adds else f"(ARRAY_AGG({q} ORDER BY {seq} DESC))[1]")
+                  for c, q in zip(columns, quoted, strict=True)]
+        select = f"SELECT {', '.join(picked)} FROM {staging} GROUP BY {', '.join(keys)}"
+    else:
+        select = f"SELECT DISTINCT ON ({', '.join(keys)}) {', '.join(quoted)} FROM {staging} " \
+                 f"ORDER BY {', '.join(keys)}, {seq} DESC"
+    assignments = []
+    for column, q in zip(columns, quoted, strict=True):
+        if column in key_columns:
+            continue
+        assignments.append(f'{q} = "_eo_t".{q} + EXCLUDED.{q}' if column in adds else f"{q} = EXCLUDED.{q}")
+    action = f"DO UPDATE SET {', '.join(assignments)}" if assignments else "DO NOTHING"
+    return (f'INSERT INTO {quote_table(table)} AS "_eo_t" ({", ".join(quoted)}) {select} '
+            f"ON CONFLICT ({', '.join(keys)}) {action}")
+
+
+def dead_letter_ddl(table: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
+        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
+        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key BYTEA NULL, "
+        "raw_value BYTEA NULL, error TEXT NOT NULL, "
+        "created_at TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, "
+        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))"
+    )

@@ -1,0 +1,158 @@
+"""The partition writer of the PostgreSQL sinks: one Spark task's rows into the table (executor side; picklable,
+imports psycopg and pyarrow only, no Airflow).
+
+Every partition is staged first: ``COPY`` of its Arrow rows (CSV that Arrow writes for plain types, no per-value
+Python; psycopg's row copy for the others) into a staging table with the target's column types, then one
+``INSERT .. SELECT .. ON CONFLICT``. The upsert sink stages into the session's TEMP table and commits the insert
+(fenced by the pipeline's epoch when the store is on the same database); the two-phase sink stages into a table
+created and dropped inside the task's transaction (a transaction that touched a TEMP table cannot be prepared) and
+ends it with ``PREPARE TRANSACTION``.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+
+from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.xid import Xid
+from airflow_eo.postgres.connection import connect
+from airflow_eo.postgres.prepared import PreparedTransactions
+from airflow_eo.postgres.sql import (
+    STAGING_TABLE,
+    copy_statement,
+    staging_ddl,
+    staging_name,
+    upsert_from_staging_statement,
+)
+from airflow_eo.sqlstore.fence import EpochFence
+
+#: Bytes of CSV handed to COPY at a time.
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+# Every value quoted, nulls as the bare empty field: PostgreSQL's CSV reads "" as an empty string, nothing as NULL.
+_CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
+
+
+def csv_copyable(schema: pa.Schema, columns: Sequence[str]) -> bool:
+    """Whether Arrow's CSV text of every column reads back exactly in PostgreSQL (else the row copy)."""
+    def plain(t: pa.DataType) -> bool:
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_boolean(t)
+                or pa.types.is_integer(t) or t in (pa.float32(), pa.float64()) or pa.types.is_timestamp(t)
+                or pa.types.is_date32(t) or pa.types.is_decimal128(t))
+    return all(plain(schema.field(name).type) for name in columns)
+
+
+def _array(batch: pa.RecordBatch, name: str) -> pa.Array:
+    array = batch.column(batch.schema.get_field_index(name))
+    if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+        # Spark hands out UTC instants: as naive UTC text a TIMESTAMP column stores UTC and a TIMESTAMPTZ column
+        # reads it in the session's zone, UTC (connect() sets it).
+        array = array.cast(pa.timestamp(array.type.unit))
+    return array
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
+
+    connect_kwargs: Mapping[str, Any]
+    table: str
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+    updates: Mapping[str, str]
+    two_phase: bool
+    pipeline_key: str
+    batch_id: int
+    epoch: int
+    #: upsert sink on the offset store's database: the insert's transaction first checks the attempt's epoch
+    fence: EpochFence | None = None
+
+    def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        nonempty = (b for b in batches if b.num_rows)
+        first = next(nonempty, None)
+        if first is None:
+            return None, 0  # nothing to write: no transaction at all
+        stream = _chain(first, nonempty)
+        csv = csv_copyable(first.schema, self.columns)
+        xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
+        temporary = not self.two_phase
+        # The two-phase sink's staging table is a table of the schema while its transaction lasts: named per task,
+        # so that concurrent tasks never wait on each other's catalog rows.
+        bare = STAGING_TABLE if temporary else f"_eo_stage_{uuid.uuid4().hex[:16]}"
+        staging = staging_name(self.table, bare, temporary)
+        conn = connect(self.connect_kwargs, autocommit=False)
+        try:
+            prepared = PreparedTransactions(conn) if self.two_phase else None
+            if prepared is not None:
+                self._rollback_earlier_attempts(xid)
+            failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
+            with conn.cursor() as cur:
+                for ddl in staging_ddl(self.table, bare, self.columns, temporary):
+                    cur.execute(ddl)
+                staged = self._copy(cur, staging, stream, csv)
+                if temporary:
+                    conn.commit()  # the staged rows are the session's own: nobody sees them
+                    if agreed is not None and not agreed():
+                        return None, 0  # another partition found a bad record: write nothing
+                elif agreed is not None:
+                    raise RuntimeError("the two-phase writer holds nothing back: its writes are prepared, not visible")
+                if self.fence is not None:
+                    self.fence.check(cur, "share")
+                cur.execute(upsert_from_staging_statement(self.table, staging, self.columns, self.key_columns,
+                                                          self.updates))
+                if not temporary:
+                    cur.execute(f"DROP TABLE {staging}")
+                # The write is in flight (not committed or prepared yet) whichever writer fires this first.
+                failpoint("during_write")
+            if prepared is not None:
+                prepared.prepare(xid)
+                return xid.encode(), staged
+            conn.commit()
+            return None, staged
+        finally:
+            conn.close()  # a prepared transaction survives this; an open one is rolled back
+
+    def _rollback_earlier_attempts(self, xid: Xid) -> None:
+        # An earlier attempt of this task may have prepared its transaction and then died: it holds row locks this
+        # attempt would wait on forever (a prepared transaction has no lock timeout of its own).
+        conn = connect(self.connect_kwargs, autocommit=True)
+        try:
+            prepared = PreparedTransactions(conn)
+            for other in prepared.recover():
+                if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
+                        xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
+                    prepared.rollback(other)
+        finally:
+            conn.close()
+
+    def _copy(self, cur: Any, staging: str, batches: Iterator[pa.RecordBatch], csv: bool) -> int:
+        staged = 0
+        with cur.copy(copy_statement(staging, self.columns, csv)) as copy:
+            buffer = io.BytesIO()
+            for batch in batches:
+                arrays = [_array(batch, name) for name in self.columns]
+                staged += batch.num_rows
+                if csv:
+                    rows = pa.RecordBatch.from_arrays(arrays, [f"c{i}" for i in range(len(arrays))])
+                    pa_csv.write_csv(rows, buffer, write_options=_CSV_OPTIONS)
+                    if buffer.tell() >= COPY_CHUNK_BYTES:
+                        copy.write(buffer.getvalue())
+                        buffer = io.BytesIO()
+                else:
+                    for row in zip(*(a.to_pylist() for a in arrays), strict=True):
+                        copy.write_row(row)
+            if buffer.tell():
+                copy.write(buffer.getvalue())
+        return staged
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest

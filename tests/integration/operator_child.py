@@ -1,0 +1,25 @@
+"""Run the micro-batch operator once in this process (a child the crash tests SIGKILL at a failpoint):
+``python -m tests.integration.operator_child '<json>'`` with ``topic``, ``pipeline_id``, ``run_id``, ``sink`` (a
+registered kind's name and its options), and optional ``transform`` and ``offset_store_conn_id``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from airflow_eo.sinks import SINK_KINDS
+from tests.integration.operator_harness import operator, run
+
+
+def main() -> int:
+    job = json.loads(sys.argv[1])
+    sink = dict(job["sink"])
+    spec = SINK_KINDS[sink.pop("kind")](**sink)
+    options = {k: job[k] for k in ("transform", "offset_store_conn_id") if job.get(k)}
+    summary = run(operator(job["topic"], spec, pipeline_id=job["pipeline_id"], **options), run_id=job["run_id"])
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
