@@ -7,7 +7,7 @@ A mixin of :class:`~airflow_eo.sqlstore.store.SqlOffsetStore` (its ``transaction
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -115,22 +115,42 @@ class StoreReads:
                                json.loads(r["details"]) if r["details"] else {})
                     for r in cur.fetchall()]
 
-    def record_audit(self, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
-                     details: dict[str, Any]) -> None:
-        """Append an audit row (an operation that changed the pipeline, e.g. a recovery).
+    def take_audited(self, pipeline_id: str, actor: str, action: str, reason: str, details: dict[str, Any]) -> int:
+        """Take the pipeline's epoch (fencing any running attempt) and append the audit row, in one transaction:
+        an operation that then fails midway is on record (``details`` says what it set out to do).
+
+        :param pipeline_id: the pipeline (it must exist).
+        :param actor: who runs the operation.
+        :param action: what (``recover``).
+        :param reason: why, in the operator's words.
+        :param details: what it is about to change (JSON); :meth:`complete_audit` replaces it with what it did.
+        :return: the epoch taken.
+        """
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+                        "WHERE pipeline_id = %s", (pipeline_id,))
+            if cur.rowcount != 1:
+                raise UnknownPipelineError(f"the offset store has no pipeline {pipeline_id!r}")
+            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
+            epoch = int(cur.fetchone()["epoch"])
+            insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+            return epoch
+
+    def complete_audit(self, pipeline_id: str, epoch: int, action: str, details: dict[str, Any]) -> None:
+        """Replace the details of the audit row :meth:`take_audited` wrote (what the operation did).
 
         :param pipeline_id: the pipeline.
-        :param epoch: the epoch the operation took.
-        :param actor: who ran it.
-        :param action: what (``recover``, ``rewind``).
-        :param reason: why, in the operator's words.
-        :param details: what changed (JSON).
+        :param epoch: the epoch the operation took (one audit row per epoch taken).
+        :param action: the operation.
+        :param details: what it did (JSON).
         """
         with self.transaction() as cur:
-            insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+            cur.execute("UPDATE eo_audit SET details = %s WHERE pipeline_id = %s AND epoch = %s AND action = %s",
+                        (json.dumps(details), pipeline_id, epoch, action))
 
     def rewind(self, plan: RewindPlan, actor: str, reason: str,
-               check: Callable[[PipelineInfo, list[BatchRecord]], None]) -> int:
+               check: Callable[[PipelineInfo, list[BatchRecord]], None], overrides: Sequence[str] = ()) -> int:
         """Move the pipeline's committed offsets as planned, in one transaction with the take and the audit row.
 
         Under the pipeline row's lock (which every fenced write of an attempt takes too): ``check`` sees the
@@ -142,6 +162,7 @@ class StoreReads:
         :param actor: who runs it.
         :param reason: why.
         :param check: the refusal rules (:func:`airflow_eo.core.rewind.check_rewind`), run under the lock.
+        :param overrides: the refusals the operator overrode (their command-line flags), recorded in the audit row.
         :return: the epoch taken.
         """
         p = plan.pipeline_id
@@ -174,5 +195,5 @@ class StoreReads:
             cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
                         "WHERE pipeline_id = %s", (p,))
             epoch = info.epoch + 1
-            insert_audit(cur, p, epoch, actor, "rewind", reason, plan.to_dict())
+            insert_audit(cur, p, epoch, actor, "rewind", reason, {**plan.to_dict(), "overrides": list(overrides)})
             return epoch

@@ -168,10 +168,16 @@ def test_the_operations_reads_see_pipelines_offsets_batches_and_the_audit_log(st
         (2, BatchState.PLANNED), (1, BatchState.COMMITTED), (0, BatchState.COMMITTED)]
     assert history[1].committed_at is not None and history[1].committed_at.tzinfo is not None
     assert [b.record.batch_id for b in store.batch_history(pipeline, limit=10, batch_ids=[0])] == [0]
-    store.record_audit(pipeline, epoch, "tester", "recover", "a reason", {"branches": ["x"]})
+    taken = store.take_audited(pipeline, "tester", "recover", "a reason", {"branches": ["x"], "completed": False})
+    assert taken == epoch + 1 and store.pipeline(pipeline).epoch == taken  # the take and the row, together
     [entry] = store.audit_log(pipeline, limit=5)
     assert (entry.actor, entry.action, entry.reason, entry.epoch, entry.details) == (
-        "tester", "recover", "a reason", epoch, {"branches": ["x"]})
+        "tester", "recover", "a reason", taken, {"branches": ["x"], "completed": False})
+    store.complete_audit(pipeline, taken, "recover", {"branches": ["x"], "completed": True})
+    [entry] = store.audit_log(pipeline, limit=5)
+    assert entry.details == {"branches": ["x"], "completed": True}
+    with pytest.raises(UnknownPipelineError):
+        store.take_audited(pipeline + "_nope", "tester", "recover", "a reason", {})
     with pytest.raises(UnknownPipelineError, match=f"its pipelines are: .*{pipeline}"):
         store.pipeline(pipeline + "_nope")
 
@@ -188,10 +194,12 @@ def test_a_rewind_moves_offsets_takes_the_epoch_and_is_audited_or_changes_nothin
     plan = RewindPlan(pipeline, target, (PartitionChange("t", 0, old=10, new=3),
                                          PartitionChange("t", 1, old=None, new=2)))
     seen = []
-    taken = store.rewind(plan, "tester", "replay", lambda info, unfinished: seen.append((info.epoch, unfinished)))
+    taken = store.rewind(plan, "tester", "replay", lambda info, unfinished: seen.append((info.epoch, unfinished)),
+                         overrides=["--an-override"])
     assert taken == epoch + 1 and seen == [(epoch, [])]
     assert store.committed_offsets(pipeline) == {("t", 0): 3, ("t", 1): 2}
     with pytest.raises(FencedError):  # the running attempt is fenced
         store.insert_batch(pipeline, epoch, "run-2", [OffsetRange("t", 0, 3, 5)], [])
     [entry] = store.audit_log(pipeline, 5)
     assert (entry.action, entry.reason, entry.epoch) == ("rewind", "replay", taken)
+    assert entry.details["overrides"] == ["--an-override"]
