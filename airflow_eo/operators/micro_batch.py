@@ -11,7 +11,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueFormat, check_pipeline, choice
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import validate_topic
+from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
 from airflow_eo.core.stores import PipelineLedger
@@ -49,7 +49,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         :class:`~airflow_eo.sinks.MySqlXaSink` or :class:`~airflow_eo.sinks.KafkaTransactionalSink`.
     :param pipeline_id: stable id of the pipeline in the offset store; default
         ``<dag_id>.<task_id>``, and ``<dag_id>.<task_id>.<topics>`` for a mapped task instance.
-        One pipeline id belongs to one task: a second DAG or task declaring it is refused. (templated)
+        One pipeline id belongs to one task: a second DAG or task declaring it is refused. At most 190
+        letters, digits, ``.``, ``_``, ``-`` or ``+`` (checked at parse time; templated and default ids when the
+        task runs). (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
     :param value_format: ``json`` (with ``schema``), ``string`` or ``bytes``.
@@ -137,6 +139,8 @@ class KafkaMicroBatchOperator(BaseOperator):
             if "{{" not in topic:  # a templated name is checked once rendered, when the task runs
                 validate_topic(topic)
         self.sink = sink
+        if pipeline_id is not None and "{{" not in pipeline_id:  # a templated id is checked once rendered
+            validate_pipeline_id(pipeline_id)
         self.pipeline_id = pipeline_id  # None: "<dag_id>.<task_id>", resolved at run time
         self.transform = transform
         self.value_format = parse.value_format
@@ -161,7 +165,7 @@ class KafkaMicroBatchOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         map_index = getattr(context.get("ti"), "map_index", -1)
         default_id = f"{self.dag_id}.{self.task_id}" + (f".{'+'.join(sorted(self.topics))}" if map_index >= 0 else "")
-        pipeline_id = self.pipeline_id or default_id
+        pipeline_id = validate_pipeline_id(self.pipeline_id or default_id)
         interval = self._data_interval(context) if self.mode is Mode.INTERVAL else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
