@@ -4,15 +4,13 @@ reaches the server whole (no Spark Connect server needed: pyspark parses and ref
 from __future__ import annotations
 
 import json
-import traceback
+import subprocess
+import sys
 from urllib.parse import quote, quote_plus
 
-import pytest
 from pyspark.sql.connect.client.core import DefaultChannelBuilder
 
-from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.spark.session import get_session
 
 TOKEN = "s3cr3t+Tok/en=="  # base64's "+", "/" and "="
 SPELLINGS = {TOKEN, quote(TOKEN), quote(TOKEN, safe=""), quote_plus(TOKEN)}
@@ -29,10 +27,19 @@ def test_any_token_of_a_spark_connect_connection_reaches_pyspark_whole(monkeypat
 
 
 def test_a_spark_connect_url_pyspark_refuses_shows_neither_the_token_nor_its_encoded_forms():
+    # In a child process: a Spark Connect builder leaves pyspark's process-wide state in remote mode.
     refused_url = f"sc://127.0.0.1:1/;token={quote(TOKEN)}"  # the Spark provider's URL: pyspark refuses, echoing it
-    with pytest.raises(ConfigurationError, match="cannot open a Spark Connect session at sc://127.0.0.1:1/") as got:
-        get_session(remote=refused_url)
-    shown = "".join(traceback.format_exception(got.value))  # what a task log would show: the whole chain
-    assert got.value.__cause__ is None and got.value.__suppress_context__
+    code = ("import sys, traceback\n"
+            "from airflow_eo.core.errors import ConfigurationError\n"
+            "from airflow_eo.spark.session import get_session\n"
+            "try:\n"
+            "    get_session(remote=sys.argv[1])\n"
+            "except ConfigurationError as exc:\n"
+            "    assert exc.__cause__ is None and exc.__suppress_context__\n"
+            "    print(''.join(traceback.format_exception(exc)))\n")  # what a task log would show: the whole chain
+    done = subprocess.run([sys.executable, "-c", code, refused_url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = done.stdout
+    assert "cannot open a Spark Connect session at sc://127.0.0.1:1/" in shown
     assert not [s for s in SPELLINGS if s in shown] and "s3cr3t" not in shown
     assert "INVALID_CONNECT_URL" in shown  # pyspark's reason is still there
