@@ -13,7 +13,7 @@ from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, ValueForm
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
+from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.offset_store import OffsetStoreHook
@@ -189,7 +189,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             skip_lost_records=self.skip_lost_records,
             interval=interval,
             idle_partition_timeout=self.idle_partition_timeout,
-            owner=f"{self.dag_id}.{self.task_id}",
+            owner=Owner(self.dag_id, self.task_id),
             sink=self.sink.record(),  # for `airflow eo`: the sink's kind, whether a rewind double counts
         )
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()

@@ -271,15 +271,23 @@ class PipelineOperations:
         return [_dead_letter(row) for row in sink.dead_letters(pipeline_id, batch_id, limit) or []]
 
     def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
-        """The pipelines the DAG's tasks own (``owner`` = ``<dag_id>.<task_id>``, as the operator records it).
+        """The pipelines the DAG's tasks own (by DAG id and task id; a pipeline last taken before the store kept
+        them apart, by its owner's text ``<dag_id>.<task_id>``, which a DAG ``a.b`` task ``c`` shares with DAG ``a``
+        task ``b.c``, until its next run records them).
 
         :param dag_id: the DAG.
         :param task_ids: its tasks (whatever their operator class: subclasses of ours count).
         :return: pipeline id -> task id, in pipeline id order.
         """
         owners = {f"{dag_id}.{task_id}": task_id for task_id in task_ids}
-        return {p.pipeline_id: owners[p.owner] for p in sorted(self.store.pipelines(), key=lambda p: p.pipeline_id)
-                if p.owner in owners}
+        found = {}
+        for p in sorted(self.store.pipelines(), key=lambda p: p.pipeline_id):
+            if p.owned_by is not None:
+                if p.owned_by.dag_id == dag_id and p.owned_by.task_id in task_ids:
+                    found[p.pipeline_id] = p.owned_by.task_id
+            elif p.owner in owners:
+                found[p.pipeline_id] = owners[p.owner]
+        return found
 
     def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None) -> PipelinePage:
         """Status, the newest ``limit`` batches and audit entries, and the newest dead letters of a pipeline.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
 from typing import Any
 
 from airflow_eo.core.config import Mode, SinkRecord
@@ -19,7 +20,14 @@ from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.states import UNFINISHED
 from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.sqlstore.dialect import StoreDialect
-from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, utc
+from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, row_owner, utc
+
+PIPELINE_COLUMNS = "pipeline_id, epoch, owner, owner_dag_id, owner_task_id, mode, taken_at, sink"
+
+
+def pipeline_info(row: dict[str, Any], taken_at: datetime | None) -> PipelineInfo:
+    return PipelineInfo(row["pipeline_id"], int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
+                        taken_at, SinkRecord.from_json(row["sink"]) if row["sink"] else None, row_owner(row))
 
 
 class StoreReads:
@@ -49,11 +57,8 @@ class StoreReads:
         """
         where, args = ("WHERE pipeline_id = %s", (pipeline_id,)) if pipeline_id is not None else ("", ())
         with self._utc_reads() as cur:
-            cur.execute(f"SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline {where} "
-                        "ORDER BY pipeline_id", args)
-            return [PipelineInfo(r["pipeline_id"], int(r["epoch"]), r["owner"], Mode(r["mode"]) if r["mode"] else None,
-                                 utc(r["taken_at"]), SinkRecord.from_json(r["sink"]) if r["sink"] else None)
-                    for r in cur.fetchall()]
+            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline {where} ORDER BY pipeline_id", args)
+            return [pipeline_info(r, utc(r["taken_at"])) for r in cur.fetchall()]
 
     def pipeline(self, pipeline_id: str) -> PipelineInfo:
         """The pipeline's row; :class:`UnknownPipelineError` (naming the known ones) when there is none.
@@ -168,13 +173,11 @@ class StoreReads:
         p = plan.pipeline_id
         self.migrate()
         with self.transaction() as cur:
-            cur.execute("SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline "
-                        "WHERE pipeline_id = %s FOR UPDATE", (p,))
+            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (p,))
             row = cur.fetchone()
             if row is None:
                 raise UnknownPipelineError(f"the offset store has no pipeline {p!r}")
-            info = PipelineInfo(p, int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
-                                row["taken_at"], SinkRecord.from_json(row["sink"]) if row["sink"] else None)
+            info = pipeline_info(row, row["taken_at"])
             cur.execute("SELECT * FROM eo_batch WHERE pipeline_id = %s AND state IN (%s, %s) ORDER BY batch_id",
                         (p, *[s.value for s in UNFINISHED]))
             check(info, [batch_record(r) for r in cur.fetchall()])

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
-from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.core.protocol import Owner, RunRequest, run_batch
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples import page_views
@@ -111,7 +111,8 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
     pipeline = f"ops_xa_{topic_name}"
     roles = adapters(spec, pipeline, transform=page_views.count_per_app)
     roles["sink"] = DiesBeforeXaCommit(roles["sink"])
-    request = RunRequest(pipeline, "run-1", [topic_name], owner="ops_test.micro_batch", sink=spec.record())
+    request = RunRequest(pipeline, "run-1", [topic_name], owner=Owner("ops_test", "micro_batch"),
+                         sink=spec.record())
     with pytest.raises(KilledAfterCommitPoint):
         run_batch(request, **roles)
     prepared = our_prepared_branches(mysql_kwargs, pipeline)
