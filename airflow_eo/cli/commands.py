@@ -64,12 +64,20 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
 # --------------------------------------------------------------------------- arguments
 
 
-def _check_rewind_args(args: Any) -> None:
-    _rewind_target(args)
+def _check_apply(args: Any, what: str) -> None:
     if args.apply and args.dry_run:
-        raise OperationError("--apply and --dry-run contradict each other (a rewind is a dry run unless --apply)")
+        raise OperationError(f"--apply and --dry-run contradict each other ({what} is a dry run unless --apply)")
     if args.apply and not (args.reason or "").strip():
         raise OperationError("--apply needs --reason TEXT (recorded in the audit log)")
+
+
+def _check_rewind_args(args: Any) -> None:
+    _rewind_target(args)
+    _check_apply(args, "a rewind")
+
+
+def _check_recover_args(args: Any) -> None:
+    _check_apply(args, "recover")
 
 
 def _rewind_target(args: Any) -> RewindTarget:
@@ -128,7 +136,7 @@ def status(args: Any, ops: PipelineOperations) -> None:
                      "or rolls it forward as shown. It may belong to an attempt that is running right now.")
     if doc["in_doubt"]:
         notes.append(f"in-doubt XA branches hold row locks until resolved: let the next run resolve them, or now: "
-                     f"airflow eo recover {args.pipeline_id} --dry-run, then without --dry-run")
+                     f"airflow eo recover {args.pipeline_id} (a dry run), then with --apply --reason TEXT")
     _show(args.output, doc, [("pipeline", head), ("partitions", partitions), ("unfinished batch", unfinished),
                              ("in-doubt XA branches", _branches(doc["in_doubt"]))], notes)
 
@@ -149,21 +157,22 @@ def history(args: Any, ops: PipelineOperations) -> None:
                    "skipped (lost)": _ranges(b["skipped"]) or "-", "notes": _flags(b),
                    "at (UTC)": _when(b["committed_at"] or b["created_at"])} for b in batches]
     audit_rows = [{"at (UTC)": _when(a["at"]), "who": a["actor"], "action": a["action"], "epoch": a["epoch"],
-                   "reason": a["reason"] or "", "change": _change(a)} for a in audit]
+                   "reason": a["reason"] or "", "change": "; ".join(a["changes"])} for a in audit]
     _show(args.output, found.to_dict(), [("batches (newest first)", batch_rows), ("audit log", audit_rows)])
 
 
 @suppress_logs_and_warning
 @providers_configuration_loaded
-@_operation()
+@_operation(check=_check_recover_args)
 def recover(args: Any, ops: PipelineOperations) -> None:
-    """``airflow eo recover PIPELINE [--dry-run]``."""
-    report = ops.recover(args.pipeline_id, dry_run=args.dry_run, reason=args.reason)
+    """``airflow eo recover PIPELINE [--apply --reason TEXT]``."""
+    report = ops.recover(args.pipeline_id, apply=args.apply, reason=args.reason)
     doc = report.to_dict()
     batches = [{"batch": b["batch_id"], "run": b["run_id"], "state": b["state"], "action": b["recover"],
                 "why": b["reason"]} for b in doc["batches"]]
     if report.dry_run:
-        notes = ["dry run: nothing was changed"]
+        notes = ["dry run: nothing was changed; add --apply --reason TEXT to do it (it takes the pipeline's epoch, "
+                 "fencing any running attempt)"]
     elif report.epoch is None:
         notes = ["nothing to recover: no in-doubt branch, no unfinished batch; nothing was changed"]
     else:
@@ -251,18 +260,6 @@ def _ranges(ranges: Rows) -> str:
 
 def _flags(batch: Mapping[str, Any]) -> str:
     return ", ".join(name.replace("_", " ") for name in ("resumed", "replayed", "rolled_forward") if batch[name])
-
-
-def _change(entry: Mapping[str, Any]) -> str:
-    details = entry["details"]
-    if entry["action"] == "rewind":
-        return "; ".join(f"{p['topic']}[{p['partition']}] {p['old']} -> {p['new']}"
-                         for p in details.get("partitions", []) if p["old"] != p["new"])
-    if entry["action"] == "recover":
-        branches = [f"{b['xid']} {b['action']}" for b in details.get("branches", [])]
-        batches = [f"batch {b['batch_id']} {b['recover']}" for b in details.get("batches", [])]
-        return "; ".join(branches + batches)
-    return ""
 
 
 def _when(iso: str | None) -> str:

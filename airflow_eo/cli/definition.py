@@ -35,9 +35,11 @@ ARG_DEAD_LETTER_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), d
                             help="Show at most this many dead letters (default: 100)")
 ARG_BATCH = Arg(("--batch",), type=positive_int(allow_zero=True), default=None, metavar="BATCH_ID",
                 help="Only this batch's dead letters")
-ARG_RECOVER_DRY_RUN = Arg(("--dry-run",), action="store_true",
-                          help="Only show what recovery would do; change nothing")
-ARG_REASON = Arg(("--reason",), default=None, help="Why (recorded in the audit log; required by `rewind --apply`)")
+ARG_RECOVER_DRY_RUN = Arg(("--dry-run",), action="store_true", help="Only show what recovery would do (the default)")
+ARG_RECOVER_APPLY = Arg(("--apply",), action="store_true",
+                        help="Do it. Without it the command is a dry run: it shows what recovery would do with each "
+                             "in-doubt branch and unfinished batch, and changes nothing")
+ARG_REASON = Arg(("--reason",), default=None, help="Why (recorded in the audit log; required by --apply)")
 ARG_TO_EARLIEST = Arg(("--to-earliest",), action="store_true",
                       help="Move every partition to its log-start offset (the oldest record still stored)")
 ARG_TO_LATEST = Arg(("--to-latest",), action="store_true",
@@ -87,13 +89,15 @@ EO_COMMANDS = (
     ),
     ActionCommand(
         name="recover",
-        help="Resolve a pipeline's in-doubt branches and unfinished batches now",
+        help="Resolve a pipeline's in-doubt branches and unfinished batches now (a dry run unless --apply)",
         description="Does now, exactly, what the pipeline's next task attempt does first: takes the pipeline's "
                     "epoch (fencing any running attempt), commits the XA branches of committed batches, rolls back "
                     "the others, rolls forward batches a Kafka sink committed and aborts every other unfinished "
-                    "batch. --dry-run shows it without doing it.",
+                    "batch. A DRY RUN unless --apply, which needs --reason; the audit row is written with the epoch "
+                    "take, before anything changes, and completed with what recovery did.",
         func=lazy_load_command(f"{COMMANDS_PATH}.recover"),
-        args=(ARG_PIPELINE, ARG_RECOVER_DRY_RUN, ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+        args=(ARG_PIPELINE, ARG_RECOVER_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT,
+              ARG_VERBOSE),
     ),
     ActionCommand(
         name="rewind",

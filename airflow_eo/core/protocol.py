@@ -160,6 +160,18 @@ class ExecutionResult:
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The task that declares a pipeline, its DAG id and task id kept apart: Airflow ids may hold dots, so DAG
+    ``a`` task ``b.c`` and DAG ``a.b`` task ``c`` are two owners although both read ``a.b.c``."""
+
+    dag_id: str
+    task_id: str
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}.{self.task_id}"
+
+
+@dataclass(frozen=True)
 class RunRequest:
     pipeline_id: str
     run_id: str
@@ -169,7 +181,7 @@ class RunRequest:
     skip_lost_records: bool = False
     interval: Interval | None = None  # set: interval mode (the run's data interval)
     idle_partition_timeout: timedelta | None = None  # interval mode: when an idle partition's end may be closed
-    owner: str | None = None  # who declares the pipeline (``<dag_id>.<task_id>``); a second owner is refused
+    owner: Owner | None = None  # the task that declares the pipeline; a second owner is refused
     sink: SinkRecord | None = None  # what the store records of the sink at the take (for ``airflow eo``)
 
 
@@ -259,7 +271,7 @@ class BatchSummary:
 class OffsetStore(Protocol):
     """The durable batch log and committed offsets; every write after a take is fenced by its epoch."""
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int: ...
+    def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int: ...
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]: ...
     def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None: ...
     def unfinished_batches(self, pipeline_id: str) -> list[BatchRecord]: ...
@@ -271,7 +283,7 @@ class OffsetStore(Protocol):
     def commit_batch(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...
     def abort_batch(self, batch: BatchRecord, epoch: int) -> None: ...
     # interval mode
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: Owner | None = None,
                       sink: SinkRecord | None = None) -> int: ...
     def batch_for_interval(self, pipeline_id: str, interval: Interval) -> BatchRecord | None: ...
     def record_replay(self, batch: BatchRecord, epoch: int, summary: BatchSummary) -> None: ...

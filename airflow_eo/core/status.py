@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord
+from airflow_eo.core.protocol import BatchRecord, Owner
 from airflow_eo.core.ranges import TopicPartition
 
 # --------------------------------------------------------------------------- what the store holds
@@ -25,10 +25,11 @@ class PipelineInfo:
 
     pipeline_id: str
     epoch: int
-    owner: str | None
+    owner: str | None  # as people read it, ``<dag_id>.<task_id>``
     mode: Mode | None
     taken_at: datetime | None
     sink: SinkRecord | None  # None: its last take predates sink recording
+    owned_by: Owner | None = None  # None: no owner, or recorded before the store kept the ids apart (see owner)
 
 
 @dataclass(frozen=True)

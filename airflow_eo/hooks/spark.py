@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.session import get_session
+from airflow_eo.spark.session import connect_url, get_session
 
 
 class SparkSessionHook(BaseHook):
@@ -45,10 +45,10 @@ class SparkSessionHook(BaseHook):
         extra = conn.extra_dejson
         conf = {**extra.get("conf", {}), **self.conf}
         if conn.conn_type == "spark_connect":
-            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-
-            # Token, user id and TLS as the Spark provider encodes them (sc://host:port/;token=...).
-            return {"remote": SparkConnectHook(self.spark_conn_id).get_connection_url(), "conf": conf}
+            # The Spark provider's fields (login = user id, password = token, extra use_ssl), encoded so that any
+            # token works: the provider leaves a token's "/" as is, which pyspark refuses, echoing the token.
+            return {"remote": connect_url(conn.host or "localhost", conn.port, conn.login, conn.password,
+                                          extra.get("use_ssl")), "conf": conf}
         deploy_mode = extra.get("deploy-mode") or extra.get("deploy_mode") or "client"
         if deploy_mode != "client":
             raise ConfigurationError(

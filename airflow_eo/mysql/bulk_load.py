@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pymysql
 
+from airflow_eo.mysql.connection import loading_local_file
 from airflow_eo.mysql.sql import load_staging_statement, staging_table_ddl
 
 
@@ -93,7 +94,8 @@ def stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], t
 
 def _load(cur: Any, statement: str, path: str, rows: int) -> int:
     # LOCAL turns data errors into warnings: any warning (or a row count off) fails the task, nothing is guessed.
-    loaded = cur.execute(statement, (path,))
+    with loading_local_file(cur.connection, path):
+        loaded = cur.execute(statement, (path,))
     cur.execute("SHOW WARNINGS LIMIT 3")
     warnings = cur.fetchall()
     if warnings or loaded != rows:

@@ -85,6 +85,17 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             KEY eo_audit_pipeline (pipeline_id, audit_id)
         ) ENGINE=InnoDB""",
     ]),
+    (4, [
+        # The owner's DAG id and task id apart (Airflow ids may hold dots: DAG "a" task "b.c" and DAG "a.b"
+        # task "c" both read "a.b.c"); ``owner`` keeps the text people read.
+        "ALTER TABLE eo_pipeline ADD COLUMN owner_dag_id VARCHAR(250) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN owner_task_id VARCHAR(250) NULL",
+        # Ids and topics compared byte for byte: under the server's default collation (often case-insensitive,
+        # e.g. latin1_swedish_ci) pipelines "p" and "P", or topics "Orders" and "orders", shared rows.
+        # Idempotent: converting a converted table changes nothing.
+        *[f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+          for table in ("eo_pipeline", "eo_batch", "eo_offset", "eo_interval", "eo_audit")],
+    ]),
 ]
 
 # A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".

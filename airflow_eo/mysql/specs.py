@@ -39,8 +39,8 @@ class MySqlUpsertSink(SinkSpec):
         into a session-private staging table, then writes them with one ``INSERT .. SELECT .. ON DUPLICATE KEY
         UPDATE``: the same rows and updates as the multi-row statements, several times faster. Used when the server
         allows it (``local_infile=ON``, MariaDB's default) and for columns of plain types; otherwise the
-        statements. ``LOAD DATA LOCAL`` lets the server ask the writer for a local file: set False for a server
-        you do not trust.
+        statements. The server may read only the staging file being loaded at that moment (any other file it asks
+        for is refused and fails the task); False: the writer's connections do not offer ``LOAD DATA LOCAL``.
     """
 
     table: str

@@ -103,7 +103,9 @@ def dead_letter_ddl(table: str) -> str:
         "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, "
         "raw_value LONGBLOB NULL, error TEXT NOT NULL, "
         "created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
-        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB"
+        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
+        # Ids and topics byte for byte, as in the offset store: "Orders" and "orders" are two topics.
+        "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
     )
 
 

@@ -4,7 +4,7 @@ beyond what the job ships). In XA mode the whole partition is one branch, prepar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +26,7 @@ STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 class PartitionWriter:
     """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
 
-    connect_kwargs: Mapping[str, Any]
+    connect_kwargs: Mapping[str, Any] = field(repr=False)  # holds the password
     table: str
     columns: tuple[str, ...]
     key_columns: tuple[str, ...]

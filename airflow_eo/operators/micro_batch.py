@@ -20,9 +20,9 @@ from airflow_eo.core.config import (
     choice,
 )
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import validate_topic
+from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, RunRequest, run_batch
+from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
@@ -58,7 +58,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         :class:`~airflow_eo.sinks.MySqlXaSink` or :class:`~airflow_eo.sinks.KafkaTransactionalSink`.
     :param pipeline_id: stable id of the pipeline in the offset store; default
         ``<dag_id>.<task_id>``, and ``<dag_id>.<task_id>.<topics>`` for a mapped task instance.
-        One pipeline id belongs to one task: a second DAG or task declaring it is refused. (templated)
+        One pipeline id belongs to one task: a second DAG or task declaring it is refused. At most 190
+        letters, digits, ``.``, ``_``, ``-`` or ``+`` (checked at parse time; templated and default ids when the
+        task runs). (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
     :param value_format: ``json`` (with ``schema``), ``string``, ``bytes`` or ``avro`` (with ``avro_schema`` and
@@ -176,6 +178,8 @@ class KafkaMicroBatchOperator(BaseOperator):
             if "{{" not in topic:  # a templated name is checked once rendered, when the task runs
                 validate_topic(topic)
         self.sink = sink
+        if pipeline_id is not None and "{{" not in pipeline_id:  # a templated id is checked once rendered
+            validate_pipeline_id(pipeline_id)
         self.pipeline_id = pipeline_id  # None: "<dag_id>.<task_id>", resolved at run time
         self.transform = transform
         self.value_format = parse.value_format
@@ -200,7 +204,7 @@ class KafkaMicroBatchOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         map_index = getattr(context.get("ti"), "map_index", -1)
         default_id = f"{self.dag_id}.{self.task_id}" + (f".{'+'.join(sorted(self.topics))}" if map_index >= 0 else "")
-        pipeline_id = self.pipeline_id or default_id
+        pipeline_id = validate_pipeline_id(self.pipeline_id or default_id)
         interval = self._data_interval(context) if self.mode is Mode.INTERVAL else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
@@ -226,7 +230,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             skip_lost_records=self.skip_lost_records,
             interval=interval,
             idle_partition_timeout=self.idle_partition_timeout,
-            owner=f"{self.dag_id}.{self.task_id}",
+            owner=Owner(self.dag_id, self.task_id),
             sink=self.sink.record(),  # for `airflow eo`: the sink's kind, whether a rewind double counts
         )
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()

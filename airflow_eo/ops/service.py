@@ -23,7 +23,7 @@ from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
-from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
+from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
 from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
@@ -271,15 +271,23 @@ class PipelineOperations:
         return [_dead_letter(row) for row in sink.dead_letters(pipeline_id, batch_id, limit) or []]
 
     def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
-        """The pipelines the DAG's tasks own (``owner`` = ``<dag_id>.<task_id>``, as the operator records it).
+        """The pipelines the DAG's tasks own (by DAG id and task id; a pipeline last taken before the store kept
+        them apart, by its owner's text ``<dag_id>.<task_id>``, which a DAG ``a.b`` task ``c`` shares with DAG ``a``
+        task ``b.c``, until its next run records them).
 
         :param dag_id: the DAG.
         :param task_ids: its tasks (whatever their operator class: subclasses of ours count).
         :return: pipeline id -> task id, in pipeline id order.
         """
         owners = {f"{dag_id}.{task_id}": task_id for task_id in task_ids}
-        return {p.pipeline_id: owners[p.owner] for p in sorted(self.store.pipelines(), key=lambda p: p.pipeline_id)
-                if p.owner in owners}
+        found = {}
+        for p in sorted(self.store.pipelines(), key=lambda p: p.pipeline_id):
+            if p.owned_by is not None:
+                if p.owned_by.dag_id == dag_id and p.owned_by.task_id in task_ids:
+                    found[p.pipeline_id] = p.owned_by.task_id
+            elif p.owner in owners:
+                found[p.pipeline_id] = owners[p.owner]
+        return found
 
     def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None) -> PipelinePage:
         """Status, the newest ``limit`` batches and audit entries, and the newest dead letters of a pipeline.
@@ -300,18 +308,22 @@ class PipelineOperations:
 
     # ------------------------------------------------------------------ repairs
 
-    def recover(self, pipeline_id: str, dry_run: bool = False, reason: str | None = None) -> RecoverReport:
-        """Resolve in-doubt branches and unfinished batches now, exactly as the pipeline's next attempt would.
+    def recover(self, pipeline_id: str, apply: bool = False, reason: str | None = None) -> RecoverReport:
+        """Resolve in-doubt branches and unfinished batches now (``apply``), exactly as the pipeline's next attempt
+        would, or show what that would do (the default).
 
-        Takes the epoch (fencing any running attempt), then runs the attempt's step 2,
+        Applying takes the epoch (fencing any running attempt) in the same store transaction that writes the
+        audit row (what it is about to do), then runs the attempt's step 2,
         :func:`~airflow_eo.core.protocol.recover_pipeline`, without a run of its own: branches of
         committed batches are committed, every other branch rolled back, batches the sink committed
-        rolled forward, every other unfinished batch aborted. Audited.
+        rolled forward, every other unfinished batch aborted; the audit row then records what it did.
 
         :param pipeline_id: the pipeline.
-        :param dry_run: only report what recovery would do.
-        :param reason: why (recorded in the audit row).
+        :param apply: change the sink and the store (else a dry run).
+        :param reason: why (required to apply; recorded in the audit row).
         """
+        if apply and not (reason or "").strip():
+            raise OperationError("recover --apply needs --reason TEXT (recorded in the audit log)")
         info = self.store.pipeline(pipeline_id)
         if info.mode is Mode.INTERVAL:
             raise OperationError(f"pipeline {pipeline_id!r} runs in interval mode: an interval's unfinished batch is "
@@ -322,12 +334,15 @@ class PipelineOperations:
                                  "next run recovers it")
         notes: list[str] = []
         before = RecoverReport(pipeline_id, True, None, self._in_doubt(info, notes), self._unfinished(info, notes))
-        if dry_run:
+        if not apply:
             return before
+        assert reason is not None
         if not before.branches and not before.batches:  # nothing to do: fence no running attempt for nothing
             return replace(before, dry_run=False)
         sink = self.connections.sink(pipeline_id, info.sink)
-        epoch = self.store.take_pipeline(pipeline_id)  # fences every running attempt; owner and sink unchanged
+        # Fences every running attempt (owner and sink unchanged); on record before anything changes.
+        epoch = self.store.take_audited(pipeline_id, self.actor, "recover", reason.strip(),
+                                        {**_recovery_details(before), "completed": False})
         log.info("pipeline %s taken with epoch %d to recover it", pipeline_id, epoch)
         # Recovery itself; the report is what it decided and did (its decisions, returned), with each branch's age.
         # The batch rows as recovery finds them (newest first; in-doubt branches are of recent batches).
@@ -339,10 +354,7 @@ class PipelineOperations:
                    for d in recovery.batches if d.batch_id in found]
         left = [b.decision.xid for b in self._in_doubt(info, notes)]
         report = RecoverReport(pipeline_id, False, epoch, branches, batches, left)
-        if branches or batches:
-            self.store.record_audit(pipeline_id, epoch, self.actor, "recover", reason,
-                                    {"branches": [b.to_dict() for b in branches],
-                                     "batches": [b.to_dict() for b in batches]})
+        self.store.complete_audit(pipeline_id, epoch, "recover", {**_recovery_details(report), "completed": True})
         return report
 
     def rewind(self, pipeline_id: str, target: RewindTarget, *, apply: bool = False, reason: str | None = None,
@@ -392,7 +404,8 @@ class PipelineOperations:
             group.move_group_offsets({(c.topic, c.partition): c.new for c in plan.moved})
         try:
             epoch = self.store.rewind(plan, self.actor, reason.strip(), check=lambda found, unfinished: check_rewind(
-                plan, found.mode, unfinished, found.sink, allow_double_count))
+                plan, found.mode, unfinished, found.sink, allow_double_count),
+                overrides=[DOUBLE_COUNT_FLAG] if allow_double_count else [])
         except BaseException:
             if group is not None:  # put the group back where the (unchanged) store is
                 try:
@@ -488,9 +501,29 @@ def batch_dict(batch: BatchInfo) -> dict[str, Any]:
 
 
 def audit_dict(entry: AuditEntry) -> dict[str, Any]:
-    """An audit entry as ``history`` shows it."""
+    """An audit entry as ``history`` shows it (``changes``: its details as lines people read)."""
     return {"audit_id": entry.audit_id, "at": _iso(entry.at), "actor": entry.actor, "action": entry.action,
-            "reason": entry.reason, "epoch": entry.epoch, "details": dict(entry.details)}
+            "reason": entry.reason, "epoch": entry.epoch, "details": dict(entry.details),
+            "changes": audit_lines(entry.action, entry.details)}
+
+
+def audit_lines(action: str, details: Mapping[str, Any]) -> list[str]:
+    """What an audit entry changed, one line per partition, branch or batch (``airflow eo history``, the tab)."""
+    lines: list[str] = []
+    if action == "rewind":
+        lines = [f"{p['topic']}[{p['partition']}] {p['old']} -> {p['new']}"
+                 for p in details.get("partitions", []) if p["old"] != p["new"]]
+        lines += [f"overridden: {flag}" for flag in details.get("overrides", [])]
+    elif action == "recover":
+        lines = [f"branch {b['xid']}: {b['action']}" for b in details.get("branches", [])]
+        lines += [f"batch {b['batch_id']}: {b['recover']}" for b in details.get("batches", [])]
+        if details.get("completed") is False:  # the recovery stopped midway: these were its plan
+            lines = ["started, not completed; it set out to do:", *lines]
+    return lines
+
+
+def _recovery_details(report: RecoverReport) -> dict[str, Any]:
+    return {"branches": [b.to_dict() for b in report.branches], "batches": [b.to_dict() for b in report.batches]}
 
 
 def _pipeline(info: PipelineInfo) -> dict[str, Any]:

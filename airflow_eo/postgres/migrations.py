@@ -1,7 +1,9 @@
 """The offset store's tables on PostgreSQL: versioned migrations, append only, each statement idempotent.
 
-The same tables and columns as on MySQL (``airflow_eo/mysql/migrations.py``, at its version 3), so that one SQL
-text serves both (``airflow_eo/sqlstore``); this list has its own version numbers.
+The same tables and columns as on MySQL (``airflow_eo/mysql/migrations.py``, at its version 4), so that one SQL
+text serves both (``airflow_eo/sqlstore``); this list has its own version numbers. PostgreSQL compares text
+byte for byte under its default (deterministic) collations: ids and topics that differ in case stay apart, as
+MySQL's utf8mb4_bin columns keep them.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             details JSONB NULL
         )""",
         "CREATE INDEX IF NOT EXISTS eo_audit_pipeline ON eo_audit (pipeline_id, audit_id)",
+    ]),
+    (2, [
+        # The owner's DAG id and task id apart (Airflow ids may hold dots: DAG "a" task "b.c" and DAG "a.b"
+        # task "c" both read "a.b.c"); ``owner`` keeps the text people read.
+        "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS owner_dag_id VARCHAR(250) NULL",
+        "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS owner_task_id VARCHAR(250) NULL",
     ]),
 ]
 

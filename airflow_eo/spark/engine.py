@@ -82,10 +82,10 @@ class SparkBatchEngine:
     """
 
     session_factory: Callable[[], SparkSession]
-    kafka_config: Mapping[str, Any]
+    kafka_config: Mapping[str, Any] = field(repr=False)  # may hold SASL credentials
     parse: ParseConfig
     transform: Transform | str | None = None
-    kafka_options: Mapping[str, str] = field(default_factory=dict)
+    kafka_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold a JAAS config
     connect_early: bool = False
     #: Writer schemas of Confluent-framed Avro by id, for ids not in ``parse.writer_schemas`` (a schema registry).
     schema_lookup: Callable[[int], str | None] | None = None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus, unquote
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import executor_env
@@ -193,8 +195,11 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
                 "jar in spark.jars"
             ) from exc
         if remote:
+            # Never chained (``from None``): pyspark's errors may echo the URL, its token percent-encoded, a form
+            # Airflow's secret masker does not know.
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigurationError(f"cannot open a Spark Connect session at {_without_secrets(remote)}: "
-                                     f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+                                     f"{_redacted(said, remote)}") from None
         raise
     if not local:
         ship_package(session, remote=remote is not None)
@@ -203,9 +208,48 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     return session
 
 
+def connect_url(host: str, port: int | None = None, user_id: str | None = None, token: str | None = None,
+                use_ssl: Any = None) -> str:
+    """A Spark Connect URL (``sc://host:port/;user_id=..;token=..;use_ssl=..``) that pyspark reads back exactly.
+
+    Every parameter is percent-encoded with no character left as is: pyspark splits the parameters on ``;`` and
+    ``=`` and parses the URL's path, so a ``/``, ``;`` or ``=`` of a token (base64 has ``/`` and ``=``) left
+    unencoded makes it refuse the URL and echo it, token and all, in its error.
+
+    :param host: ``host``, ``host:port`` or ``sc://host[:port]``.
+    :param port: the port (None: the one in ``host``, else pyspark's default).
+    :param user_id: the user id sent to the server.
+    :param token: the bearer token (pyspark then uses TLS).
+    :param use_ssl: TLS without a token (None: pyspark's default).
+    """
+    netloc = host.split("://", 1)[-1].rstrip("/")
+    if "/" in netloc or ";" in netloc:
+        raise ConfigurationError(f"Spark Connect host {_without_secrets(host)!r} must be host or host:port")
+    if port:
+        netloc = f"{netloc}:{int(port)}"
+    params = [f"{name}={quote(str(value), safe='')}" for name, value in
+              (("user_id", user_id), ("token", token), ("use_ssl", use_ssl)) if value not in (None, "")]
+    return f"sc://{netloc}/" + (f";{';'.join(params)}" if params else "")
+
+
 def _without_secrets(url: str) -> str:
     """A Spark Connect URL without its parameters (the token must not reach logs)."""
     return url.split(";", 1)[0]
+
+
+def _redacted(text: str, url: str) -> str:
+    """``text`` without the URL's parameter values in any spelling, nor anything after a ``;`` up to a blank or
+    quote (a URL's parameters)."""
+    for param in url.split(";")[1:]:
+        name, _, given = param.partition("=")
+        if name == "use_ssl":  # "true" is no secret, and blanking it would blank ordinary words
+            continue
+        value = unquote(given)
+        for form in sorted({value, quote(value), quote(value, safe=""), quote_plus(value), given}, key=len,
+                           reverse=True):
+            if form:
+                text = text.replace(form, "***")
+    return re.sub(r";[^\s'\"]+", ";***", text)
 
 
 def is_connect(session: Any) -> bool:

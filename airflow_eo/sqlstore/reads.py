@@ -7,8 +7,9 @@ A mixin of :class:`~airflow_eo.sqlstore.store.SqlOffsetStore` (its ``transaction
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
 from typing import Any
 
 from airflow_eo.core.config import Mode, SinkRecord
@@ -19,7 +20,14 @@ from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.states import UNFINISHED
 from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.sqlstore.dialect import StoreDialect
-from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, utc
+from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, row_owner, utc
+
+PIPELINE_COLUMNS = "pipeline_id, epoch, owner, owner_dag_id, owner_task_id, mode, taken_at, sink"
+
+
+def pipeline_info(row: dict[str, Any], taken_at: datetime | None) -> PipelineInfo:
+    return PipelineInfo(row["pipeline_id"], int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
+                        taken_at, SinkRecord.from_json(row["sink"]) if row["sink"] else None, row_owner(row))
 
 
 class StoreReads:
@@ -49,11 +57,8 @@ class StoreReads:
         """
         where, args = ("WHERE pipeline_id = %s", (pipeline_id,)) if pipeline_id is not None else ("", ())
         with self._utc_reads() as cur:
-            cur.execute(f"SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline {where} "
-                        "ORDER BY pipeline_id", args)
-            return [PipelineInfo(r["pipeline_id"], int(r["epoch"]), r["owner"], Mode(r["mode"]) if r["mode"] else None,
-                                 utc(r["taken_at"]), SinkRecord.from_json(r["sink"]) if r["sink"] else None)
-                    for r in cur.fetchall()]
+            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline {where} ORDER BY pipeline_id", args)
+            return [pipeline_info(r, utc(r["taken_at"])) for r in cur.fetchall()]
 
     def pipeline(self, pipeline_id: str) -> PipelineInfo:
         """The pipeline's row; :class:`UnknownPipelineError` (naming the known ones) when there is none.
@@ -115,22 +120,42 @@ class StoreReads:
                                json.loads(r["details"]) if r["details"] else {})
                     for r in cur.fetchall()]
 
-    def record_audit(self, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,
-                     details: dict[str, Any]) -> None:
-        """Append an audit row (an operation that changed the pipeline, e.g. a recovery).
+    def take_audited(self, pipeline_id: str, actor: str, action: str, reason: str, details: dict[str, Any]) -> int:
+        """Take the pipeline's epoch (fencing any running attempt) and append the audit row, in one transaction:
+        an operation that then fails midway is on record (``details`` says what it set out to do).
+
+        :param pipeline_id: the pipeline (it must exist).
+        :param actor: who runs the operation.
+        :param action: what (``recover``).
+        :param reason: why, in the operator's words.
+        :param details: what it is about to change (JSON); :meth:`complete_audit` replaces it with what it did.
+        :return: the epoch taken.
+        """
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+                        "WHERE pipeline_id = %s", (pipeline_id,))
+            if cur.rowcount != 1:
+                raise UnknownPipelineError(f"the offset store has no pipeline {pipeline_id!r}")
+            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
+            epoch = int(cur.fetchone()["epoch"])
+            insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+            return epoch
+
+    def complete_audit(self, pipeline_id: str, epoch: int, action: str, details: dict[str, Any]) -> None:
+        """Replace the details of the audit row :meth:`take_audited` wrote (what the operation did).
 
         :param pipeline_id: the pipeline.
-        :param epoch: the epoch the operation took.
-        :param actor: who ran it.
-        :param action: what (``recover``, ``rewind``).
-        :param reason: why, in the operator's words.
-        :param details: what changed (JSON).
+        :param epoch: the epoch the operation took (one audit row per epoch taken).
+        :param action: the operation.
+        :param details: what it did (JSON).
         """
         with self.transaction() as cur:
-            insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
+            cur.execute("UPDATE eo_audit SET details = %s WHERE pipeline_id = %s AND epoch = %s AND action = %s",
+                        (json.dumps(details), pipeline_id, epoch, action))
 
     def rewind(self, plan: RewindPlan, actor: str, reason: str,
-               check: Callable[[PipelineInfo, list[BatchRecord]], None]) -> int:
+               check: Callable[[PipelineInfo, list[BatchRecord]], None], overrides: Sequence[str] = ()) -> int:
         """Move the pipeline's committed offsets as planned, in one transaction with the take and the audit row.
 
         Under the pipeline row's lock (which every fenced write of an attempt takes too): ``check`` sees the
@@ -142,18 +167,17 @@ class StoreReads:
         :param actor: who runs it.
         :param reason: why.
         :param check: the refusal rules (:func:`airflow_eo.core.rewind.check_rewind`), run under the lock.
+        :param overrides: the refusals the operator overrode (their command-line flags), recorded in the audit row.
         :return: the epoch taken.
         """
         p = plan.pipeline_id
         self.migrate()
         with self.transaction() as cur:
-            cur.execute("SELECT pipeline_id, epoch, owner, mode, taken_at, sink FROM eo_pipeline "
-                        "WHERE pipeline_id = %s FOR UPDATE", (p,))
+            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (p,))
             row = cur.fetchone()
             if row is None:
                 raise UnknownPipelineError(f"the offset store has no pipeline {p!r}")
-            info = PipelineInfo(p, int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
-                                row["taken_at"], SinkRecord.from_json(row["sink"]) if row["sink"] else None)
+            info = pipeline_info(row, row["taken_at"])
             cur.execute("SELECT * FROM eo_batch WHERE pipeline_id = %s AND state IN (%s, %s) ORDER BY batch_id",
                         (p, *[s.value for s in UNFINISHED]))
             check(info, [batch_record(r) for r in cur.fetchall()])
@@ -174,5 +198,5 @@ class StoreReads:
             cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
                         "WHERE pipeline_id = %s", (p,))
             epoch = info.epoch + 1
-            insert_audit(cur, p, epoch, actor, "rewind", reason, plan.to_dict())
+            insert_audit(cur, p, epoch, actor, "rewind", reason, {**plan.to_dict(), "overrides": list(overrides)})
             return epoch

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchRecord, BatchSummary
+from airflow_eo.core.protocol import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.ranges import ranges_from_json
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import BatchInfo
@@ -17,6 +17,13 @@ def insert_audit(cur: Any, pipeline_id: str, epoch: int | None, actor: str, acti
                   details: dict[str, Any]) -> None:
     cur.execute("INSERT INTO eo_audit (pipeline_id, actor, action, reason, epoch, details) "
                 "VALUES (%s, %s, %s, %s, %s, %s)", (pipeline_id, actor, action, reason, epoch, json.dumps(details)))
+
+
+def row_owner(row: dict[str, Any]) -> Owner | None:
+    """The owner of an ``eo_pipeline`` row; None when it has none, or only the text of an earlier store version."""
+    if row["owner_dag_id"] is None or row["owner_task_id"] is None:
+        return None
+    return Owner(row["owner_dag_id"], row["owner_task_id"])
 
 
 def utc(value: datetime | None) -> datetime | None:

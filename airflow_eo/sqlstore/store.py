@@ -24,12 +24,16 @@ from airflow_eo.core.errors import (
 )
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchRecord, BatchSummary
+from airflow_eo.core.protocol import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
 from airflow_eo.sqlstore.reads import StoreReads
-from airflow_eo.sqlstore.rows import batch_record
+from airflow_eo.sqlstore.rows import batch_record, row_owner
+
+
+def _described(owner: Owner) -> str:
+    return f"DAG {owner.dag_id!r} task {owner.task_id!r}"
 
 
 class SqlOffsetStore(StoreReads):
@@ -56,22 +60,30 @@ class SqlOffsetStore(StoreReads):
         and check it still carries ours."""
         EpochFence(pipeline_id, epoch, interval, dialect=self.dialect).check(cur)
 
-    def _claim(self, cur: Any, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> None:
-        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink."""
+    def _claim(self, cur: Any, pipeline_id: str, owner: Owner | None, mode: str, sink: SinkRecord | None) -> None:
+        """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink.
+
+        Owners are compared by DAG id and task id apart; a row recorded before the store kept them apart (only
+        ``owner``, ``<dag_id>.<task_id>``) is compared by that text, and then adopts the ids of the matching owner.
+        """
         # Create the row only when a plain (unlocking) read does not see it: on MySQL an INSERT IGNORE of an existing
         # row takes a shared lock, and two takes that each hold one and then ask for the exclusive lock deadlock.
         cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
         if cur.fetchone() is None:
             cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
                                                      ("%s", "0")), (pipeline_id,))
-        cur.execute("SELECT owner, mode FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+        cur.execute("SELECT owner, owner_dag_id, owner_task_id, mode FROM eo_pipeline WHERE pipeline_id = %s "
+                    "FOR UPDATE", (pipeline_id,))
         row = cur.fetchone()
-        if owner and row["owner"] and row["owner"] != owner:
+        recorded = row_owner(row)
+        if owner and (recorded != owner if recorded else row["owner"] and row["owner"] != str(owner)):
+            theirs = _described(recorded) if recorded else row["owner"]
             raise PipelineConflictError(
-                f"pipeline id {pipeline_id!r} belongs to {row['owner']}, and {owner} declares the same "
+                f"pipeline id {pipeline_id!r} belongs to {theirs}, and {_described(owner)} declares the same "
                 "pipeline id: two tasks sharing one pipeline would split its offsets between them. Give one "
                 "of them its own pipeline_id=. To move the pipeline to the new task on purpose, clear its "
-                f"owner in the offset store: UPDATE eo_pipeline SET owner = NULL WHERE pipeline_id = '{pipeline_id}'"
+                "owner in the offset store: UPDATE eo_pipeline SET owner = NULL, owner_dag_id = NULL, "
+                f"owner_task_id = NULL WHERE pipeline_id = '{pipeline_id}'"
             )
         if row["mode"] and row["mode"] != mode:
             raise PipelineConflictError(
@@ -79,9 +91,12 @@ class SqlOffsetStore(StoreReads):
                 f"{owner or 'this task'} runs it in {mode} mode. A pipeline keeps one mode: give the "
                 f"{mode}-mode task its own pipeline_id="
             )
-        if (owner and not row["owner"]) or not row["mode"]:
-            cur.execute("UPDATE eo_pipeline SET owner = COALESCE(owner, %s), mode = COALESCE(mode, %s) "
-                        "WHERE pipeline_id = %s", (owner, mode, pipeline_id))
+        if (owner and not recorded) or not row["mode"]:
+            dag_id, task_id = (owner.dag_id, owner.task_id) if owner else (None, None)
+            cur.execute("UPDATE eo_pipeline SET owner = COALESCE(owner, %s), owner_dag_id = COALESCE(owner_dag_id, "
+                        "%s), owner_task_id = COALESCE(owner_task_id, %s), mode = COALESCE(mode, %s) "
+                        "WHERE pipeline_id = %s",
+                        (None if owner is None else str(owner), dag_id, task_id, mode, pipeline_id))
         if sink is not None:  # the latest take's sink: a DAG may change its sink between runs
             cur.execute("UPDATE eo_pipeline SET sink_kind = %s, sink_accumulating = %s, dead_letter_table = %s, "
                         "sink = %s WHERE pipeline_id = %s",
@@ -89,7 +104,7 @@ class SqlOffsetStore(StoreReads):
 
     # ------------------------------------------------------------------ reads
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int:
+    def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:
             self._claim(cur, pipeline_id, owner, "continuous", sink)  # refused: no epoch moved, nobody fenced
@@ -100,7 +115,7 @@ class SqlOffsetStore(StoreReads):
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
             return int(_one_row(cur)["epoch"])
 
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: Owner | None = None,
                       sink: SinkRecord | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:

@@ -37,6 +37,7 @@ from airflow_eo.core.protocol import (
     BatchSummary,
     DeadLetter,
     ExecutionResult,
+    Owner,
     RunRequest,
     WritePlan,
     WriteResult,
@@ -219,7 +220,7 @@ class FakeStore:
             raise FencedError(f"{holder}: this attempt holds epoch {epoch} but a newer attempt took it "
                               f"(epoch {current}); this attempt stops without committing")
 
-    def _claim(self, pipeline_id: str, owner: str | None, mode: str, sink: SinkRecord | None) -> dict[str, Any]:
+    def _claim(self, pipeline_id: str, owner: Owner | None, mode: str, sink: SinkRecord | None) -> dict[str, Any]:
         row = self.pipelines.get(pipeline_id) or {"epoch": 0, "owner": None, "mode": None, "sink": None}
         if owner and row["owner"] and row["owner"] != owner:
             raise PipelineConflictError(f"pipeline id {pipeline_id!r} belongs to {row['owner']}, not {owner}")
@@ -247,12 +248,12 @@ class FakeStore:
 
     # ------------------------------------------------------------------ takes
 
-    def take_pipeline(self, pipeline_id: str, owner: str | None = None, sink: SinkRecord | None = None) -> int:
+    def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int:
         row = self._claim(pipeline_id, owner, "continuous", sink)
         row["epoch"] += 1
         return int(row["epoch"])
 
-    def take_interval(self, pipeline_id: str, interval: Interval, owner: str | None = None,
+    def take_interval(self, pipeline_id: str, interval: Interval, owner: Owner | None = None,
                       sink: SinkRecord | None = None) -> int:
         self._claim(pipeline_id, owner, "interval", sink)
         key = (pipeline_id, interval)

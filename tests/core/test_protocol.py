@@ -30,7 +30,7 @@ from airflow_eo.core.errors import (
     PipelineConflictError,
 )
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, RunRequest, run_interval_batch
+from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_interval_batch
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
@@ -391,8 +391,8 @@ def test_a_misconfigured_sink_fails_before_any_side_effect():
 
 def test_a_second_owner_or_another_mode_is_refused_without_fencing_anyone():
     world = World("upsert")
-    world.attempt("r1", owner="dag_a.task")
-    for options in ({"owner": "dag_b.task"}, {"owner": "dag_a.task", "interval": hour(0)}):
+    world.attempt("r1", owner=Owner("dag_a", "task"))
+    for options in ({"owner": Owner("dag_b", "task")}, {"owner": Owner("dag_a", "task"), "interval": hour(0)}):
         proc = Process()
         with pytest.raises(PipelineConflictError):
             world.attempt("r2", proc, **options)

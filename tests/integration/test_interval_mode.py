@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotReadyError, PipelineConflictError
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary
+from airflow_eo.core.protocol import BatchSummary, Owner
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink
@@ -152,9 +152,10 @@ def test_concurrent_intervals_fence_only_their_own_attempts(topic_name):
 def test_a_pipeline_id_declared_by_two_tasks_is_refused_naming_both(topic_name):
     store = OffsetStoreHook().get_store()
     pipeline = f"own_{topic_name}"
-    assert store.take_pipeline(pipeline, owner="dag_a.store") == 1
-    with pytest.raises(PipelineConflictError, match=r"belongs to dag_a\.store, and dag_b\.store declares"):
-        store.take_pipeline(pipeline, owner="dag_b.store")
-    assert store.take_pipeline(pipeline, owner="dag_a.store") == 2  # the refused take fenced nobody
+    assert store.take_pipeline(pipeline, owner=Owner("dag_a", "store")) == 1
+    with pytest.raises(PipelineConflictError,
+                       match="belongs to DAG 'dag_a' task 'store', and DAG 'dag_b' task 'store' declares"):
+        store.take_pipeline(pipeline, owner=Owner("dag_b", "store"))
+    assert store.take_pipeline(pipeline, owner=Owner("dag_a", "store")) == 2  # the refused take fenced nobody
     with pytest.raises(PipelineConflictError, match="ran in continuous mode"):
-        store.take_interval(pipeline, Interval(*hour(0)), owner="dag_a.store")
+        store.take_interval(pipeline, Interval(*hour(0)), owner=Owner("dag_a", "store"))

@@ -1,8 +1,16 @@
 """Connections to the real MariaDB share the TLS context of pymysql's default mode (building one per connection
-cost ~36 ms), and still work with and without TLS options."""
+cost ~36 ms), and still work with and without TLS options; verified TLS from the connection's extra; the server
+reads no local file but the one a bulk load is sending."""
 
 from __future__ import annotations
 
+import json
+
+import certifi
+import pymysql
+import pytest
+
+from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.mysql import connection as mysql_connection
 
 
@@ -31,3 +39,44 @@ def test_a_connection_with_tls_options_builds_its_own_context(mysql_kwargs):
     finally:
         shared.close()
         disabled.close()
+
+
+def test_the_server_reads_no_local_file_but_the_one_being_loaded(mysql_kwargs, tmp_path):
+    """A server may ask a ``local_infile`` connection for any file, on any statement: a writer's connection (the
+    bulk load's options) sends only the file it is loading, and fails the statement with a clear error otherwise."""
+    loaded = tmp_path / "rows.csv"
+    loaded.write_text("loaded\n")
+    conn = mysql_connection.connect(mysql_kwargs, autocommit=False, charset="utf8mb4", local_infile=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TEMPORARY TABLE eo_local_file (line TEXT)")
+            for name, loading in (("/etc/hostname", None), ("/etc/hostname", str(loaded)), (str(loaded), None)):
+                with pytest.raises(pymysql.err.OperationalError, match="asked to read the local file") as refused:
+                    if loading is None:
+                        cur.execute("LOAD DATA LOCAL INFILE %s INTO TABLE eo_local_file", (name,))
+                    else:
+                        with mysql_connection.loading_local_file(conn, loading):
+                            cur.execute("LOAD DATA LOCAL INFILE %s INTO TABLE eo_local_file", (name,))
+                assert name in str(refused.value) and "refused, nothing was sent" in str(refused.value)
+                cur.execute("SELECT COUNT(*) FROM eo_local_file")
+                assert cur.fetchone() == (0,)  # nothing was read, and the connection still answers
+            with mysql_connection.loading_local_file(conn, str(loaded)):
+                assert cur.execute("LOAD DATA LOCAL INFILE %s INTO TABLE eo_local_file", (str(loaded),)) == 1
+            cur.execute("SELECT line FROM eo_local_file")
+            assert cur.fetchall() == (("loaded",),)
+    finally:
+        conn.close()
+
+
+def test_tls_options_in_the_connection_extra_verify_the_server_and_never_fall_back_to_plaintext(mysql_kwargs):
+    """``{"ssl": {"ca": ...}}`` in a ``mysql`` connection's extra (a dict, or JSON text as Airflow's MySQL hook
+    takes) reaches pymysql: TLS is required and verified, so the stack's server (no TLS) is refused, not used in
+    plaintext as pymysql's default mode would."""
+    ca = certifi.where()
+    for tls in ({"ca": ca}, json.dumps({"ca": ca})):
+        info = ConnectionInfo("eo_tls", "mysql", mysql_kwargs["host"], mysql_kwargs["port"], mysql_kwargs["user"],
+                              mysql_kwargs["password"], mysql_kwargs["database"], {"ssl": tls})
+        kwargs = mysql_connection.connect_kwargs(info)
+        assert kwargs["ssl"] == {"ca": ca}
+        with pytest.raises(pymysql.err.OperationalError, match="SSL is required but the server doesn't support it"):
+            mysql_connection.connect(kwargs, autocommit=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
+from importlib import import_module
 
 import pytest
 
@@ -18,7 +20,7 @@ from airflow_eo.core.errors import (
     UnknownPipelineError,
 )
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, ExecutionResult
+from airflow_eo.core.protocol import BatchSummary, ExecutionResult, Owner
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
 from airflow_eo.core.states import BatchState
@@ -120,14 +122,15 @@ def test_concurrent_takes_each_get_their_own_epoch(store, pipeline):
 def test_a_second_owner_or_another_mode_is_refused_and_the_sink_is_recorded(store, pipeline):
     sink = SinkRecord(kind="MySqlXaSink", accumulating=True, conn_id="c", target="db.t", dead_letter_table="dl",
                       options={"table": "db.t"})
-    store.take_pipeline(pipeline, owner="dag.a", sink=sink)
-    with pytest.raises(PipelineConflictError, match="belongs to dag.a"):
-        store.take_pipeline(pipeline, owner="dag.b")
+    store.take_pipeline(pipeline, owner=Owner("a", "b.c"), sink=sink)
+    # DAG "a.b" task "c": the same "a.b.c" as text (and the same default pipeline id), another task.
+    with pytest.raises(PipelineConflictError, match="belongs to DAG 'a' task 'b.c', and DAG 'a.b' task 'c'"):
+        store.take_pipeline(pipeline, owner=Owner("a.b", "c"))
     with pytest.raises(PipelineConflictError, match="ran in continuous mode"):
         store.take_interval(pipeline, Interval(datetime(2026, 1, 1, tzinfo=timezone.utc),
-                                               datetime(2026, 1, 2, tzinfo=timezone.utc)), owner="dag.a")
+                                               datetime(2026, 1, 2, tzinfo=timezone.utc)), owner=Owner("a", "b.c"))
     info = store.pipeline(pipeline)
-    assert (info.epoch, info.owner, info.sink) == (1, "dag.a", sink)
+    assert (info.epoch, info.owner, info.owned_by, info.sink) == (1, "a.b.c", Owner("a", "b.c"), sink)
     assert info.taken_at is not None and abs((datetime.now(timezone.utc) - info.taken_at).total_seconds()) < 60
 
 
@@ -168,12 +171,20 @@ def test_the_operations_reads_see_pipelines_offsets_batches_and_the_audit_log(st
         (2, BatchState.PLANNED), (1, BatchState.COMMITTED), (0, BatchState.COMMITTED)]
     assert history[1].committed_at is not None and history[1].committed_at.tzinfo is not None
     assert [b.record.batch_id for b in store.batch_history(pipeline, limit=10, batch_ids=[0])] == [0]
-    store.record_audit(pipeline, epoch, "tester", "recover", "a reason", {"branches": ["x"]})
+    taken = store.take_audited(pipeline, "tester", "recover", "a reason", {"branches": ["x"], "completed": False})
+    assert taken == epoch + 1 and store.pipeline(pipeline).epoch == taken  # the take and the row, together
     [entry] = store.audit_log(pipeline, limit=5)
     assert (entry.actor, entry.action, entry.reason, entry.epoch, entry.details) == (
-        "tester", "recover", "a reason", epoch, {"branches": ["x"]})
-    with pytest.raises(UnknownPipelineError, match=f"its pipelines are: .*{pipeline}"):
+        "tester", "recover", "a reason", taken, {"branches": ["x"], "completed": False})
+    store.complete_audit(pipeline, taken, "recover", {"branches": ["x"], "completed": True})
+    [entry] = store.audit_log(pipeline, limit=5)
+    assert entry.details == {"branches": ["x"], "completed": True}
+    with pytest.raises(UnknownPipelineError):
+        store.take_audited(pipeline + "_nope", "tester", "recover", "a reason", {})
+    with pytest.raises(UnknownPipelineError, match="its pipelines are: ") as unknown:
         store.pipeline(pipeline + "_nope")
+    # The first 20 by id are named (a reused stack's store holds many): this one, or a count of the rest.
+    assert pipeline in str(unknown.value) or str(unknown.value).endswith(" more")
 
 
 def test_a_rewind_moves_offsets_takes_the_epoch_and_is_audited_or_changes_nothing(store, pipeline):
@@ -188,10 +199,85 @@ def test_a_rewind_moves_offsets_takes_the_epoch_and_is_audited_or_changes_nothin
     plan = RewindPlan(pipeline, target, (PartitionChange("t", 0, old=10, new=3),
                                          PartitionChange("t", 1, old=None, new=2)))
     seen = []
-    taken = store.rewind(plan, "tester", "replay", lambda info, unfinished: seen.append((info.epoch, unfinished)))
+    taken = store.rewind(plan, "tester", "replay", lambda info, unfinished: seen.append((info.epoch, unfinished)),
+                         overrides=["--an-override"])
     assert taken == epoch + 1 and seen == [(epoch, [])]
     assert store.committed_offsets(pipeline) == {("t", 0): 3, ("t", 1): 2}
     with pytest.raises(FencedError):  # the running attempt is fenced
         store.insert_batch(pipeline, epoch, "run-2", [OffsetRange("t", 0, 3, 5)], [])
     [entry] = store.audit_log(pipeline, 5)
     assert (entry.action, entry.reason, entry.epoch) == ("rewind", "replay", taken)
+    assert entry.details["overrides"] == ["--an-override"]
+
+
+def test_ids_and_topics_that_differ_only_in_case_never_share_state(store, pipeline):
+    """MariaDB's default collation (latin1_swedish_ci on the stack) had 'Orders' = 'orders'."""
+    upper = pipeline.upper()  # p_3fa9.. and P_3FA9..
+    assert [store.take_pipeline(pipeline), store.take_pipeline(upper)] == [1, 1]
+    batch = store.insert_batch(pipeline, 1, "run-1", [OffsetRange("Orders", 0, 0, 5), OffsetRange("orders", 0, 0, 7)],
+                               [])
+    store.commit_batch(batch, 1, BatchSummary.of(batch, "run-1", 1))
+    other = store.insert_batch(upper, 1, "run-1", [OffsetRange("Orders", 0, 0, 3)], [])
+    store.commit_batch(other, 1, BatchSummary.of(other, "run-1", 1))
+    assert store.committed_offsets(pipeline) == {("Orders", 0): 5, ("orders", 0): 7}
+    assert store.committed_offsets(upper) == {("Orders", 0): 3}
+    assert [p.pipeline_id for p in store.pipelines(upper)] == [upper]
+    assert [b.record.batch_id for b in store.batch_history(upper, 10)] == [0]
+
+
+def _fresh_database(kind: str, kwargs: dict) -> tuple[dict, Callable[[], None]]:
+    """An empty database on the stack's server (connection arguments, and how to drop it)."""
+    name = f"eo_upgrade_{uuid.uuid4().hex[:8]}"
+    if kind == "mysql":
+        import pymysql
+
+        def run(sql: str) -> None:
+            conn = pymysql.connect(**kwargs, autocommit=True)
+            try:
+                conn.cursor().execute(sql)
+            finally:
+                conn.close()
+
+        run(f"CREATE DATABASE {name}")
+        return {**kwargs, "database": name}, lambda: run(f"DROP DATABASE {name}")
+    import psycopg
+
+    def run_pg(sql: str) -> None:
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
+            conn.execute(sql)
+
+    run_pg(f"CREATE DATABASE {name}")
+    return {**kwargs, "dbname": name}, lambda: run_pg(f"DROP DATABASE {name}")
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_store_of_the_previous_version_upgrades_and_its_owners_are_adopted(kind, request, monkeypatch):
+    migrations = import_module(f"airflow_eo.{kind}.migrations")
+    kwargs, drop = _fresh_database(kind, request.getfixturevalue(f"{kind}_kwargs"))
+    request.addfinalizer(drop)
+    latest = migrations.MIGRATIONS
+    monkeypatch.setattr(migrations, "MIGRATIONS", latest[:-1])  # the previous version
+    old = STORES[kind](kwargs)
+    old.migrate()
+    with old.transaction() as cur:  # a pipeline as the previous version recorded it: its owner's text only
+        cur.execute("INSERT INTO eo_pipeline (pipeline_id, epoch, owner, mode) VALUES ('legacy', 1, 'a.b.c', "
+                    "'continuous')")
+    monkeypatch.setattr(migrations, "MIGRATIONS", latest)
+    store = STORES[kind](kwargs)
+    store.migrate()
+    with store.transaction() as cur:  # an upgrade interrupted after its DDL runs again: each statement is idempotent
+        cur.execute("DELETE FROM eo_schema_version WHERE version = %s", (latest[-1][0],))
+    STORES[kind](kwargs).migrate()
+    with store.transaction() as cur:
+        cur.execute("SELECT version FROM eo_schema_version ORDER BY version")
+        assert [r["version"] for r in cur.fetchall()] == [v for v, _ in latest]
+        if kind == "mysql":
+            cur.execute("SELECT DISTINCT collation_name FROM information_schema.columns WHERE table_schema = %s "
+                        "AND column_name IN ('pipeline_id', 'topic', 'owner_dag_id', 'owner_task_id')",
+                        (kwargs["database"],))
+            assert [r["collation_name"] for r in cur.fetchall()] == ["utf8mb4_bin"]
+    assert store.pipeline("legacy").owned_by is None  # ids unknown until its owner's next take
+    assert store.take_pipeline("legacy", owner=Owner("a", "b.c")) == 2  # the text matches: adopted
+    assert store.pipeline("legacy").owned_by == Owner("a", "b.c")
+    with pytest.raises(PipelineConflictError, match="belongs to DAG 'a' task 'b.c'"):
+        store.take_pipeline("legacy", owner=Owner("a.b", "c"))

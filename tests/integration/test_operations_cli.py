@@ -1,10 +1,12 @@
 """``airflow eo`` against the real stack, run as the venv's ``airflow`` in a subprocess.
 
 An XA batch dies right after its commit point (its branches stay prepared): ``status`` shows them in doubt
-with "commit", ``recover`` commits them (the sink then equals the ground truth), and a rewind of that
-accumulating sink is refused. An upsert pipeline is rewound: the dry run changes nothing, ``--apply`` is
-audited (``history`` shows it), and the next run reprocesses exactly the rewound range. Unknown pipelines
-and bad arguments fail clearly. Three Spark batches in all, in this process.
+with "commit", ``recover`` is a dry run until ``--apply --reason``, a recovery that dies midway is already
+audited, ``recover --apply`` commits them (the sink then equals the ground truth), and a rewind of that
+accumulating sink is refused unless overridden (the audit row records the override). An upsert pipeline is
+rewound: the dry run changes nothing, ``--apply`` is audited (``history`` shows it), and the next run
+reprocesses exactly the rewound range. Unknown pipelines and bad arguments fail clearly. Three Spark batches in
+all, in this process.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
-from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.core.protocol import Owner, RunRequest, run_batch
+from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples import page_views
 from examples.page_views import produce_page_views
@@ -73,6 +76,32 @@ class DiesBeforeXaCommit:
         raise KilledAfterCommitPoint()
 
 
+class KilledMidRecovery(Exception):
+    """The recovering process dies after taking the epoch, before the sink resolved anything."""
+
+
+class SinkDiesInRecovery:
+    """The operations' connections, with a sink whose recovery dies before it starts."""
+
+    def __init__(self, connections: Any) -> None:
+        self._connections = connections
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connections, name)
+
+    def sink(self, pipeline_id: str, record: Any) -> Any:
+        real = self._connections.sink(pipeline_id, record)
+
+        class Dies:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def recover(self, *args: Any, **kwargs: Any) -> Any:
+                raise KilledMidRecovery()
+
+        return Dies()
+
+
 def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_not_rewound(
         bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 2)
@@ -82,7 +111,8 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
     pipeline = f"ops_xa_{topic_name}"
     roles = adapters(spec, pipeline, transform=page_views.count_per_app)
     roles["sink"] = DiesBeforeXaCommit(roles["sink"])
-    request = RunRequest(pipeline, "run-1", [topic_name], owner="ops_test.micro_batch", sink=spec.record())
+    request = RunRequest(pipeline, "run-1", [topic_name], owner=Owner("ops_test", "micro_batch"),
+                         sink=spec.record())
     with pytest.raises(KilledAfterCommitPoint):
         run_batch(request, **roles)
     prepared = our_prepared_branches(mysql_kwargs, pipeline)
@@ -100,12 +130,32 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
     assert human.returncode == 0 and "in-doubt XA branches" in human.stdout and prepared[0] in human.stdout
     assert f"airflow eo recover {pipeline}" in human.stdout
 
-    dry = eo_json("recover", pipeline, "--dry-run")
-    assert dry["dry_run"] and {b["action"] for b in dry["branches"]} == {"commit"}
-    assert our_prepared_branches(mysql_kwargs, pipeline) == prepared  # a dry run changes nothing
+    unchanged = store_state(mysql_kwargs, pipeline)
+    for dry_args in ((), ("--dry-run",), ("--reason", "no --apply: still a dry run")):
+        dry = eo_json("recover", pipeline, *dry_args)
+        assert dry["dry_run"] and {b["action"] for b in dry["branches"]} == {"commit"}
+        assert our_prepared_branches(mysql_kwargs, pipeline) == prepared  # a dry run changes nothing
+        assert store_state(mysql_kwargs, pipeline) == unchanged
+    for bad, words in ((("--apply",), "--apply needs --reason"), (("--apply", "--reason", " "), "--apply needs "
+                       "--reason"), (("--apply", "--dry-run", "--reason", "x"), "contradict")):
+        refused = eo("recover", pipeline, *bad)
+        assert refused.returncode != 0 and words in refused.stderr
+    assert store_state(mysql_kwargs, pipeline) == unchanged
 
-    done = eo_json("recover", pipeline, "--reason", "in-doubt after a crash")
-    assert not done["dry_run"] and done["epoch"] == 2 and done["left_in_doubt"] == []
+    # A recovery that dies midway (its sink's server gone, say) is on record: the audit row came with the take.
+    ops = pipeline_operations(actor="tester@here")
+    ops.connections = SinkDiesInRecovery(ops.connections)  # type: ignore[assignment]
+    with pytest.raises(KilledMidRecovery):
+        ops.recover(pipeline, apply=True, reason="first try")
+    assert our_prepared_branches(mysql_kwargs, pipeline) == prepared
+    [started] = eo_json("history", pipeline)["audit"]
+    assert (started["action"], started["reason"], started["epoch"], started["actor"]) == (
+        "recover", "first try", 2, "tester@here")
+    assert started["details"]["completed"] is False and started["changes"][0].startswith("started, not completed")
+    assert {b["action"] for b in started["details"]["branches"]} == {"commit"}
+
+    done = eo_json("recover", pipeline, "--apply", "--reason", "in-doubt after a crash")
+    assert not done["dry_run"] and done["epoch"] == 3 and done["left_in_doubt"] == []
     assert our_prepared_branches(mysql_kwargs, pipeline) == []
     pv = dict(rows(mysql_kwargs, f"SELECT app_id, pv FROM {table}"))
     assert pv == page_views.ground_truth(bootstrap, topic_name)[0]  # the committed batch's rows, once
@@ -118,12 +168,24 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
 
     history = eo_json("history", pipeline)
     assert [(b["batch_id"], b["state"], b["records_in"]) for b in history["batches"]] == [(0, "committed", 200)]
-    [audit] = history["audit"]
+    audit, first = history["audit"]
     assert audit["action"] == "recover" and audit["reason"] == "in-doubt after a crash" and "@" in audit["actor"]
+    assert audit["epoch"] == 3 and audit["details"]["completed"] is True and first["reason"] == "first try"
     assert {b["action"] for b in audit["details"]["branches"]} == {"commit"}
+    assert sorted(audit["changes"]) == sorted(f"branch {xid}: commit" for xid in prepared)
+    human = eo("history", pipeline)
+    assert human.returncode == 0 and f"branch {prepared[0]}: commit" in human.stdout
     listed = {p["pipeline_id"]: p for p in eo_json("pipelines")}
     assert listed[pipeline]["last_state"] == "committed" and listed[pipeline]["lag"] == 0
     assert listed[pipeline]["sink"] == "MySqlXaSink"
+
+    # Overridden, the rewind goes through, and the audit row says what was overridden.
+    overridden = eo_json("rewind", pipeline, "--to-earliest", "--apply", "--reason", "recount", DOUBLE_COUNT_FLAG)
+    assert overridden["applied"] is True
+    rewound = eo_json("history", pipeline)["audit"][0]
+    assert (rewound["action"], rewound["reason"], rewound["details"]["overrides"]) == (
+        "rewind", "recount", [DOUBLE_COUNT_FLAG])
+    assert f"overridden: {DOUBLE_COUNT_FLAG}" in rewound["changes"]
 
 
 def test_a_rewind_is_a_dry_run_until_applied_audited_and_the_next_run_reprocesses_exactly_its_range(
@@ -159,6 +221,7 @@ def test_a_rewind_is_a_dry_run_until_applied_audited_and_the_next_run_reprocesse
     [audit] = history["audit"]
     assert (audit["action"], audit["reason"], audit["epoch"]) == ("rewind", "rows 40.. lost", applied["epoch"])
     assert [(p["old"], p["new"]) for p in audit["details"]["partitions"]] == [(61, 40)]
+    assert audit["details"]["overrides"] == [] and audit["changes"] == [f"{topic_name}[0] 61 -> 40"]
     human = eo("history", pipeline)
     assert human.returncode == 0 and "rows 40.. lost" in human.stdout and "61 -> 40" in human.stdout
 

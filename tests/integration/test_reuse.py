@@ -62,7 +62,8 @@ def test_the_same_pipeline_id_in_a_second_dag_is_refused_naming_both(bootstrap, 
     with DAG("second_dag", schedule=None, start_date=datetime(2026, 1, 1)):
         second = operator(topic_name, sink, pipeline_id=f"shared_{topic_name}")
     assert run(first)["records_in"] == 20
-    with pytest.raises(PipelineConflictError, match=r"belongs to first_dag\.micro_batch, and second_dag\.micro_batch"):
+    with pytest.raises(PipelineConflictError,
+                       match="belongs to DAG 'first_dag' task 'micro_batch', and DAG 'second_dag' task 'micro_batch'"):
         run(second)
     produce_page_views(bootstrap, 5, topic_name)
     assert run(first)["records_in"] == 5  # the refused run took nothing from the first DAG

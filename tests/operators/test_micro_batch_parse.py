@@ -6,6 +6,7 @@ import pytest
 from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable
 
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import validate_pipeline_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.operators.micro_batch import sink_asset_alias
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
@@ -122,3 +123,17 @@ def test_avro_schemas_load_from_files_and_directories(tmp_path):
     compact = '{"type":"record","name":"Order","fields":[{"name":"id","type":"string"}]}'
     assert parse.avro_schema == parse.key_schema == compact
     assert dict(parse.writer_schema_map) == {7: parse.avro_schema}
+
+
+def test_a_pipeline_id_the_store_would_cut_or_a_shell_would_read_differently_is_refused():
+    """The store's column holds 190 characters (a longer id was cut by INSERT IGNORE and the run then failed with
+    a TypeError); the operations paste ids into suggested shell commands and SQL."""
+    for bad in ("p" * 191, "", "orders; DROP TABLE eo_batch", "it's", "a b", "päge", "$(id)", "x\n"):
+        with pytest.raises(ConfigurationError, match="invalid pipeline_id"):
+            op(pipeline_id=bad)
+    for good in ("p" * 190, "page_views.v2-eu+orders", "{{ params.topic }}_hourly"):  # templated: checked rendered
+        assert op(pipeline_id=good).pipeline_id == good
+    # A rendered or default ("<dag_id>.<task_id>", up to 500 characters) id is checked when the task runs.
+    assert validate_pipeline_id("dag.task") == "dag.task"
+    with pytest.raises(ConfigurationError, match="1 to 190 letters"):
+        validate_pipeline_id(f"{'d' * 150}.{'t' * 50}")

@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.protocol import RunRequest, run_batch
+from airflow_eo.core.protocol import Owner, RunRequest, run_batch
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
@@ -78,7 +78,7 @@ def pipelines(bootstrap: str, mysql_kwargs: dict[str, Any]) -> dict[str, Any]:
     parse = ParseConfig(schema=page_views.SCHEMA, on_bad_record=BadRecordPolicy.DEAD_LETTER)
     events = MySqlUpsertSink(table=s["events_table"], key_columns=["event_id"])
     roles = adapters(events, s["events_pipeline"], parse=parse)
-    run_batch(RunRequest(s["events_pipeline"], "manual__ui_1", [topic], owner=f"{dag_id}.store_events",
+    run_batch(RunRequest(s["events_pipeline"], "manual__ui_1", [topic], owner=Owner(dag_id, "store_events"),
                          sink=events.record()), **roles)
     ops = pipeline_operations(actor="ui-test@localhost")
     rewound = ops.rewind(s["events_pipeline"], RewindTarget(RewindKind.EARLIEST), apply=True, reason=REWIND_REASON)
@@ -89,7 +89,7 @@ def pipelines(bootstrap: str, mysql_kwargs: dict[str, Any]) -> dict[str, Any]:
     roles = adapters(counts, s["counts_pipeline"], transform=page_views.count_per_app, parse=parse)
     roles["sink"] = DiesBeforeXaCommit(roles["sink"])
     with pytest.raises(KilledAfterCommitPoint):
-        run_batch(RunRequest(s["counts_pipeline"], "manual__ui_2", [topic], owner=f"{dag_id}.count_per_app",
+        run_batch(RunRequest(s["counts_pipeline"], "manual__ui_2", [topic], owner=Owner(dag_id, "count_per_app"),
                              sink=counts.record()), **roles)
     s["in_doubt"] = our_prepared_branches(mysql_kwargs, s["counts_pipeline"])
     assert s["in_doubt"]
