@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
+from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
 
 
 def upsert_statement(
@@ -107,8 +108,8 @@ def dead_letter_ddl(table: str) -> str:
     )
 
 
-DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
-                       "raw_value", "error")
+#: The dead-letter table's columns: the batches the engine's partition runner hands its writer.
+DEAD_LETTER_COLUMNS = DEAD_LETTER_FIELDS
 
 
 def parse_server_version(version: str) -> tuple[str, tuple[int, int, int]]:

@@ -9,6 +9,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
+from airflow_eo.core.xid import Xid
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
 from tests.conftest import create_topic
@@ -101,6 +102,13 @@ def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, boo
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 2)
     assert {d[1] for d in dead} == {summary["batch_id"]}
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+    # Written by the tasks that found them, in the same Spark job: nothing went through the driver ...
+    assert "dead_letters" not in summary["seconds"]
+    if sink_class is MySqlXaSink:  # ... each task's in its own branch, committed with the batch's
+        xids = json.loads(rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s AND batch_id = %s",
+                               (op.pipeline_id, summary["batch_id"]))[0][0])
+        partitions = [Xid.decode(x).partition for x in xids]
+        assert [p for p in partitions if p < -1], f"no task wrote its dead letters: {xids}"
 
 
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
