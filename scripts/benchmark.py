@@ -632,7 +632,7 @@ def rate_point(point: dict[str, Any]) -> None:
 
 def print_point(point: dict[str, Any]) -> None:
     print(f"\n{point['events']:,} events, {point['parallelism']} writers")
-    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>13}{'best peer':>27}{'of limit':>10}"
+    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>27}{'of limit':>10}"
           f"{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
@@ -642,7 +642,7 @@ def print_point(point: dict[str, Any]) -> None:
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
         rss = j["driver_peak_rss_mb"] or {}
         memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
-        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>13}{j.get('peer') or '-':>27}"
+        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>27}"
               f"{limit:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
 
 

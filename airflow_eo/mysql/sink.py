@@ -200,7 +200,7 @@ class MySqlTableSink:
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
-            fence=self.epoch_fence(batch),
+            fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:

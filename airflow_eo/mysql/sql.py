@@ -77,23 +77,26 @@ def upsert_from_staging_statement(
     columns: Sequence[str],
     key_columns: Sequence[str],
     updates: Mapping[str, str],
+    hex_columns: frozenset[int] = frozenset(),
 ) -> str:
     """The staging table's rows, in load order, into ``table`` with the same updates as :func:`upsert_statement`.
 
     The ``ON DUPLICATE KEY UPDATE`` clause names the staged values by their own column names (``_eo_c0`` ..):
     unambiguous next to the target's columns, and the same text on MariaDB and MySQL 8 (no ``VALUES()``).
+    ``hex_columns``: positions staged as hexadecimal text of binary values, ``UNHEX``-ed.
     """
     quoted = [quote_identifier(c, "column name") for c in columns]
     staged = [f"`_eo_c{i}`" for i in range(len(columns))]
+    selected = [f"UNHEX({c})" if i in hex_columns else c for i, c in enumerate(staged)]
     assignments = []
-    for column, q, new in zip(columns, quoted, staged, strict=True):
+    for column, q, new in zip(columns, quoted, selected, strict=True):
         if column in key_columns:
             continue
         assignments.append(f"{q} = {q} + {new}" if updates.get(column, "replace") == "add" else f"{q} = {new}")
     if not assignments:  # key-only table: keep the row as it is
         k = quote_identifier(key_columns[0])
         assignments.append(f"{k} = {k}")
-    return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(staged)} "
+    return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(selected)} "
             f"FROM `{STAGING_TABLE}` ORDER BY `{STAGING_SEQ}` ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
 
 
