@@ -176,13 +176,21 @@ class SparkBatchEngine:
         t0 = time.monotonic()
         row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
         records_in, bad = int(row["records"]), int(row["bad"])
-        dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises here
+        route = self._dead_letter_route(batch, sink) if bad else None
+        # fail: raises here; dead letters without an executor-side writer: streamed through the driver
+        dead_letters = self._bad_records(parsed, bad) if bad and route is None else iter(())
         good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *metadata_columns(self.parse))
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
         t1 = time.monotonic()
         written = sink.write(WritePlan(out, self), batch)
-        xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
+        xids = list(written.xids)
+        if route is not None:  # the executors write them: a job of their own, nothing through the driver
+            xids += self._write_dead_letters(parsed, route).xids
+        else:
+            xids += sink.write_dead_letters(batch, dead_letters)
+            if bad:
+                seconds["dead_letters"] = round(time.monotonic() - t1, 3)  # through the driver (with the write)
         seconds["write"] = round(time.monotonic() - t1, 3)
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
@@ -230,6 +238,18 @@ class SparkBatchEngine:
         if self.parse.on_bad_record is not BadRecordPolicy.DEAD_LETTER or make is None:
             return None
         return DeadLetterRoute(make(batch), batch.pipeline_id, batch.batch_id)
+
+    def _write_dead_letters(self, parsed: DataFrame, route: DeadLetterRoute) -> WriteResult:
+        """The bad records into the dead-letter table by the executors, in a Spark job of their own (a batch with a
+        transform, whose good rows' job never sees them); each task in its own branch / transaction."""
+        from pyspark.sql import functions as F
+
+        source = dict(zip(DEAD_LETTER_FIELDS, (
+            F.lit(route.pipeline_id), F.col("kafka_topic"), F.col("kafka_partition"), F.col("kafka_offset"),
+            F.lit(route.batch_id).cast("long"), F.col("kafka_key"), F.col("kafka_value"), F.col("_eo_error")),
+            strict=True))
+        bad = parsed.where(F.col("_eo_error").isNotNull()).select(*[c.alias(n) for n, c in source.items()])
+        return self.run_partitions(WritePlan(bad, self), _DeadLetterPartitions(route.writer))
 
     def _bad_records(self, parsed: DataFrame, bad: int) -> Iterator[DeadLetter]:
         """The batch's bad records for the dead-letter table, streamed: the driver holds one partition of them at a
@@ -359,6 +379,23 @@ class SparkBatchEngine:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
         if self._spark is not None and self._job_tag:
             self._spark.interruptTag(self._job_tag)
+
+
+@dataclass(frozen=True)
+class _DeadLetterPartitions:
+    """A dead-letter writer run as a job's partition writer: numbered as dead-letter writers are
+    (:func:`~airflow_eo.core.protocol.dead_letter_partition`), so that its branches never take the place of (or roll
+    back) the good rows' branches of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return ("topic", "kafka_partition", "kafka_offset")  # spread: every bad record is its own key
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        return self.writer(batches, dead_letter_partition(partition), stage_id, attempt_id, agreed)
 
 
 class _Spill:
