@@ -11,17 +11,21 @@ each on the same data and an identical fresh table:
 - the limits: ``r_kafka`` (Spark reads and counts the ranges: no parse, no write) and ``r_db`` (the fastest
   load of the same rows into the same table from the same number of connections: multi-row INSERT or
   ``LOAD DATA LOCAL INFILE``, whichever is faster); the limit of a pipeline is min(r_kafka, r_db) for its shape;
-- the peers (at-least-once): Spark Structured Streaming (``readStream`` + ``trigger(availableNow=True)`` + a
-  checkpoint + ``foreachBatch`` upserting with our multi-row statements), Spark's JDBC writer (``df.write.jdbc``
-  append, MariaDB Connector/J from Maven Central) and Airflow's Kafka provider (``ConsumeFromTopicOperator``
-  with an ``apply_function_batch`` that upserts);
+- the peers (at-least-once), per job (:data:`PEERS_OF`): for the events' shape, Spark Structured Streaming
+  (``readStream`` + ``trigger(availableNow=True)`` + a checkpoint + ``foreachBatch`` upserting with our multi-row
+  statements), Spark's JDBC writer (``df.write.jdbc`` append, MariaDB Connector/J from Maven Central) and Airflow's
+  Kafka provider (``ConsumeFromTopicOperator`` with an ``apply_function_batch`` that upserts); for the per-app
+  counts, Spark's JDBC append of the aggregated rows; for the Kafka sink, Spark's own Kafka writer
+  (``df.write.format("kafka")``, no transactions) of the same per-window counts;
 - ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape, the XA sink's per-app
-  counts (``app_pv``) and the Kafka transactional sink (``ip_counts``).
+  counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
+  the XA sink, written by the executors (``eo_xa_dead_letters``) and, for comparison, streamed through the driver
+  (``eo_xa_dead_letters_via_driver``, the path of sinks without an executor-side dead-letter writer).
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
-ratio to the best peer and the fraction of the limit, and with ``--json``/``--chart`` writes them (with the
-seconds per phase and the driver's peak memory) as JSON and as a PNG. Numbers, not assertions: compare ratios
-within one run.
+ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
+fraction of the limit, and with ``--json``/``--chart`` writes them (with the seconds per phase and the driver's peak
+memory) as JSON and as a PNG. Numbers, not assertions: compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -63,8 +67,17 @@ from examples.topics import ensure_topic, read_topic
 CONNECTOR_J = ("org.mariadb.jdbc", "mariadb-java-client", "3.5.3")
 EVENT_COLUMNS = ("event_id", "app_id", "user_id", "ts")
 ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_statement
-PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters")
+EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
+PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer")
+DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS)
+#: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
+#: are a row per record into a table, as the events are.
+PEERS_OF = {
+    **{name: EVENTS_PEERS for name in (*EVENTS_PEERS, "eo_upsert", "eo_xa_events", *DEAD_LETTERS)},
+    "spark_jdbc_append_counts": ("spark_jdbc_append_counts",), "eo_xa_counts": ("spark_jdbc_append_counts",),
+    "spark_kafka_writer": ("spark_kafka_writer",), "eo_kafka_txn": ("spark_kafka_writer",),
+}
 LIMITS = ("r_kafka", "r_db")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
@@ -83,6 +96,10 @@ class Job:
     note: str = ""
     records_per_s: float = 0.0
     ratio_to_best_peer: float | None = None
+    #: the best peer of this job, which ``ratio_to_best_peer`` is to
+    peer: str | None = None
+    #: dead letters: records/s over the same sink's good-record rate (``eo_xa_events``)
+    ratio_to_good_records: float | None = None
     fraction_of_limit: float | None = None
     protocol_share: float | None = None
     #: peak resident memory of the driver's Python and JVM during this job (MiB)
@@ -310,6 +327,50 @@ def spark_jdbc_append(topic: str, events: int, parallelism: int) -> Job:
     return Job("spark_jdbc_append", events, parallelism, seconds)
 
 
+def spark_jdbc_append_counts(topic: str, events: int, parallelism: int) -> Job:
+    """``eo_xa_counts``' peer: the same read and per-app counts (``page_views.count_per_app``), ``df.write.jdbc``
+    append of the aggregated rows into a fresh ``app_pv`` (no accumulation across batches: at least once)."""
+    table = fresh_table("app_pv", "jdbcc")
+    spark = SparkSessionHook().get_conn()
+    eng = engine(parallelism)
+    connect = mysql_kwargs()
+    started = time.monotonic()
+    batch = BatchContext("bench_jdbc_counts", 0, "bench", 0, whole_topic(topic))
+    raw = eng.read(spark, batch)
+    out = page_views.count_per_app(parsed_events(raw.withColumnRenamed("kafka_value", "value")), batch)
+    url = f"jdbc:mysql://{connect['host']}:{connect['port']}/{connect['database']}?permitMysqlScheme"
+    out.coalesce(parallelism).write.jdbc(
+        url, table, "append", {"user": connect["user"], "password": connect["password"],
+                               "driver": "org.mariadb.jdbc.Driver", "batchsize": str(ROWS_PER_STATEMENT)})
+    seconds = time.monotonic() - started
+    expect("page views counted", int(sql(f"SELECT SUM(pv) FROM `{table}`")[0][0]), events)
+    return Job("spark_jdbc_append_counts", events, parallelism, seconds)
+
+
+def spark_kafka_writer(lines_topic: str, events: int, parallelism: int) -> Job:
+    """``eo_kafka_txn``'s peer: the same read and per-window counts (``ip_counts.count_per_window_and_ip``) written
+    by Spark's own Kafka writer (``df.write.format("kafka")``: idempotent producers, no transactions)."""
+    from pyspark.sql import functions as F
+
+    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
+    out_topic = f"{lines_topic}_spark_out"
+    ensure_topic(bootstrap, out_topic, 3)
+    spark = SparkSessionHook().get_conn()
+    eng = engine(parallelism, schema=None)
+    started = time.monotonic()
+    batch = BatchContext("bench_spark_kafka", 0, "bench", 0, whole_topic(lines_topic))
+    raw = eng.read(spark, batch)
+    lines = raw.select(F.col("kafka_value").cast("string").alias("value"), "kafka_topic", "kafka_partition",
+                       "kafka_offset")
+    out = ip_counts.count_per_window_and_ip(lines, batch)
+    out.coalesce(parallelism).write.format("kafka").option("kafka.bootstrap.servers", bootstrap) \
+        .option("topic", out_topic).save()
+    seconds = time.monotonic() - started
+    counted = sum(json.loads(value or b"{}")["count"] for _, value in read_topic(bootstrap, out_topic)[0])
+    expect("lines counted in the output topic", counted, events)
+    return Job("spark_kafka_writer", events, parallelism, seconds)
+
+
 def _upsert_messages(messages: list[Any], table: str) -> None:
     """``apply_function_batch`` of the Airflow peer: one multi-row upsert per poll's worth of messages."""
     import pymysql
@@ -356,14 +417,15 @@ def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job
 
 
 def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
-         schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL) -> Job:
+         schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
+         wrap: Callable[[Any], Any] | None = None) -> Job:
     kafka = KafkaClusterHook("kafka_default")
     pipeline_id = f"bench_{name}_{topic}"
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
                         store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(),
                         engine=engine(parallelism, transform, schema, on_bad_record),
-                        sink=build_sink(sink, pipeline_id))
+                        sink=(wrap or (lambda adapter: adapter))(build_sink(sink, pipeline_id)))
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
     job_dead_letters[name] = summary.dead_letters
@@ -376,16 +438,31 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
 job_dead_letters: dict[str, int] = {}
 
 
-def eo_xa_dead_letters(lines_topic: str, events: int, parallelism: int) -> Job:
+class _ThroughTheDriver:
+    """A sink adapter without its executor-side dead-letter writer: the engine streams the dead letters through the
+    driver into :meth:`write_dead_letters` (the path before executors wrote them; sinks without one still take it)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self._adapter = adapter
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dead_letter_writer":
+            raise AttributeError(name)
+        return getattr(self._adapter, name)
+
+
+def eo_xa_dead_letters(lines_topic: str, events: int, parallelism: int, via_driver: bool = False) -> Job:
     """Every record bad: the text lines read with the page views' JSON schema, all dead-lettered (XA sink). Shows
     that the driver's memory does not grow with the number of dead letters."""
+    name = "eo_xa_dead_letters_via_driver" if via_driver else "eo_xa_dead_letters"
     table, dead = fresh_table("page_view_events", "xadl"), f"bench_dl_{uuid.uuid4().hex[:6]}"
-    _made_tables.append(dead)  # created by the sink's check
+    _made_tables.append(dead)  # created by the sink before the batch's branches
     sink = MySqlXaSink(table=table, key_columns=["event_id"], dead_letter_table=dead)
-    job = ours("eo_xa_dead_letters", sink, None, lines_topic, events, parallelism,
-               on_bad_record=BadRecordPolicy.DEAD_LETTER)
+    job = ours(name, sink, None, lines_topic, events, parallelism, on_bad_record=BadRecordPolicy.DEAD_LETTER,
+               wrap=_ThroughTheDriver if via_driver else None)
     expect("dead letters (reported, in the table, rows out)",
-           (job_dead_letters["eo_xa_dead_letters"], table_rows(dead), table_rows(table)), (events, events, 0))
+           (job_dead_letters[name], table_rows(dead), table_rows(table)), (events, events, 0))
+    expect("dead letters written through the driver", "dead_letters" in job.phases, via_driver)
     return job
 
 
@@ -503,8 +580,12 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("airflow_consume_from_topic", lambda: airflow_consume_from_topic(topic, events, parallelism)),
             ("eo_upsert", lambda: eo_upsert(topic, events, parallelism)),
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
+            ("spark_jdbc_append_counts", lambda: spark_jdbc_append_counts(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
+            ("spark_kafka_writer", lambda: spark_kafka_writer(lines_topic, events, parallelism)),
             ("eo_kafka_txn", lambda: eo_kafka_txn(lines_topic, events, parallelism)),
+            ("eo_xa_dead_letters_via_driver",
+             lambda: eo_xa_dead_letters(lines_topic, events, parallelism, via_driver=True)),
             ("eo_xa_dead_letters", lambda: eo_xa_dead_letters(lines_topic, events, parallelism)),
             (EMPTY_BATCH, lambda: eo_empty_batch(topic, parallelism)),
         ]
@@ -528,17 +609,21 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
 def rate_point(point: dict[str, Any]) -> None:
     """Ratios within one point: to the best peer, to the limit of the job's shape."""
     jobs = {j["name"]: j for j in point["jobs"]}
-    peers = [jobs[p]["records_per_s"] for p in PEERS if p in jobs]
-    best_peer = max(peers) if peers else None
     kafka, db = jobs.get("r_kafka", {}).get("records_per_s"), jobs.get("r_db", {}).get("records_per_s")
+    good = jobs.get("eo_xa_events", {}).get("records_per_s")
     for job in point["jobs"]:
-        if best_peer and job["name"] not in (*LIMITS, "r_kafka_lines", EMPTY_BATCH):
-            job["ratio_to_best_peer"] = round(job["records_per_s"] / best_peer, 3)
+        peers = [p for p in PEERS_OF.get(job["name"], ()) if p in jobs]
+        if peers:
+            best = max(peers, key=lambda p: jobs[p]["records_per_s"])
+            job["peer"] = best
+            job["ratio_to_best_peer"] = round(job["records_per_s"] / jobs[best]["records_per_s"], 3)
+        if job["name"] in DEAD_LETTERS and good:
+            job["ratio_to_good_records"] = round(job["records_per_s"] / good, 3)
         if job["name"] in EVENTS_SHAPE and kafka and db:
             limit = min(kafka, db)
-        elif job["name"] == "eo_xa_counts" and kafka:
+        elif job["name"] in ("eo_xa_counts", "spark_jdbc_append_counts") and kafka:
             limit = kafka  # a few rows out: the database is not the limit
-        elif job["name"] == "eo_kafka_txn" and "r_kafka_lines" in jobs:
+        elif job["name"] in ("eo_kafka_txn", "spark_kafka_writer") and "r_kafka_lines" in jobs:
             limit = jobs["r_kafka_lines"]["records_per_s"]
         else:
             continue
@@ -547,16 +632,18 @@ def rate_point(point: dict[str, Any]) -> None:
 
 def print_point(point: dict[str, Any]) -> None:
     print(f"\n{point['events']:,} events, {point['parallelism']} writers")
-    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>13}{'of limit':>10}{'protocol':>10}"
-          f"{'driver MiB (py/JVM)':>21}  phases (s)")
+    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>27}{'of limit':>10}"
+          f"{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
+        if j.get("ratio_to_good_records") is not None:
+            ratio += f" ({j['ratio_to_good_records']:.2f}x good)"
         limit = f"{j['fraction_of_limit']:.2f}" if j["fraction_of_limit"] is not None else "-"
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
         rss = j["driver_peak_rss_mb"] or {}
         memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
-        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>13}{limit:>10}{protocol:>10}"
-              f"{memory:>21}  {j['phases'] or j['note']}")
+        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>27}"
+              f"{limit:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
 
 
 def chart(points: list[dict[str, Any]], path: Path) -> None:

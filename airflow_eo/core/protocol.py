@@ -104,6 +104,32 @@ class DeadLetter:
     error: str
 
 
+#: The columns of the dead-letter batches a :class:`DeadLetterRoute`'s writer gets (Arrow record batches), in this
+#: order: the :class:`DeadLetter` fields with the pipeline and batch they belong to.
+DEAD_LETTER_FIELDS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
+                      "raw_value", "error")
+
+
+def dead_letter_partition(partition: int) -> int:
+    """The partition number (in its xid) of the dead-letter writer of Spark partition ``partition``: its own branch
+    or transaction, never the same as the partition's good rows' (``partition``) nor the driver's (-1)."""
+    return -2 - partition
+
+
+@dataclass(frozen=True)
+class DeadLetterRoute:
+    """Where a one-pass batch's bad records go from the task that finds them (``on_bad_record='dead_letter'``).
+
+    ``writer`` is the sink's partition writer of its dead-letter table (its own XA branch or fenced transaction per
+    task, keyed by pipeline, topic, partition and offset: replay-safe); it gets :data:`DEAD_LETTER_FIELDS` batches,
+    with partition number :func:`dead_letter_partition` of the task's. The table exists before any task starts.
+    """
+
+    writer: PartitionWriter
+    pipeline_id: str
+    batch_id: int
+
+
 @dataclass
 class WriteResult:
     """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written.
@@ -115,6 +141,7 @@ class WriteResult:
     xids: list[str] = field(default_factory=list)
     rows: int = 0
     counted: tuple[int, int] | None = None
+    dead_lettered: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +159,9 @@ class WritePlan:
     - ``vote``: the writers hold their whole partition without making any of it visible and write only if every
       writer task reported no bad record (the barrier vote: a sink whose writes are visible at once, see
       :meth:`Sink.can_hold_writes`).
+    - ``dead_letters``: with ``counts_bad_records``, the task that finds a bad record also writes it, with this
+      route's writer (the sink's :meth:`ExecutorDeadLetters.dead_letter_writer`), in the same Spark job: the driver
+      never holds them.
     """
 
     output: Any  # the rows to write (the engine's DataFrame): the batch's good records, transformed
@@ -140,10 +170,13 @@ class WritePlan:
     vote: bool = False
     #: the runner's own: every parsed record with its error column, when the writers count bad records
     unfiltered: Any = None
+    dead_letters: DeadLetterRoute | None = None
 
     def __post_init__(self) -> None:
         if self.vote and not self.counts_bad_records:
             raise ValueError("a write plan votes on the bad records its writers count: vote needs counts_bad_records")
+        if self.dead_letters is not None and (self.vote or not self.counts_bad_records):
+            raise ValueError("the partition writers dead-letter the bad records they count, without a vote")
 
     def run_partitions(self, writer: PartitionWriter, columns: Sequence[str] | None = None) -> WriteResult:
         """Run ``writer`` on every partition of the output, or of its projection to ``columns`` (output columns)."""
@@ -359,6 +392,16 @@ class Sink(Protocol):
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         """Best effort on failure before the commit point: roll back what this attempt (``batch.epoch``)
         prepared or opened, reported in ``xids`` or not (a failed Spark job reports nothing)."""
+
+
+class ExecutorDeadLetters(Protocol):
+    """A sink whose dead letters the executors write (optional next to :meth:`Sink.write_dead_letters`): in a one-pass
+    batch each task writes the bad records it finds, in its own branch or fenced transaction (see
+    :class:`DeadLetterRoute`). A sink without this method gets them streamed through the driver."""
+
+    def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
+        """The dead-letter table's partition writer for this batch's attempt; creates the table first when it is
+        missing (DDL, on the driver, before any branch of the batch starts)."""
 
 
 class Engine(Protocol):

@@ -105,8 +105,7 @@ class MySqlTableSink:
         """The XA sink's stricter requirements."""
 
     def _split_table(self) -> tuple[str | None, str]:
-        parts = self.table.split(".")
-        return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+        return _split(self.table)
 
     def _table_columns(self, cur: Any) -> list[str]:
         schema, table = self._split_table()
@@ -182,27 +181,38 @@ class MySqlTableSink:
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
-    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
-        """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows. Streamed in
-        chunks of :data:`DEAD_LETTER_CHUNK` into one writer (one XA branch). The table is created with the first
-        dead letter (never in :meth:`check`, which has no side effect)."""
-        first = next(records, None)
-        if first is None:
-            return []
-        records = itertools.chain([first], records)
+    def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
+        """The dead-letter table's writer (keyed by pipeline, topic, partition and offset: a replay rewrites the same
+        rows; one XA branch per writer in XA mode). Creates the table when missing, on the driver before any branch
+        of the batch starts (DDL commits on its own; never in :meth:`check`, which has no side effect)."""
+        schema, table = _split(self.dead_letter_table)
         conn = connect(self.connect_kwargs, autocommit=True, charset="utf8mb4")
         try:
             with conn.cursor() as cur:
-                cur.execute(dead_letter_ddl(self.dead_letter_table))  # DDL commits on its own: before any branch
+                # Looked up first: DDL on an existing table would still wait for other pipelines' prepared branches.
+                cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) "
+                            "AND TABLE_NAME = %s", (schema, table))
+                if cur.fetchone() is None:
+                    cur.execute(dead_letter_ddl(self.dead_letter_table))
         finally:
             conn.close()
-        writer = PartitionWriter(
+        return PartitionWriter(
             connect_kwargs=self.connect_kwargs, table=self.dead_letter_table, columns=DEAD_LETTER_COLUMNS,
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
-            fence=self.epoch_fence(batch),
+            fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
+
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        """Dead letters streamed through the driver (the engine's path when its executors could not write them, see
+        :meth:`dead_letter_writer`): in chunks of :data:`DEAD_LETTER_CHUNK` into one writer (one XA branch). The
+        table is created with the first dead letter."""
+        first = next(records, None)
+        if first is None:
+            return []
+        records = itertools.chain([first], records)
+        writer = self.dead_letter_writer(batch)
 
         def chunks() -> Iterator[pa.RecordBatch]:
             while chunk := list(itertools.islice(records, DEAD_LETTER_CHUNK)):
@@ -218,6 +228,12 @@ class MySqlTableSink:
     def dead_letters(self, pipeline_id: str, batch_id: int | None, limit: int) -> list[dict[str, Any]] | None:
         """The pipeline's dead letters in this sink's table (``airflow eo dead-letters``, the DAG tab)."""
         return read_dead_letters(self.connect_kwargs, self.dead_letter_table, pipeline_id, batch_id, limit)
+
+
+def _split(table: str) -> tuple[str | None, str]:
+    """``database.table`` or ``table`` → (database or None, table)."""
+    parts = table.split(".")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
 
 class MySqlUpsertAdapter(MySqlTableSink):

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
+from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
 
 
 def upsert_statement(
@@ -76,23 +77,26 @@ def upsert_from_staging_statement(
     columns: Sequence[str],
     key_columns: Sequence[str],
     updates: Mapping[str, str],
+    hex_columns: frozenset[int] = frozenset(),
 ) -> str:
     """The staging table's rows, in load order, into ``table`` with the same updates as :func:`upsert_statement`.
 
     The ``ON DUPLICATE KEY UPDATE`` clause names the staged values by their own column names (``_eo_c0`` ..):
     unambiguous next to the target's columns, and the same text on MariaDB and MySQL 8 (no ``VALUES()``).
+    ``hex_columns``: positions staged as hexadecimal text of binary values, ``UNHEX``-ed.
     """
     quoted = [quote_identifier(c, "column name") for c in columns]
     staged = [f"`_eo_c{i}`" for i in range(len(columns))]
+    selected = [f"UNHEX({c})" if i in hex_columns else c for i, c in enumerate(staged)]
     assignments = []
-    for column, q, new in zip(columns, quoted, staged, strict=True):
+    for column, q, new in zip(columns, quoted, selected, strict=True):
         if column in key_columns:
             continue
         assignments.append(f"{q} = {q} + {new}" if updates.get(column, "replace") == "add" else f"{q} = {new}")
     if not assignments:  # key-only table: keep the row as it is
         k = quote_identifier(key_columns[0])
         assignments.append(f"{k} = {k}")
-    return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(staged)} "
+    return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(selected)} "
             f"FROM `{STAGING_TABLE}` ORDER BY `{STAGING_SEQ}` ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
 
 
@@ -109,8 +113,8 @@ def dead_letter_ddl(table: str) -> str:
     )
 
 
-DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
-                       "raw_value", "error")
+#: The dead-letter table's columns: the batches the engine's partition runner hands its writer.
+DEAD_LETTER_COLUMNS = DEAD_LETTER_FIELDS
 
 
 def parse_server_version(version: str) -> tuple[str, tuple[int, int, int]]:

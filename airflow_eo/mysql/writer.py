@@ -12,7 +12,7 @@ import pymysql
 
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
-from airflow_eo.mysql.bulk_load import sink_array, stage, staging_types
+from airflow_eo.mysql.bulk_load import hex_columns, sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.sql import upsert_from_staging_statement, upsert_statement
 from airflow_eo.mysql.xa import XaFacade
@@ -71,7 +71,7 @@ class PartitionWriter:
                         return None, 0  # another partition found a bad record: write nothing
                 if xa is not None:
                     xa.start(xid)
-                written = (self._write_staged(conn, cur, staged) if types is not None
+                written = (self._write_staged(conn, cur, staged, hex_columns(types)) if types is not None
                            else self._write(conn, cur, _rows(stream, self.columns)))
                 if xa is not None:
                     xa.prepare(xid)
@@ -88,11 +88,12 @@ class PartitionWriter:
                     xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
                 xa.rollback(other)
 
-    def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int) -> int:
+    def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int,
+                      hexed: frozenset[int]) -> int:
         """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
         if self.fence is not None:
             self.fence.check(cur, "share")
-        cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates))
+        cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates, hexed))
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
         if not self.xa:

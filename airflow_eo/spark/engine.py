@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +25,16 @@ from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import (
+    DEAD_LETTER_FIELDS,
     BatchContext,
     DeadLetter,
+    DeadLetterRoute,
     ExecutionResult,
     PartitionWriter,
     Sink,
     WritePlan,
     WriteResult,
+    dead_letter_partition,
 )
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.spark.parsing import metadata_columns, parse_records
@@ -46,6 +51,11 @@ BATCH_VIEW = "kafka_batch"  # temp view name for SQL transforms
 _PASSED_TO_SPARK = ("bootstrap.servers", "security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
 
 Transform = Callable[["DataFrame", BatchContext], "DataFrame"]
+
+#: What a one-pass batch's partition writers get of a bad record besides its error (NULL on good records, so that
+#: the good ones carry next to nothing more through the shuffle): the dead-letter fields, by their source columns.
+_DEAD_LETTER_SOURCE = {"_eo_dl_topic": "kafka_topic", "_eo_dl_partition": "kafka_partition",
+                       "_eo_dl_offset": "kafka_offset", "_eo_dl_key": "kafka_key", "_eo_dl_value": "kafka_value"}
 
 
 def resolve_transform(transform: Transform | str | None) -> Transform | str | None:
@@ -166,13 +176,21 @@ class SparkBatchEngine:
         t0 = time.monotonic()
         row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
         records_in, bad = int(row["records"]), int(row["bad"])
-        dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises here
+        route = self._dead_letter_route(batch, sink) if bad else None
+        # fail: raises here; dead letters without an executor-side writer: streamed through the driver
+        dead_letters = self._bad_records(parsed, bad) if bad and route is None else iter(())
         good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *metadata_columns(self.parse))
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
         t1 = time.monotonic()
         written = sink.write(WritePlan(out, self), batch)
-        xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
+        xids = list(written.xids)
+        if route is not None:  # the executors write them: a job of their own, nothing through the driver
+            xids += self._write_dead_letters(parsed, route).xids
+        else:
+            xids += sink.write_dead_letters(batch, dead_letters)
+            if bad:
+                seconds["dead_letters"] = round(time.monotonic() - t1, 3)  # through the driver (with the write)
         seconds["write"] = round(time.monotonic() - t1, 3)
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
@@ -191,9 +209,14 @@ class SparkBatchEngine:
         from pyspark.sql import functions as F
 
         t0 = time.monotonic()
-        unfiltered = parsed.select(*payload, "_eo_error")
-        good = unfiltered.where(F.col("_eo_error").isNull()).drop("_eo_error")
-        written = sink.write(WritePlan(good, self, counts_bad_records=True, vote=vote, unfiltered=unfiltered), batch)
+        route = self._dead_letter_route(batch, sink) if not vote else None
+        bad_fields = [] if route is None else [
+            F.when(F.col("_eo_error").isNotNull(), F.col(source)).alias(name)
+            for name, source in _DEAD_LETTER_SOURCE.items()]
+        unfiltered = parsed.select(*payload, "_eo_error", *bad_fields)
+        good = unfiltered.where(F.col("_eo_error").isNull()).select(*payload)
+        written = sink.write(WritePlan(good, self, counts_bad_records=True, vote=vote, unfiltered=unfiltered,
+                                       dead_letters=route), batch)
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
         t1 = time.monotonic()
         counted = written.counted
@@ -201,11 +224,32 @@ class SparkBatchEngine:
             row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
             counted = int(row["records"]), int(row["bad"])
         records_in, bad = counted
-        dead_letters = self._bad_records(parsed, bad) if bad else iter(())  # fail: raises, the attempt discards
-        xids = [*written.xids, *sink.write_dead_letters(batch, dead_letters)]
-        seconds["dead_letters"] = round(time.monotonic() - t1, 3)
+        xids = list(written.xids)
+        if bad and not written.dead_lettered:  # fail: raises, the attempt discards
+            xids += sink.write_dead_letters(batch, self._bad_records(parsed, bad))
+            seconds["dead_letters"] = round(time.monotonic() - t1, 3)  # through the driver
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
+
+    def _dead_letter_route(self, batch: BatchContext, sink: Sink) -> DeadLetterRoute | None:
+        """The executors write the dead letters when the policy keeps them and the sink has a partition writer for
+        them (:class:`~airflow_eo.core.protocol.ExecutorDeadLetters`); else they go through the driver."""
+        make = getattr(sink, "dead_letter_writer", None)
+        if self.parse.on_bad_record is not BadRecordPolicy.DEAD_LETTER or make is None:
+            return None
+        return DeadLetterRoute(make(batch), batch.pipeline_id, batch.batch_id)
+
+    def _write_dead_letters(self, parsed: DataFrame, route: DeadLetterRoute) -> WriteResult:
+        """The bad records into the dead-letter table by the executors, in a Spark job of their own (a batch with a
+        transform, whose good rows' job never sees them); each task in its own branch / transaction."""
+        from pyspark.sql import functions as F
+
+        source = dict(zip(DEAD_LETTER_FIELDS, (
+            F.lit(route.pipeline_id), F.col("kafka_topic"), F.col("kafka_partition"), F.col("kafka_offset"),
+            F.lit(route.batch_id).cast("long"), F.col("kafka_key"), F.col("kafka_value"), F.col("_eo_error")),
+            strict=True))
+        bad = parsed.where(F.col("_eo_error").isNotNull()).select(*[c.alias(n) for n, c in source.items()])
+        return self.run_partitions(WritePlan(bad, self), _DeadLetterPartitions(route.writer))
 
     def _bad_records(self, parsed: DataFrame, bad: int) -> Iterator[DeadLetter]:
         """The batch's bad records for the dead-letter table, streamed: the driver holds one partition of them at a
@@ -261,12 +305,15 @@ class SparkBatchEngine:
         unknown = [c for c in selected if c not in out.columns]
         if unknown:
             raise ValueError(f"run_partitions: columns {unknown} are not columns of the output ({out.columns})")
-        counting, hold = plan.counts_bad_records, plan.vote
-        source = plan.unfiltered.select(*selected, "_eo_error") if counting else (
+        counting, hold, route = plan.counts_bad_records, plan.vote, plan.dead_letters
+        extra = ["_eo_error", *(_DEAD_LETTER_SOURCE if route is not None else ())]
+        source = plan.unfiltered.select(*selected, *extra) if counting else (
             out if columns is None else out.select(*selected))
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
-        # One key lives in one task: two XA branches never wait on each other's row locks.
-        keyed = source.repartition(partitions, *writer.key_columns)
+        # One key lives in one task: two XA branches never wait on each other's row locks. Bad records (NULL keys,
+        # mostly) spread by their offsets instead of piling up in one task.
+        spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []
+        keyed = source.repartition(partitions, *writer.key_columns, *spread)
 
         def write_partition(batches: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -284,13 +331,18 @@ class SparkBatchEngine:
                     verdict.append(sum(int(bad) for bad in ctx.allGather(str(seen["bad"]))) == 0)
                 return verdict[0]
 
+            spill = _Spill() if route is not None else None
+
             def good_batches() -> Iterator[Any]:
                 for batch in batches:
                     if counting:
                         bad = pc.is_valid(batch.column(batch.schema.get_field_index("_eo_error")))
+                        bad_rows = pc.sum(bad).as_py() or 0
                         seen["records"] += batch.num_rows
-                        seen["bad"] += pc.sum(bad).as_py() or 0
-                        batch = batch.filter(pc.invert(bad)).drop_columns(["_eo_error"])
+                        seen["bad"] += bad_rows
+                        if spill is not None and bad_rows:
+                            spill.add(batch.filter(bad))
+                        batch = batch.filter(pc.invert(bad)).drop_columns(extra)
                     yield batch
 
             rows_in = good_batches()
@@ -302,20 +354,103 @@ class SparkBatchEngine:
                 agreed()  # a task with nothing to write still takes part in the vote
             if xid:
                 failpoint("after_task_prepare", scope=f"{xid.split('/')[0]}-{ctx.partitionId()}")
+            dead_xid = None
+            if spill is not None and route is not None:
+                with spill:
+                    # The bad records of this task, in its own branch / transaction of the dead-letter table.
+                    dead_xid, dead_rows = route.writer(_dead_letter_batches(spill.batches(), route),
+                                                       dead_letter_partition(ctx.partitionId()), ctx.stageId(),
+                                                       ctx.taskAttemptId())
+                if dead_rows:
+                    failpoint("after_task_dead_letters", scope=f"{route.batch_id}-{ctx.partitionId()}")
             yield pa.RecordBatch.from_pydict(
-                {"xid": [xid], "rows": [rows], "records": [seen["records"]], "bad": [seen["bad"]]},
-                schema=pa.schema([("xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),
-                                  ("bad", pa.int64())]))
+                {"xid": [xid], "dead_xid": [dead_xid], "rows": [rows], "records": [seen["records"]],
+                 "bad": [seen["bad"]]},
+                schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("rows", pa.int64()),
+                                  ("records", pa.int64()), ("bad", pa.int64())]))
 
-        reports = keyed.mapInArrow(write_partition, "xid string, rows long, records long, bad long",
+        reports = keyed.mapInArrow(write_partition, "xid string, dead_xid string, rows long, records long, bad long",
                                    barrier=hold).collect()
         counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else None
-        return WriteResult([r["xid"] for r in reports if r["xid"]], sum(r["rows"] for r in reports), counted)
+        xids = [x for r in reports for x in (r["xid"], r["dead_xid"]) if x]
+        return WriteResult(xids, sum(r["rows"] for r in reports), counted, dead_lettered=route is not None)
 
     def cancel(self) -> None:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
         if self._spark is not None and self._job_tag:
             self._spark.interruptTag(self._job_tag)
+
+
+@dataclass(frozen=True)
+class _DeadLetterPartitions:
+    """A dead-letter writer run as a job's partition writer: numbered as dead-letter writers are
+    (:func:`~airflow_eo.core.protocol.dead_letter_partition`), so that its branches never take the place of (or roll
+    back) the good rows' branches of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return ("topic", "kafka_partition", "kafka_offset")  # spread: every bad record is its own key
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        return self.writer(batches, dead_letter_partition(partition), stage_id, attempt_id, agreed)
+
+
+class _Spill:
+    """A task's bad records, kept in an Arrow stream file on the executor's local disk while its good rows are
+    written (memory stays flat whatever their number); removed on exit."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._writer: Any = None
+
+    def add(self, batch: Any) -> None:
+        import pyarrow as pa
+
+        if self._writer is None:
+            fd, self._path = tempfile.mkstemp(prefix="airflow_eo_dead_", suffix=".arrows")
+            os.close(fd)
+            self._writer = pa.ipc.new_stream(self._path, batch.schema)
+        self._writer.write_batch(batch)
+
+    def batches(self) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if self._writer is None:
+            return
+        self._close()
+        with pa.memory_map(self._path) as source:
+            yield from pa.ipc.open_stream(source)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+        if self._path is not None:
+            os.unlink(self._path)
+
+
+def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator[Any]:
+    """The bad records as the dead-letter writer's batches (:data:`~airflow_eo.core.protocol.DEAD_LETTER_FIELDS`)."""
+    import pyarrow as pa
+
+    for batch in bad:
+        n = batch.num_rows
+        column = {name: batch.column(batch.schema.get_field_index(name))
+                  for name in (*_DEAD_LETTER_SOURCE, "_eo_error")}
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([route.pipeline_id] * n, pa.string()), column["_eo_dl_topic"], column["_eo_dl_partition"],
+             column["_eo_dl_offset"], pa.array([route.batch_id] * n, pa.int64()), column["_eo_dl_key"],
+             column["_eo_dl_value"], column["_eo_error"]],
+            names=list(DEAD_LETTER_FIELDS))
 
 
 def _default_parallelism(spark: SparkSession) -> int:

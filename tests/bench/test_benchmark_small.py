@@ -12,8 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
-        "airflow_consume_from_topic", "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters",
-        "eo_empty_batch"}
+        "airflow_consume_from_topic", "spark_jdbc_append_counts", "spark_kafka_writer", "eo_upsert", "eo_xa_events",
+        "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters", "eo_xa_dead_letters_via_driver", "eo_empty_batch"}
+EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 
 
 def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airflow_db):
@@ -33,8 +34,17 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
     for name in ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
                  "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn"):
         assert jobs[name]["ratio_to_best_peer"] is not None and jobs[name]["fraction_of_limit"] is not None
-    assert max(jobs[p]["ratio_to_best_peer"] for p in ("structured_streaming_foreach_batch", "spark_jdbc_append",
-                                                       "airflow_consume_from_topic")) == 1.0
+    assert max(jobs[p]["ratio_to_best_peer"] for p in EVENTS_PEERS) == 1.0
+    # Each job against the best peer of its own shape.
+    assert {jobs[n]["peer"] for n in ("eo_upsert", "eo_xa_events", "eo_xa_dead_letters")} <= set(EVENTS_PEERS)
+    assert jobs["eo_xa_counts"]["peer"] == "spark_jdbc_append_counts"
+    assert jobs["eo_kafka_txn"]["peer"] == "spark_kafka_writer"
+    assert jobs["spark_kafka_writer"]["ratio_to_best_peer"] == jobs["spark_jdbc_append_counts"]["ratio_to_best_peer"] \
+        == 1.0
+    # Dead letters: by the executors (no driver phase) and through the driver, each next to the good records' rate.
+    assert "dead_letters" not in jobs["eo_xa_dead_letters"]["phases"]
+    assert "dead_letters" in jobs["eo_xa_dead_letters_via_driver"]["phases"]
+    assert all(jobs[n]["ratio_to_good_records"] > 0 for n in ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver"))
     assert {"plan", "commit", "finalize", "write"} <= set(jobs["eo_xa_events"]["phases"])
     assert 0 < jobs["eo_upsert"]["protocol_share"] < 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

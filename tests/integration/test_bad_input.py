@@ -9,10 +9,11 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
+from airflow_eo.core.xid import Xid
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
 from tests.conftest import create_topic
-from tests.integration.operator_harness import events_table, operator, rows, run
+from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
 
 BAD_VALUES = [
@@ -100,6 +101,34 @@ def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, boo
                 (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 2)
     assert {d[1] for d in dead} == {summary["batch_id"]}
+    assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+    # Written by the tasks that found them, in the same Spark job: nothing went through the driver ...
+    assert "dead_letters" not in summary["seconds"]
+    if sink_class is MySqlXaSink:  # ... each task's in its own branch, committed with the batch's
+        xids = json.loads(rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s AND batch_id = %s",
+                               (op.pipeline_id, summary["batch_id"]))[0][0])
+        partitions = [Xid.decode(x).partition for x in xids]
+        assert [p for p in partitions if p < -1], f"no task wrote its dead letters: {xids}"
+
+
+def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_branches(bootstrap, mysql_kwargs,
+                                                                                       topic_name):
+    """A transform stands between the parsed records and the sink's writers: the bad records, counted first, are
+    written by a Spark job of their own, each task in its own XA branch (never one of the good rows' branches)."""
+    create_topic(bootstrap, topic_name, 2)
+    good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3)
+    table = counts_table(mysql_kwargs)
+    op = operator(topic_name, MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
+                  on_bad_record="dead_letter", transform="airflow_eo.examples.page_views.count_per_app")
+    summary = run(op)
+    assert (summary["records_in"], summary["dead_letters"]) == (209, 9) and "dead_letters" not in summary["seconds"]
+    assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
+    dead = rows(mysql_kwargs, "SELECT raw_value FROM eo_dead_letter WHERE pipeline_id = %s", (op.pipeline_id,))
+    assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 3)
+    xids = json.loads(rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s",
+                           (op.pipeline_id,))[0][0])
+    partitions = [Xid.decode(x).partition for x in xids]
+    assert [p for p in partitions if p >= 0] and [p for p in partitions if p < -1], xids
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
 
 
