@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
@@ -143,7 +144,7 @@ class MySqlTableSink:
             )
 
     def check_columns(self, columns: Sequence[str]) -> None:
-        unknown = [c for c in columns if c not in self.table_columns]
+        unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
         if unknown:
             raise ConfigurationError(
                 f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "

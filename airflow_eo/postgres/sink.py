@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
@@ -120,7 +121,7 @@ class PostgresTableSink:
         """The two-phase sink's requirements of the table's schema."""
 
     def check_columns(self, columns: Sequence[str]) -> None:
-        unknown = [c for c in columns if c not in self.table_columns]
+        unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
         if unknown:
             raise ConfigurationError(
                 f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 
@@ -45,9 +46,12 @@ def staging_ddl(table: str, staging: str, columns: Sequence[str], temporary: boo
     table cannot be prepared)."""
     name = staging_name(table, staging, temporary)
     kind = "TEMP TABLE" if temporary else "UNLOGGED TABLE"
-    quoted = ", ".join(quote_identifier(c, "column name") for c in columns)
-    return [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
-            f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT GENERATED ALWAYS AS IDENTITY"]
+    quoted = ", ".join(quote_identifier(c, "column name") for c in columns if c != DELETE_COLUMN)
+    ddl = [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
+           f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT GENERATED ALWAYS AS IDENTITY"]
+    if DELETE_COLUMN in columns:  # tombstones that delete (on_tombstone="delete")
+        ddl.append(f"ALTER TABLE {name} ADD COLUMN {quote_identifier(DELETE_COLUMN)} BOOLEAN")
+    return ddl
 
 
 def staging_name(table: str, staging: str, temporary: bool) -> str:
@@ -69,7 +73,17 @@ def upsert_from_staging_statement(table: str, staging: str, columns: Sequence[st
 
     PostgreSQL refuses to update one row twice in a statement, so the staged rows are first reduced to one per
     key with what writing them one after the other would leave: an overwritten column keeps its last value (load
-    order), an added one their sum (``c = t.c + EXCLUDED.c``)."""
+    order), an added one their sum (``c = t.c + EXCLUDED.c``). With tombstones (:data:`DELETE_COLUMN` staged), a
+    key whose last event is a tombstone is not written (:func:`delete_from_staging_statement` deletes it)."""
+    if DELETE_COLUMN in columns:
+        columns = [c for c in columns if c != DELETE_COLUMN]
+        key_list = ", ".join(quote_identifier(k, "key column") for k in key_columns)
+        column_list = ", ".join(quote_identifier(c, "column name") for c in columns)
+        last = (f"(SELECT DISTINCT ON ({key_list}) {column_list}, {quote_identifier(DELETE_COLUMN)}, "
+                f"{quote_identifier(STAGING_SEQ)} FROM {staging} "
+                f"ORDER BY {key_list}, {quote_identifier(STAGING_SEQ)} DESC) AS \"_eo_last\" "
+                f"WHERE NOT {quote_identifier(DELETE_COLUMN)}")
+        return upsert_from_staging_statement(table, last, columns, key_columns, updates)
     quoted = [quote_identifier(c, "column name") for c in columns]
     keys = [quote_identifier(k, "key column") for k in key_columns]
     seq = quote_identifier(STAGING_SEQ)
@@ -89,6 +103,16 @@ def upsert_from_staging_statement(table: str, staging: str, columns: Sequence[st
     action = f"DO UPDATE SET {', '.join(assignments)}" if assignments else "DO NOTHING"
     return (f'INSERT INTO {quote_table(table)} AS "_eo_t" ({", ".join(quoted)}) {select} '
             f"ON CONFLICT ({', '.join(keys)}) {action}")
+
+
+def delete_from_staging_statement(table: str, staging: str, key_columns: Sequence[str]) -> str:
+    """Deletes the rows of every key with a tombstone among the staged rows, run before the upsert of
+    :func:`upsert_from_staging_statement`: a key deleted then written again in one batch gets a fresh row (as
+    the events one after the other would leave it), one whose last event is a tombstone stays deleted."""
+    keys = [quote_identifier(k, "key column") for k in key_columns]
+    match = " AND ".join(f'"_eo_t".{k} = "_eo_d".{k}' for k in keys)
+    return (f'DELETE FROM {quote_table(table)} AS "_eo_t" USING (SELECT DISTINCT {", ".join(keys)} FROM {staging} '
+            f'WHERE {quote_identifier(DELETE_COLUMN)}) AS "_eo_d" WHERE {match}')
 
 
 def dead_letter_ddl(table: str) -> str:

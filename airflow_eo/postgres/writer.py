@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
@@ -27,6 +28,7 @@ from airflow_eo.postgres.prepared import PreparedTransactions
 from airflow_eo.postgres.sql import (
     STAGING_TABLE,
     copy_statement,
+    delete_from_staging_statement,
     staging_ddl,
     staging_name,
     upsert_from_staging_statement,
@@ -105,6 +107,8 @@ class PartitionWriter:
                     raise RuntimeError("the two-phase writer holds nothing back: its writes are prepared, not visible")
                 if self.fence is not None:
                     self.fence.check(cur, "share")
+                if DELETE_COLUMN in self.columns:  # tombstones: in the same transaction as the upsert
+                    cur.execute(delete_from_staging_statement(self.table, staging, self.key_columns))
                 cur.execute(upsert_from_staging_statement(self.table, staging, self.columns, self.key_columns,
                                                           self.updates))
                 if not temporary:
