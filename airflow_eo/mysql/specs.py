@@ -45,6 +45,9 @@ class MySqlUpsertSink(SinkSpec):
         it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
         ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
         in offset order wins, upsert or delete. Without a transform only.
+    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
+        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
+        and the ``ALTER TABLE`` to run.
     """
 
     table: str
@@ -55,6 +58,7 @@ class MySqlUpsertSink(SinkSpec):
     dead_letter_table: str = "eo_dead_letter"
     bulk_load: bool = True
     on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+    add_missing_columns: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_tombstone", tombstone_policy(
@@ -101,7 +105,7 @@ def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
             "rows_per_statement": spec.rows_per_statement, "dead_letter_table": spec.dead_letter_table,
-            "bulk_load": spec.bulk_load}
+            "bulk_load": spec.bulk_load, "add_missing_columns": spec.add_missing_columns}
 
 
 def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,

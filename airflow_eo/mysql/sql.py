@@ -141,6 +141,24 @@ def delete_statement(table: str, key_columns: Sequence[str]) -> str:
     return f"DELETE FROM {quote_table(table)} WHERE {match}"
 
 
+#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
+SPARK_COLUMN_TYPES = {"string": "LONGTEXT", "int": "INT", "bigint": "BIGINT", "smallint": "SMALLINT",
+                      "tinyint": "TINYINT", "boolean": "BOOLEAN", "double": "DOUBLE", "float": "FLOAT",
+                      "timestamp": "DATETIME(6)", "timestamp_ntz": "DATETIME(6)", "date": "DATE", "binary": "LONGBLOB"}
+
+
+def column_type(spark_type: str) -> str | None:
+    """The MySQL type of a new column for a Spark type name; None when there is no plain one."""
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    if match:
+        return f"DECIMAL({match[1]},{match[2]})"
+    return SPARK_COLUMN_TYPES.get(spark_type)
+
+
+def add_column_statement(table: str, column: str, sql_type: str) -> str:
+    return f"ALTER TABLE {quote_table(table)} ADD COLUMN {quote_identifier(column, 'column name')} {sql_type} NULL"
+
+
 def dead_letter_ddl(table: str) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("

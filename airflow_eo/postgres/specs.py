@@ -39,6 +39,9 @@ class PostgresUpsertSink(SinkSpec):
         it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
         ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
         in offset order wins, upsert or delete. Without a transform only.
+    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
+        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
+        and the ``ALTER TABLE`` to run.
     """
 
     table: str
@@ -47,6 +50,7 @@ class PostgresUpsertSink(SinkSpec):
     updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     dead_letter_table: str = "eo_dead_letter"
     on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+    add_missing_columns: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_tombstone", tombstone_policy(
@@ -91,7 +95,7 @@ class PostgresTwoPhaseSink(PostgresUpsertSink):
 def _options(spec: PostgresUpsertSink) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
-            "dead_letter_table": spec.dead_letter_table}
+            "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
 
 
 def build_upsert(spec: PostgresUpsertSink, pipeline_id: str, connections: Connections,

@@ -6,6 +6,7 @@ A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from airflow_eo.core.config import DELETE_COLUMN
@@ -113,6 +114,26 @@ def delete_from_staging_statement(table: str, staging: str, key_columns: Sequenc
     match = " AND ".join(f'"_eo_t".{k} = "_eo_d".{k}' for k in keys)
     return (f'DELETE FROM {quote_table(table)} AS "_eo_t" USING (SELECT DISTINCT {", ".join(keys)} FROM {staging} '
             f'WHERE {quote_identifier(DELETE_COLUMN)}) AS "_eo_d" WHERE {match}')
+
+
+#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
+SPARK_COLUMN_TYPES = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
+                      "tinyint": "SMALLINT", "boolean": "BOOLEAN", "double": "DOUBLE PRECISION", "float": "REAL",
+                      "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BYTEA"}
+
+
+def column_type(spark_type: str) -> str | None:
+    """The PostgreSQL type of a new column for a Spark type name; None when there is no plain one."""
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    if match:
+        return f"NUMERIC({match[1]},{match[2]})"
+    return SPARK_COLUMN_TYPES.get(spark_type)
+
+
+def add_column_statement(table: str, column: str, sql_type: str) -> str:
+    """Idempotent (``IF NOT EXISTS``): a retry after a crash finds the column there."""
+    quoted = quote_identifier(column, "column name")
+    return f"ALTER TABLE {quote_table(table)} ADD COLUMN IF NOT EXISTS {quoted} {sql_type}"
 
 
 def dead_letter_ddl(table: str) -> str:

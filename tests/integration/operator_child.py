@@ -1,6 +1,7 @@
 """Run the micro-batch operator once in this process (a child the crash tests SIGKILL at a failpoint):
 ``python -m tests.integration.operator_child '<json>'`` with ``topic``, ``pipeline_id``, ``run_id``, ``sink`` (a
-registered kind's name and its options), and optional ``transform``, ``offset_store_conn_id`` and ``options`` (more operator options)."""
+registered kind's name and its options), and optional ``transform``,
+``offset_store_conn_id`` and ``options`` (more operator options)."""
 
 from __future__ import annotations
 
