@@ -16,7 +16,10 @@ from airflow_eo.core.identifiers import validate_identifier
 #: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
 #: session's own ``pg_temp`` schema).
 STAGING_TABLE = "_airflow_eo_stage"
-#: Rows of a staging table keep their load order: the last of several rows of one key wins.
+#: Rows of a staging table keep their load order: the last of several rows of one key wins. The writer numbers
+#: the rows it copies: an identity column would create a sequence, and PostgreSQL 15 cannot recover from a crash
+#: that leaves an UNLOGGED sequence of a prepared transaction (its startup fails: "could not create file ..:
+#: File exists"), which the two-phase sink's staging table inside its prepared transaction would be.
 STAGING_SEQ = "_eo_seq"
 
 
@@ -49,7 +52,7 @@ def staging_ddl(table: str, staging: str, columns: Sequence[str], temporary: boo
     kind = "TEMP TABLE" if temporary else "UNLOGGED TABLE"
     quoted = ", ".join(quote_identifier(c, "column name") for c in columns if c != DELETE_COLUMN)
     ddl = [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
-           f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT GENERATED ALWAYS AS IDENTITY"]
+           f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT"]
     if DELETE_COLUMN in columns:  # tombstones that delete (on_tombstone="delete")
         ddl.append(f"ALTER TABLE {name} ADD COLUMN {quote_identifier(DELETE_COLUMN)} BOOLEAN")
     return ddl
