@@ -17,9 +17,7 @@ from airflow_eo.core.identifiers import validate_identifier
 #: session's own ``pg_temp`` schema).
 STAGING_TABLE = "_airflow_eo_stage"
 #: Rows of a staging table keep their load order: the last of several rows of one key wins. The writer numbers
-#: the rows it copies: an identity column would create a sequence, and PostgreSQL 15 cannot recover from a crash
-#: that leaves an UNLOGGED sequence of a prepared transaction (its startup fails: "could not create file ..:
-#: File exists"), which the two-phase sink's staging table inside its prepared transaction would be.
+#: the rows it copies: an identity column would create a sequence with every staging table, for nothing.
 STAGING_SEQ = "_eo_seq"
 
 
@@ -49,7 +47,9 @@ def staging_ddl(table: str, staging: str, columns: Sequence[str], temporary: boo
     the target's schema, created and dropped inside the caller's transaction (a transaction that touched a TEMP
     table cannot be prepared)."""
     name = staging_name(table, staging, temporary)
-    kind = "TEMP TABLE" if temporary else "UNLOGGED TABLE"
+    # Not UNLOGGED: PostgreSQL 15 failed its crash recovery ("could not create file ..: File exists") when a
+    # SIGKILL left an unlogged relation of an open or prepared transaction (tests/faults/test_postgres_faults.py).
+    kind = "TEMP TABLE" if temporary else "TABLE"
     quoted = ", ".join(quote_identifier(c, "column name") for c in columns if c != DELETE_COLUMN)
     ddl = [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
            f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT"]
