@@ -62,6 +62,26 @@ class BadRecordPolicy(str, Enum):
     DEAD_LETTER = "dead_letter"  # written to the dead-letter table, atomically with the batch
 
 
+class TombstonePolicy(str, Enum):
+    """What a record with a null value (a Kafka tombstone) does."""
+
+    BAD_RECORD = "bad_record"  # a bad record, as any record without a value (``on_bad_record`` decides)
+    DELETE = "delete"  # deletes the row its Kafka key names (upsert table sinks, no transform)
+
+
+#: The column that marks a tombstone's row (True: delete the row of its key columns) on its way to a sink that
+#: deletes; never a column of the table.
+DELETE_COLUMN = "_eo_delete"
+
+
+def tombstone_policy(name: str, value: TombstonePolicy | str, deletes: bool, reason: str) -> TombstonePolicy:
+    """A sink spec's checked ``on_tombstone``; ``delete`` only where the kind ``deletes`` (``reason`` says why not)."""
+    policy = choice(TombstonePolicy, value, f"{name}: on_tombstone", "tombstone policies")
+    if policy is TombstonePolicy.DELETE and not deletes:
+        raise ConfigurationError(f"{name}: on_tombstone='delete' is not supported: {reason}")
+    return policy
+
+
 class UpdateMode(str, Enum):
     """How a table sink (MySQL, PostgreSQL) updates a non-key column of an existing row."""
 
@@ -128,6 +148,8 @@ class ParseConfig:
     avro_schema: str | None = None
     framing: Framing | None = None
     writer_schemas: Mapping[int, str] | str | None = None
+    #: the sink's key columns when tombstones delete rows (``on_tombstone="delete"``); empty: they are bad records
+    delete_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
@@ -143,6 +165,17 @@ class ParseConfig:
         if self.write_partitions is not None and self.write_partitions < 1:
             raise ConfigurationError("write_partitions must be a positive number of Spark tasks (or None)")
         self._check_keys_and_avro()
+        if self.delete_keys:
+            object.__setattr__(self, "delete_keys", tuple(self.delete_keys))
+            if self.key_format is KeyFormat.BYTES:
+                raise ConfigurationError(
+                    "on_tombstone='delete' takes the deleted row's key columns from the Kafka key: set "
+                    "key_format='string' (one key column) or 'json'/'avro' with key_schema (the key columns by name)")
+            if self.key_format is KeyFormat.STRING and len(self.delete_keys) != 1:
+                raise ConfigurationError(
+                    f"on_tombstone='delete' with key_format='string': the key is one value, but the sink has "
+                    f"{len(self.delete_keys)} key columns ({', '.join(self.delete_keys)}); use key_format='json' "
+                    "with a key_schema naming them")
 
     def _check_keys_and_avro(self) -> None:
         avro_value, avro_key = self.value_format is ValueFormat.AVRO, self.key_format is KeyFormat.AVRO
@@ -234,10 +267,23 @@ class SinkTraits(Protocol):
     def replay_safe(self) -> bool: ...
     @property
     def keeps_dead_letters(self) -> bool: ...
+    @property
+    def delete_keys(self) -> tuple[str, ...]: ...
 
 
-def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records_per_run: int | None) -> None:
+def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records_per_run: int | None,
+                   has_transform: bool = False) -> None:
     """The rules that tie a sink to the pipeline's mode and options (checked at DAG parse time)."""
+    if sink.delete_keys:
+        if has_transform:
+            # The transform would have to keep each tombstone's row, its key columns and the delete marker: a
+            # filter or an aggregation silently turns a delete into nothing. Deletes are the parsed rows' own.
+            raise ConfigurationError(
+                f"{sink.name}: on_tombstone='delete' works without a transform only (the written rows are the "
+                "parsed values, a tombstone's row keyed by its Kafka key); drop the transform or keep "
+                "on_tombstone='bad_record'")
+        if tuple(parse.delete_keys) != tuple(sink.delete_keys):
+            raise ConfigurationError(f"{sink.name}: the parse options do not carry the sink's delete keys")
     if max_records_per_run is not None and max_records_per_run < 1:
         raise ConfigurationError("max_records_per_run must be a positive number of records (or None)")
     if parse.on_bad_record is BadRecordPolicy.DEAD_LETTER and not sink.keeps_dead_letters:

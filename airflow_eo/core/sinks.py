@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.config import SinkRecord, TombstonePolicy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
@@ -79,6 +79,14 @@ class SinkSpec(ABC):
     @property
     def keeps_dead_letters(self) -> bool:
         return self.capabilities.dead_letters
+
+    @property
+    def delete_keys(self) -> tuple[str, ...]:
+        """The key columns a tombstone's row deletes by (``on_tombstone="delete"``); empty when tombstones are bad
+        records."""
+        if getattr(self, "on_tombstone", None) in ("delete", TombstonePolicy.DELETE):
+            return tuple(getattr(self, "key_columns", ()))
+        return ()
 
     @property
     def replay_safe(self) -> bool:

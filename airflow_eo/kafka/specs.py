@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_eo.core.config import TombstonePolicy, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier, validate_topic
@@ -28,6 +29,7 @@ class KafkaTransactionalSink(SinkSpec):
     :param conn_id: Airflow ``kafka`` connection of the output cluster.
     :param transaction_timeout_ms: longest a batch's transaction may stay open; must not exceed
         the broker's ``transaction.max.timeout.ms`` (checked before any side effect).
+    :param on_tombstone: ``"bad_record"`` only: a tombstone is a bad record (refused: ``"delete"``).
     """
 
     topic: str
@@ -35,8 +37,12 @@ class KafkaTransactionalSink(SinkSpec):
     key_column: str = "key"
     value_column: str = "value"
     transaction_timeout_ms: int = 600_000
+    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "on_tombstone", tombstone_policy(
+            "KafkaTransactionalSink", self.on_tombstone, self.capabilities.deletes,
+            "the Kafka sink appends the transform's records to its topic; it has no row a tombstone could delete"))
         if not self.topic or not isinstance(self.topic, str):
             raise ConfigurationError("KafkaTransactionalSink: topic must name the output topic")
         validate_topic(self.topic, "KafkaTransactionalSink: output topic")

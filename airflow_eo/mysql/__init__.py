@@ -11,7 +11,8 @@ from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink, build_upsert, build_xa
 
-register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, connection_type="mysql"),
+register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
+                                                connection_type="mysql"),
               build_upsert)
 register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
                                             connection_type="mysql"), build_xa)

@@ -17,12 +17,14 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.mysql.bulk_load import staging_types
+from airflow_eo.mysql.columns import add_new_columns
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.dead_letters import read_dead_letters
 from airflow_eo.mysql.sql import (
@@ -61,7 +63,8 @@ class MySqlTableSink:
     writes_visible_before_commit = True
 
     def __init__(self, connect_kwargs: Mapping[str, Any], *, name: str, table: str, key_columns: Sequence[str],
-                 updates: Mapping[str, str], rows_per_statement: int, dead_letter_table: str, bulk_load: bool) -> None:
+                 updates: Mapping[str, str], rows_per_statement: int, dead_letter_table: str, bulk_load: bool,
+                 add_missing_columns: bool = False) -> None:
         self.connect_kwargs = dict(connect_kwargs)
         self.name, self.table, self.key_columns = name, table, tuple(key_columns)
         self.updates, self.rows_per_statement = dict(updates), rows_per_statement
@@ -69,6 +72,7 @@ class MySqlTableSink:
         self.row_alias = False
         self.bulk_load = False  # asked for, and the server allows LOAD DATA LOCAL (checked in check())
         self.table_columns: list[str] = []
+        self.add_missing_columns = add_missing_columns
 
     # -- checks before any side effect
 
@@ -142,7 +146,7 @@ class MySqlTableSink:
             )
 
     def check_columns(self, columns: Sequence[str]) -> None:
-        unknown = [c for c in columns if c not in self.table_columns]
+        unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
         if unknown:
             raise ConfigurationError(
                 f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "
@@ -157,6 +161,9 @@ class MySqlTableSink:
 
     def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         """Every Spark task writes its partition (one XA branch each in XA mode)."""
+        output = [(f.name, f.dataType.simpleString()) for f in plan.output.schema.fields]
+        self.table_columns += add_new_columns(self.name, self.connect_kwargs, self.table, self.table_columns, output,
+                                              self.add_missing_columns)
         return plan.run_partitions(self.partition_writer(batch, plan.output.columns))
 
     def can_hold_writes(self, out: Any) -> bool:

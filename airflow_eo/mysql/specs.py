@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates
+from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
@@ -41,6 +41,13 @@ class MySqlUpsertSink(SinkSpec):
         allows it (``local_infile=ON``, MariaDB's default) and for columns of plain types; otherwise the
         statements. The server may read only the staging file being loaded at that moment (any other file it asks
         for is refused and fails the task); False: the writer's connections do not offer ``LOAD DATA LOCAL``.
+    :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
+        it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
+        ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
+        in offset order wins, upsert or delete. Without a transform only.
+    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
+        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
+        and the ``ALTER TABLE`` to run.
     """
 
     table: str
@@ -50,8 +57,14 @@ class MySqlUpsertSink(SinkSpec):
     rows_per_statement: int = 500
     dead_letter_table: str = "eo_dead_letter"
     bulk_load: bool = True
+    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+    add_missing_columns: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "on_tombstone", tombstone_policy(
+            self.name, self.on_tombstone, self.capabilities.deletes,
+            "its rows may accumulate ('add' updates): a row is the sum of many records, not the one keyed record "
+            "a tombstone deletes; use MySqlUpsertSink"))
         quote_table(self.table)
         quote_table(self.dead_letter_table)
         keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
@@ -92,7 +105,7 @@ def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
             "rows_per_statement": spec.rows_per_statement, "dead_letter_table": spec.dead_letter_table,
-            "bulk_load": spec.bulk_load}
+            "bulk_load": spec.bulk_load, "add_missing_columns": spec.add_missing_columns}
 
 
 def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,

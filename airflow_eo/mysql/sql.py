@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
 from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
@@ -78,6 +79,8 @@ def upsert_from_staging_statement(
     key_columns: Sequence[str],
     updates: Mapping[str, str],
     hex_columns: frozenset[int] = frozenset(),
+    source: str = f"`{STAGING_TABLE}`",
+    staged: Sequence[str] | None = None,
 ) -> str:
     """The staging table's rows, in load order, into ``table`` with the same updates as :func:`upsert_statement`.
 
@@ -86,10 +89,12 @@ def upsert_from_staging_statement(
     ``hex_columns``: positions staged as hexadecimal text of binary values, ``UNHEX``-ed.
     """
     quoted = [quote_identifier(c, "column name") for c in columns]
-    staged = [f"`_eo_c{i}`" for i in range(len(columns))]
-    selected = [f"UNHEX({c})" if i in hex_columns else c for i, c in enumerate(staged)]
+    names = list(staged or [f"`_eo_c{i}`" for i in range(len(columns))])
+    selected = [f"UNHEX({c})" if i in hex_columns else c for i, c in enumerate(names)]
+    # The update clause names a staged value by its bare name (a joined source qualifies it in the SELECT only).
+    bare = [f"UNHEX({n.split('.')[-1]})" if i in hex_columns else n.split(".")[-1] for i, n in enumerate(names)]
     assignments = []
-    for column, q, new in zip(columns, quoted, selected, strict=True):
+    for column, q, new in zip(columns, quoted, bare, strict=True):
         if column in key_columns:
             continue
         assignments.append(f"{q} = {q} + {new}" if updates.get(column, "replace") == "add" else f"{q} = {new}")
@@ -97,7 +102,67 @@ def upsert_from_staging_statement(
         k = quote_identifier(key_columns[0])
         assignments.append(f"{k} = {k}")
     return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(selected)} "
-            f"FROM `{STAGING_TABLE}` ORDER BY `{STAGING_SEQ}` ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
+            f"FROM {source} ORDER BY `{STAGING_SEQ}` ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
+
+
+#: Session-private table of the keys with tombstones among the staged rows (``on_tombstone="delete"``), with the
+#: load order of each key's last tombstone. A second table: MySQL cannot open a TEMPORARY table twice in a query.
+TOMBSTONES_TABLE = "_airflow_eo_tombstones"
+
+
+def tombstones_table_ddl(columns: Sequence[str], key_columns: Sequence[str]) -> str:
+    """The keys of the staged tombstones (``_eo_d0`` ..) and the load order of each key's last one."""
+    delete = columns.index(DELETE_COLUMN)
+    keys = [f"`_eo_c{columns.index(k)}`" for k in key_columns]
+    picked = ", ".join(f"{k} AS `_eo_d{i}`" for i, k in enumerate(keys))
+    return (f"CREATE TEMPORARY TABLE `{TOMBSTONES_TABLE}` ENGINE=InnoDB AS SELECT {picked}, MAX(`{STAGING_SEQ}`) AS "
+            f"`_eo_dseq` FROM `{STAGING_TABLE}` WHERE `_eo_c{delete}` <> 0 GROUP BY {', '.join(keys)}")
+
+
+def delete_tombstones_statement(table: str, key_columns: Sequence[str]) -> str:
+    """Deletes the row of every key with a staged tombstone (the upsert that follows writes only the rows loaded
+    after a key's last tombstone: a key deleted then written again in one batch gets a fresh row)."""
+    match = " AND ".join(f"`_eo_t`.{quote_identifier(k)} = `_eo_d`.`_eo_d{i}`" for i, k in enumerate(key_columns))
+    return f"DELETE `_eo_t` FROM {quote_table(table)} AS `_eo_t` JOIN `{TOMBSTONES_TABLE}` AS `_eo_d` ON {match}"
+
+
+def upsert_after_tombstones_statement(table: str, columns: Sequence[str], key_columns: Sequence[str],
+                                      updates: Mapping[str, str], hex_columns: frozenset[int] = frozenset()) -> str:
+    """:func:`upsert_from_staging_statement` of the staged rows that are no tombstones and come after their key's
+    last tombstone, if any (``hex_columns``: positions in ``columns`` staged as hexadecimal text)."""
+    delete = columns.index(DELETE_COLUMN)
+    written = [c for c in columns if c != DELETE_COLUMN]
+    match = " AND ".join(f"`_eo_s`.`_eo_c{columns.index(k)}` = `_eo_d`.`_eo_d{i}`" for i, k in enumerate(key_columns))
+    source = (f"`{STAGING_TABLE}` AS `_eo_s` LEFT JOIN `{TOMBSTONES_TABLE}` AS `_eo_d` ON {match} "
+              f"WHERE `_eo_s`.`_eo_c{delete}` = 0 AND (`_eo_d`.`_eo_dseq` IS NULL OR "
+              f"`_eo_s`.`{STAGING_SEQ}` > `_eo_d`.`_eo_dseq`)")
+    staged = [f"`_eo_s`.`_eo_c{columns.index(c)}`" for c in written]
+    hexed = frozenset(i for i, c in enumerate(written) if columns.index(c) in hex_columns)
+    return upsert_from_staging_statement(table, written, key_columns, updates, hexed, source=source, staged=staged)
+
+
+def delete_statement(table: str, key_columns: Sequence[str]) -> str:
+    """One row's delete by its key (the multi-row path's tombstone)."""
+    match = " AND ".join(f"{quote_identifier(k)} = %s" for k in key_columns)
+    return f"DELETE FROM {quote_table(table)} WHERE {match}"
+
+
+#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
+SPARK_COLUMN_TYPES = {"string": "LONGTEXT", "int": "INT", "bigint": "BIGINT", "smallint": "SMALLINT",
+                      "tinyint": "TINYINT", "boolean": "BOOLEAN", "double": "DOUBLE", "float": "FLOAT",
+                      "timestamp": "DATETIME(6)", "timestamp_ntz": "DATETIME(6)", "date": "DATE", "binary": "LONGBLOB"}
+
+
+def column_type(spark_type: str) -> str | None:
+    """The MySQL type of a new column for a Spark type name; None when there is no plain one."""
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    if match:
+        return f"DECIMAL({match[1]},{match[2]})"
+    return SPARK_COLUMN_TYPES.get(spark_type)
+
+
+def add_column_statement(table: str, column: str, sql_type: str) -> str:
+    return f"ALTER TABLE {quote_table(table)} ADD COLUMN {quote_identifier(column, 'column name')} {sql_type} NULL"
 
 
 def dead_letter_ddl(table: str) -> str:

@@ -3,6 +3,7 @@ beyond what the job ships). In XA mode the whole partition is one branch, prepar
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,11 +11,19 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
 from airflow_eo.mysql.bulk_load import hex_columns, sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
-from airflow_eo.mysql.sql import upsert_from_staging_statement, upsert_statement
+from airflow_eo.mysql.sql import (
+    delete_statement,
+    delete_tombstones_statement,
+    tombstones_table_ddl,
+    upsert_after_tombstones_statement,
+    upsert_from_staging_statement,
+    upsert_statement,
+)
 from airflow_eo.mysql.xa import XaFacade
 from airflow_eo.sqlstore.fence import EpochFence
 
@@ -66,6 +75,8 @@ class PartitionWriter:
                 if types is not None:
                     # Before XA START: session-private rows that belong to no branch and no transaction.
                     staged = stage(cur, stream, self.columns, types)
+                    if DELETE_COLUMN in self.columns:
+                        cur.execute(tombstones_table_ddl(self.columns, self.key_columns))
                     conn.commit()
                     if agreed is not None and not agreed():
                         return None, 0  # another partition found a bad record: write nothing
@@ -93,7 +104,12 @@ class PartitionWriter:
         """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
         if self.fence is not None:
             self.fence.check(cur, "share")
-        cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates, hexed))
+        if DELETE_COLUMN in self.columns:  # tombstones: deleted in the same transaction as the upsert
+            cur.execute(delete_tombstones_statement(self.table, self.key_columns))
+            cur.execute(upsert_after_tombstones_statement(self.table, self.columns, self.key_columns, self.updates,
+                                                          hexed))
+        else:
+            cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates, hexed))
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
         if not self.xa:
@@ -102,6 +118,8 @@ class PartitionWriter:
 
     def _write(self, conn: pymysql.connections.Connection, cur: Any, rows: Iterator[tuple]) -> int:
         """Multi-row statements (the path without bulk load)."""
+        if DELETE_COLUMN in self.columns:
+            return self._write_with_tombstones(conn, cur, rows)
         full_sql = upsert_statement(self.table, self.columns, self.key_columns, self.updates,
                                     self.rows_per_statement, self.row_alias)
         written = 0
@@ -134,6 +152,35 @@ class PartitionWriter:
         if chunk:
             flush(last=True)
         return written
+
+
+    def _write_with_tombstones(self, conn: pymysql.connections.Connection, cur: Any, rows: Iterator[tuple]) -> int:
+        """The multi-row path with tombstones: upserts and deletes run in offset order (runs of upserts between
+        deletes go through :meth:`_write`), so a replay leaves what the events one after the other leave."""
+        delete = self.columns.index(DELETE_COLUMN)
+        written = tuple(c for c in self.columns if c != DELETE_COLUMN)
+        keys = [written.index(k) for k in self.key_columns]
+        upserts = dataclasses.replace(self, columns=written)
+        pending: list[tuple] = []
+        count = 0
+        for row in rows:
+            values = row[:delete] + row[delete + 1:]
+            if not row[delete]:
+                pending.append(values)
+                continue
+            if pending:
+                count += upserts._write(conn, cur, iter(pending))
+                pending.clear()
+            if self.fence is not None:
+                self.fence.check(cur, "share")
+            cur.execute(delete_statement(self.table, self.key_columns), [values[i] for i in keys])
+            failpoint("during_write")  # in flight: this delete is not committed or prepared yet
+            if not self.xa:
+                conn.commit()
+            count += 1
+        if pending:
+            count += upserts._write(conn, cur, iter(pending))
+        return count
 
 
 def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator[tuple]:

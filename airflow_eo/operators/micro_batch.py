@@ -161,13 +161,14 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.key_format, self.key_schema, self.avro_schema = key_format, key_schema, avro_schema
         self.framing, self.writer_schemas = framing, writer_schemas
         self.schema_registry_conn_id = schema_registry_conn_id
+        self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         if schema_registry_conn_id and parse.framing is not Framing.CONFLUENT:
             raise ConfigurationError("schema_registry_conn_id resolves the schema ids of framing='confluent'")
         if parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
             raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
                                      "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
-        check_pipeline(sink, mode, parse, max_records_per_run)
+        check_pipeline(sink, mode, parse, max_records_per_run, has_transform=transform is not None)
         if mode is Mode.INTERVAL and self.has_dag():
             _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
         parse_starting_offsets(starting_offsets)
@@ -263,7 +264,7 @@ class KafkaMicroBatchOperator(BaseOperator):
                            key_format=self.key_format,  # type: ignore[arg-type]
                            key_schema=self.key_schema, avro_schema=self.avro_schema,
                            framing=self.framing,  # type: ignore[arg-type]
-                           writer_schemas=self.writer_schemas)
+                           writer_schemas=self.writer_schemas, delete_keys=self.sink.delete_keys)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

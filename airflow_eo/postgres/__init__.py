@@ -10,7 +10,7 @@ from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
 
-register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True,
+register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
                                                    connection_type="postgres"), build_upsert)
 register_sink(PostgresTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
                                                      connection_type="postgres"), build_two_phase)

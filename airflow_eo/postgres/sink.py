@@ -19,11 +19,13 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
+from airflow_eo.postgres.columns import add_new_columns
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.dead_letters import read_dead_letters
 from airflow_eo.postgres.prepared import max_prepared_transactions, prepared_session
@@ -58,11 +60,12 @@ class PostgresTableSink:
     writes_visible_before_commit = True
 
     def __init__(self, connect_kwargs: Mapping[str, Any], *, name: str, table: str, key_columns: Sequence[str],
-                 updates: Mapping[str, str], dead_letter_table: str) -> None:
+                 updates: Mapping[str, str], dead_letter_table: str, add_missing_columns: bool = False) -> None:
         self.connect_kwargs = dict(connect_kwargs)
         self.name, self.table, self.key_columns = name, table, tuple(key_columns)
         self.updates, self.dead_letter_table = dict(updates), dead_letter_table
         self.table_columns: list[str] = []
+        self.add_missing_columns = add_missing_columns
 
     def _where(self) -> str:
         kw = self.connect_kwargs
@@ -120,7 +123,7 @@ class PostgresTableSink:
         """The two-phase sink's requirements of the table's schema."""
 
     def check_columns(self, columns: Sequence[str]) -> None:
-        unknown = [c for c in columns if c not in self.table_columns]
+        unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
         if unknown:
             raise ConfigurationError(
                 f"{self.name}: the transform's output has column(s) {', '.join(unknown)} that table "
@@ -135,6 +138,9 @@ class PostgresTableSink:
 
     def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         """Every Spark task writes its partition (one prepared transaction each, two-phase)."""
+        output = [(f.name, f.dataType.simpleString()) for f in plan.output.schema.fields]
+        self.table_columns += add_new_columns(self.name, self.connect_kwargs, self.table, self.table_columns, output,
+                                              self.add_missing_columns)
         return plan.run_partitions(self.partition_writer(batch, plan.output.columns))
 
     def can_hold_writes(self, out: Any) -> bool:

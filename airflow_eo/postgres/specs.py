@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates
+from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.sinks import SinkAsset, SinkSpec
 from airflow_eo.postgres.sql import split_table
@@ -35,6 +35,13 @@ class PostgresUpsertSink(SinkSpec):
     :param updates: per non-key column, ``"replace"`` (default, ``c = EXCLUDED.c``); the two-phase sink also allows
         ``"add"`` (``c = t.c + EXCLUDED.c``).
     :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
+    :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
+        it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
+        ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
+        in offset order wins, upsert or delete. Without a transform only.
+    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
+        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
+        and the ``ALTER TABLE`` to run.
     """
 
     table: str
@@ -42,8 +49,14 @@ class PostgresUpsertSink(SinkSpec):
     conn_id: str = "postgres_default"
     updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     dead_letter_table: str = "eo_dead_letter"
+    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+    add_missing_columns: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "on_tombstone", tombstone_policy(
+            self.name, self.on_tombstone, self.capabilities.deletes,
+            "its rows may accumulate ('add' updates): a row is the sum of many records, not the one keyed record "
+            "a tombstone deletes; use PostgresUpsertSink"))
         split_table(self.table)
         split_table(self.dead_letter_table)
         keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
@@ -82,7 +95,7 @@ class PostgresTwoPhaseSink(PostgresUpsertSink):
 def _options(spec: PostgresUpsertSink) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
-            "dead_letter_table": spec.dead_letter_table}
+            "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
 
 
 def build_upsert(spec: PostgresUpsertSink, pipeline_id: str, connections: Connections,

@@ -6,15 +6,18 @@ A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquot
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 
 #: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
 #: session's own ``pg_temp`` schema).
 STAGING_TABLE = "_airflow_eo_stage"
-#: Rows of a staging table keep their load order: the last of several rows of one key wins.
+#: Rows of a staging table keep their load order: the last of several rows of one key wins. The writer numbers
+#: the rows it copies: an identity column would create a sequence with every staging table, for nothing.
 STAGING_SEQ = "_eo_seq"
 
 
@@ -44,10 +47,15 @@ def staging_ddl(table: str, staging: str, columns: Sequence[str], temporary: boo
     the target's schema, created and dropped inside the caller's transaction (a transaction that touched a TEMP
     table cannot be prepared)."""
     name = staging_name(table, staging, temporary)
-    kind = "TEMP TABLE" if temporary else "UNLOGGED TABLE"
-    quoted = ", ".join(quote_identifier(c, "column name") for c in columns)
-    return [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
-            f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT GENERATED ALWAYS AS IDENTITY"]
+    # Not UNLOGGED: PostgreSQL 15 failed its crash recovery ("could not create file ..: File exists") when a
+    # SIGKILL left an unlogged relation of an open or prepared transaction (tests/faults/test_postgres_faults.py).
+    kind = "TEMP TABLE" if temporary else "TABLE"
+    quoted = ", ".join(quote_identifier(c, "column name") for c in columns if c != DELETE_COLUMN)
+    ddl = [f"CREATE {kind} {name} AS SELECT {quoted} FROM {quote_table(table)} WITH NO DATA",
+           f"ALTER TABLE {name} ADD COLUMN {quote_identifier(STAGING_SEQ)} BIGINT"]
+    if DELETE_COLUMN in columns:  # tombstones that delete (on_tombstone="delete")
+        ddl.append(f"ALTER TABLE {name} ADD COLUMN {quote_identifier(DELETE_COLUMN)} BOOLEAN")
+    return ddl
 
 
 def staging_name(table: str, staging: str, temporary: bool) -> str:
@@ -69,7 +77,17 @@ def upsert_from_staging_statement(table: str, staging: str, columns: Sequence[st
 
     PostgreSQL refuses to update one row twice in a statement, so the staged rows are first reduced to one per
     key with what writing them one after the other would leave: an overwritten column keeps its last value (load
-    order), an added one their sum (``c = t.c + EXCLUDED.c``)."""
+    order), an added one their sum (``c = t.c + EXCLUDED.c``). With tombstones (:data:`DELETE_COLUMN` staged), a
+    key whose last event is a tombstone is not written (:func:`delete_from_staging_statement` deletes it)."""
+    if DELETE_COLUMN in columns:
+        columns = [c for c in columns if c != DELETE_COLUMN]
+        key_list = ", ".join(quote_identifier(k, "key column") for k in key_columns)
+        column_list = ", ".join(quote_identifier(c, "column name") for c in columns)
+        last = (f"(SELECT DISTINCT ON ({key_list}) {column_list}, {quote_identifier(DELETE_COLUMN)}, "
+                f"{quote_identifier(STAGING_SEQ)} FROM {staging} "
+                f"ORDER BY {key_list}, {quote_identifier(STAGING_SEQ)} DESC) AS \"_eo_last\" "
+                f"WHERE NOT {quote_identifier(DELETE_COLUMN)}")
+        return upsert_from_staging_statement(table, last, columns, key_columns, updates)
     quoted = [quote_identifier(c, "column name") for c in columns]
     keys = [quote_identifier(k, "key column") for k in key_columns]
     seq = quote_identifier(STAGING_SEQ)
@@ -89,6 +107,36 @@ def upsert_from_staging_statement(table: str, staging: str, columns: Sequence[st
     action = f"DO UPDATE SET {', '.join(assignments)}" if assignments else "DO NOTHING"
     return (f'INSERT INTO {quote_table(table)} AS "_eo_t" ({", ".join(quoted)}) {select} '
             f"ON CONFLICT ({', '.join(keys)}) {action}")
+
+
+def delete_from_staging_statement(table: str, staging: str, key_columns: Sequence[str]) -> str:
+    """Deletes the rows of every key with a tombstone among the staged rows, run before the upsert of
+    :func:`upsert_from_staging_statement`: a key deleted then written again in one batch gets a fresh row (as
+    the events one after the other would leave it), one whose last event is a tombstone stays deleted."""
+    keys = [quote_identifier(k, "key column") for k in key_columns]
+    match = " AND ".join(f'"_eo_t".{k} = "_eo_d".{k}' for k in keys)
+    return (f'DELETE FROM {quote_table(table)} AS "_eo_t" USING (SELECT DISTINCT {", ".join(keys)} FROM {staging} '
+            f'WHERE {quote_identifier(DELETE_COLUMN)}) AS "_eo_d" WHERE {match}')
+
+
+#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
+SPARK_COLUMN_TYPES = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
+                      "tinyint": "SMALLINT", "boolean": "BOOLEAN", "double": "DOUBLE PRECISION", "float": "REAL",
+                      "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BYTEA"}
+
+
+def column_type(spark_type: str) -> str | None:
+    """The PostgreSQL type of a new column for a Spark type name; None when there is no plain one."""
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+    if match:
+        return f"NUMERIC({match[1]},{match[2]})"
+    return SPARK_COLUMN_TYPES.get(spark_type)
+
+
+def add_column_statement(table: str, column: str, sql_type: str) -> str:
+    """Idempotent (``IF NOT EXISTS``): a retry after a crash finds the column there."""
+    quoted = quote_identifier(column, "column name")
+    return f"ALTER TABLE {quote_table(table)} ADD COLUMN IF NOT EXISTS {quoted} {sql_type}"
 
 
 def dead_letter_ddl(table: str) -> str:

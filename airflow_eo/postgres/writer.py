@@ -20,13 +20,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.prepared import PreparedTransactions
 from airflow_eo.postgres.sql import (
+    STAGING_SEQ,
     STAGING_TABLE,
     copy_statement,
+    delete_from_staging_statement,
     staging_ddl,
     staging_name,
     upsert_from_staging_statement,
@@ -105,6 +108,8 @@ class PartitionWriter:
                     raise RuntimeError("the two-phase writer holds nothing back: its writes are prepared, not visible")
                 if self.fence is not None:
                     self.fence.check(cur, "share")
+                if DELETE_COLUMN in self.columns:  # tombstones: in the same transaction as the upsert
+                    cur.execute(delete_from_staging_statement(self.table, staging, self.key_columns))
                 cur.execute(upsert_from_staging_statement(self.table, staging, self.columns, self.key_columns,
                                                           self.updates))
                 if not temporary:
@@ -134,10 +139,12 @@ class PartitionWriter:
 
     def _copy(self, cur: Any, staging: str, batches: Iterator[pa.RecordBatch], csv: bool) -> int:
         staged = 0
-        with cur.copy(copy_statement(staging, self.columns, csv)) as copy:
+        with cur.copy(copy_statement(staging, (*self.columns, STAGING_SEQ), csv)) as copy:
             buffer = io.BytesIO()
             for batch in batches:
-                arrays = [_array(batch, name) for name in self.columns]
+                # The load order, numbered here (STAGING_SEQ says why not by the server).
+                order = pa.array(range(staged, staged + batch.num_rows), pa.int64())
+                arrays = [*(_array(batch, name) for name in self.columns), order]
                 staged += batch.num_rows
                 if csv:
                     rows = pa.RecordBatch.from_arrays(arrays, [f"c{i}" for i in range(len(arrays))])

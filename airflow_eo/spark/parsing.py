@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_eo.core.config import Framing, KeyFormat, ParseConfig, ValueFormat
+from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import decode_avro
 
@@ -61,9 +61,11 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     key = F.col("kafka_key")
     key_columns: list[Column] = []
     key_error: Column | None = None
+    key_fields: dict[str, Column] = {}  # the key's value(s) by name, for tombstones that delete
     if parse.key_format is KeyFormat.STRING:
         key_columns = [key.cast("string").alias(KEY_COLUMN)]
         key_error = F.when(~F.is_valid_utf8(key.cast("string")), F.lit("key is not valid UTF-8"))
+        key_fields = {name: key.cast("string") for name in parse.delete_keys[:1]}
     elif parse.key_format in (KeyFormat.JSON, KeyFormat.AVRO):
         if parse.key_format is KeyFormat.JSON:
             df, fields, key_error = _parse_json(df, "kafka_key", _parse_ddl(spark, parse.key_schema or ""), "_eo_k",
@@ -75,12 +77,48 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
         key_columns = [F.when(key.isNotNull(), F.struct(*[F.col(f"_eo_k.{n}").alias(n) for n in fields]))
                        .alias(KEY_COLUMN)]
         key_error = F.when(key.isNotNull(), key_error)
+        key_fields = {n: F.col(f"_eo_k.{n}") for n in fields}
     clash = sorted(set(payload) & set(metadata_columns(parse)))
     if clash:
         raise ConfigurationError(f"value field(s) {clash} clash with the metadata columns {metadata_columns(parse)}: "
                                  "rename them in the schema")
+    if parse.delete_keys:
+        df, value_columns, value_error = _tombstones_as_deletes(df, parse, payload, value_columns, value_error,
+                                                                key_fields)
+        payload = [*payload, DELETE_COLUMN]
     error = value_error if key_error is None else F.coalesce(value_error, key_error)
     return df.select(*value_columns, *METADATA_COLUMNS, *key_columns, "kafka_value", error.alias("_eo_error")), payload
+
+
+def _tombstones_as_deletes(df: DataFrame, parse: ParseConfig, payload: list[str], value_columns: list[Column],
+                           value_error: Column, key_fields: dict[str, Column]
+                           ) -> tuple[DataFrame, list[Column], Column]:
+    """``on_tombstone="delete"``: a record with a null value becomes a row whose key columns come from its Kafka key
+    (cast to the value's types), its other columns NULL, and :data:`DELETE_COLUMN` True; one without a key (or
+    without one of the key's fields) is a bad record saying so."""
+    from pyspark.sql import functions as F
+
+    absent = [k for k in parse.delete_keys if k not in payload]
+    if absent:
+        raise ConfigurationError(f"on_tombstone='delete': the sink's key column(s) {absent} are not fields of the "
+                                 f"value ({payload}): an upsert names its row by them")
+    unnamed = [k for k in parse.delete_keys if k not in key_fields]
+    if unnamed:
+        raise ConfigurationError(f"on_tombstone='delete': the sink's key column(s) {unnamed} are not fields of the "
+                                 f"key schema ({sorted(key_fields)}): a tombstone names its row by them")
+    types = {f.name: f.dataType for f in df.select(*value_columns).schema.fields}
+    tombstone = F.col("kafka_value").isNull()
+    columns = [F.when(tombstone, key_fields[name].cast(types[name])).otherwise(column).alias(name)
+               if name in parse.delete_keys else column
+               for name, column in zip(payload, value_columns, strict=True)]
+    # The key's own parse errors (malformed JSON, ..) follow as for any record; these are the tombstone's.
+    tombstone_error = F.when(F.col("kafka_key").isNull(), F.lit(
+        "tombstone without a key: on_tombstone='delete' needs the Kafka key to name the deleted row"))
+    for name in parse.delete_keys:
+        tombstone_error = tombstone_error.when(key_fields[name].isNull(), F.lit(
+            f"tombstone whose key has no {name!r}: on_tombstone='delete' needs every key column"))
+    error = F.when(tombstone, tombstone_error).otherwise(value_error)
+    return df, [*columns, tombstone.alias(DELETE_COLUMN)], error
 
 
 def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what: str

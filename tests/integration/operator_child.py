@@ -1,6 +1,7 @@
 """Run the micro-batch operator once in this process (a child the crash tests SIGKILL at a failpoint):
 ``python -m tests.integration.operator_child '<json>'`` with ``topic``, ``pipeline_id``, ``run_id``, ``sink`` (a
-registered kind's name and its options), and optional ``transform`` and ``offset_store_conn_id``."""
+registered kind's name and its options), and optional ``transform``,
+``offset_store_conn_id`` and ``options`` (more operator options)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def main() -> int:
     sink = dict(job["sink"])
     spec = SINK_KINDS[sink.pop("kind")](**sink)
     options = {k: job[k] for k in ("transform", "offset_store_conn_id") if job.get(k)}
+    options.update(job.get("options") or {})  # other operator options (key_format, schema, on_bad_record, ..)
     summary = run(operator(job["topic"], spec, pipeline_id=job["pipeline_id"], **options), run_id=job["run_id"])
     print(json.dumps(summary))
     return 0

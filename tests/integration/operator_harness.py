@@ -36,8 +36,9 @@ def counts_table(mysql_kwargs: dict[str, Any]) -> str:
 def operator(topic: str, sink: MySqlUpsertSink, pipeline_id: str | None = None,
              **kwargs: Any) -> KafkaMicroBatchOperator:
     # One task id: every harness operator is the same "owner" of its pipeline (a retry, a later run).
+    kwargs.setdefault("schema", page_views.SCHEMA)
     return KafkaMicroBatchOperator(task_id="micro_batch", pipeline_id=pipeline_id or f"p_{topic}",
-                                   topics=[topic], schema=page_views.SCHEMA, sink=sink, **kwargs)
+                                   topics=[topic], sink=sink, **kwargs)
 
 
 def run(op: KafkaMicroBatchOperator, run_id: str | None = None,

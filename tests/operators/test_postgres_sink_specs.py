@@ -66,7 +66,7 @@ def test_the_sql_quotes_with_double_quotes_and_reduces_the_staged_rows_to_one_pe
         '"v" = EXCLUDED."v"')
     assert upsert_from_staging_statement("t", '"stage"', ["k"], ["k"], {}).endswith('ON CONFLICT ("k") DO NOTHING')
     assert staging_ddl("s.t", "_eo_stage_1", ["k"], temporary=False)[0] == (
-        'CREATE UNLOGGED TABLE "s"."_eo_stage_1" AS SELECT "k" FROM "s"."t" WITH NO DATA')
+        'CREATE TABLE "s"."_eo_stage_1" AS SELECT "k" FROM "s"."t" WITH NO DATA')  # logged: see staging_ddl
 
 
 def test_a_gid_is_the_xid_text_and_only_ours_are_read_back():
