@@ -61,7 +61,8 @@ def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[Pi
     try:
         from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
 
-        ops = pipeline_operations(actor="airflow-ui")  # connections from [eo], as the CLI's defaults
+        # Connections from [eo], as the CLI's defaults; a GET never migrates the store (reads must not write).
+        ops = pipeline_operations(actor="airflow-ui", read_only=True)
         owned = ops.pipelines_of_dag(dag_id, task_ids)
         return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
     except Exception as exc:

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
+    OperationError,
     PipelineConflictError,
 )
 from airflow_eo.core.failpoints import failpoint
@@ -43,17 +44,42 @@ class SqlOffsetStore(StoreReads):
     migrations (``_migrate``) and its ``dialect``."""
 
     _migrated = False
+    #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.
+    read_only = False
 
     def migrate(self) -> None:
         if self._migrated:
             return
-        with self.transaction() as cur:
-            self._migrate(cur)
+        if self.read_only:
+            self._check_schema()
+        else:
+            with self.transaction() as cur:
+                self._migrate(cur)
         self._migrated = True
 
     def _migrate(self, cur: Any) -> None:
         """Apply the database's migrations not applied yet, in ``cur``'s transaction."""
         raise NotImplementedError
+
+    def _latest_schema_version(self) -> int:
+        """The version the room's migrations reach."""
+        raise NotImplementedError
+
+    def _check_schema(self) -> None:
+        """Refuse to read a store whose schema is behind this release (reads must not write)."""
+        latest = self._latest_schema_version()
+        cause: Exception | None = None
+        try:
+            with self.transaction() as cur:
+                cur.execute("SELECT MAX(version) AS version FROM eo_schema_version")
+                row = cur.fetchone()
+            version = int((row or {}).get("version") or 0)
+        except Exception as exc:  # no version table (nothing ran against this store yet), or unreachable
+            version, cause = 0, exc
+        if version < latest:
+            raise OperationError(f"the offset store's schema is at version {version}, this airflow_eo needs {latest}: "
+                                 "a pipeline's next run or any `airflow eo` command migrates it; this view only "
+                                 "reads") from cause
 
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
         """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)
