@@ -37,6 +37,10 @@ def _described(owner: Owner) -> str:
     return f"DAG {owner.dag_id!r} task {owner.task_id!r}"
 
 
+class _NoSchemaVersion(Exception):
+    """The store has no schema version table."""
+
+
 class SqlOffsetStore(StoreReads):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
     :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it with its connections
@@ -68,14 +72,17 @@ class SqlOffsetStore(StoreReads):
     def _check_schema(self) -> None:
         """Refuse to read a store whose schema is behind this release (reads must not write)."""
         latest = self._latest_schema_version()
-        cause: Exception | None = None
+        cause: BaseException | None = None
         try:
-            with self.transaction() as cur:
-                cur.execute("SELECT MAX(version) AS version FROM eo_schema_version")
+            with self.transaction() as cur:  # an unreachable store fails here, as itself
+                try:
+                    cur.execute("SELECT MAX(version) AS version FROM eo_schema_version")
+                except Exception as exc:  # no version table: nothing ran against this store yet
+                    raise _NoSchemaVersion() from exc  # (out of the transaction: rolled back)
                 row = cur.fetchone()
             version = int((row or {}).get("version") or 0)
-        except Exception as exc:  # no version table (nothing ran against this store yet), or unreachable
-            version, cause = 0, exc
+        except _NoSchemaVersion as missing:
+            version, cause = 0, missing.__cause__
         if version < latest:
             raise OperationError(f"the offset store's schema is at version {version}, this airflow_eo needs {latest}: "
                                  "a pipeline's next run or any `airflow eo` command migrates it; this view only "
