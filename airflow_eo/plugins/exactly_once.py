@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +58,28 @@ def dag_task_ids(dag_id: str, session: Any) -> list[str]:
     return list(dag.task_ids)
 
 
-def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
-    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...)."""
+# Reads run here so that a handler answers within ui_timeout_seconds even when a dependency hangs (a read stuck
+# for its driver's full timeout keeps its worker; a bounded pool keeps them from piling up).
+_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eo-tab")
+
+
+def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int,
+              timeout_s: float | None = None) -> tuple[list[PipelinePage], str | None]:
+    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...), within
+    ``timeout_s`` (None: ``[eo] ui_timeout_seconds``)."""
+    if timeout_s is None:
+        timeout_s = conf.getfloat(CONFIG_SECTION, "ui_timeout_seconds", fallback=30.0)
+    future = _READERS.submit(_read_pages, dag_id, task_ids, limit)
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        future.cancel()  # not started yet (the pool is busy with hung reads): never starts
+        log.error("exactly-once tab of %s: no answer within %.0f s", dag_id, timeout_s)
+        return [], (f"the offset store or Kafka did not answer within {timeout_s:.0f} s ([eo] ui_timeout_seconds); "
+                    "see the api-server's log")
+
+
+def _read_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
     try:
         from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
 

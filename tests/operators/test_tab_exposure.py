@@ -5,6 +5,8 @@ cannot be reached."""
 from __future__ import annotations
 
 import logging
+import socket
+import time
 
 from fastapi.testclient import TestClient
 
@@ -26,3 +28,20 @@ def test_an_unreachable_store_shows_its_kind_and_a_reference_not_hosts_or_users(
     for private in ("db-host-7", "secret_user", "internal"):
         assert private not in error
     assert "db-host-7" in caplog.text  # the api-server's log keeps the details for whoever runs it
+
+
+def test_a_store_that_never_answers_is_reported_within_the_tabs_timeout(monkeypatch):
+    """A server that accepts the connection and never speaks (pymysql waits connect_timeout for its greeting)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        port = silent.getsockname()[1]
+        monkeypatch.setenv("AIRFLOW_CONN_EO_OFFSET_STORE", f"mysql://eo:eo@127.0.0.1:{port}/eo?connect_timeout=20")
+        monkeypatch.setenv("AIRFLOW__EO__UI_TIMEOUT_SECONDS", "1")
+        started = time.monotonic()
+        pages, error = dag_pages("some_dag", ["t"], 5)
+        assert time.monotonic() - started < 5
+        assert pages == [] and error is not None and "did not answer within 1 s" in error
+    finally:
+        silent.close()
