@@ -51,6 +51,9 @@ def get_provider_info() -> dict[str, Any]:
                         "The tab highlights an in-doubt XA branch older than this.", "300", "float"),
                     "ui_batch_limit": _option("Batches, audit rows and dead letters the tab shows per pipeline.",
                                               "20", "integer"),
+                    "ui_timeout_seconds": _option(
+                        "The tab answers within this, saying so when the offset store or Kafka did not.", "30",
+                        "float"),
                 },
             },
         },

@@ -27,14 +27,19 @@ class AirflowConnections:
     """
 
     def __init__(self, offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
-                 kafka_conn_id: str = "kafka_default", mysql_conn_id: str | None = None) -> None:
+                 kafka_conn_id: str = "kafka_default", mysql_conn_id: str | None = None,
+                 read_only: bool = False) -> None:
         self.offset_store_conn_id = offset_store_conn_id
+        self.read_only = read_only
         self.kafka_conn_id = kafka_conn_id
         # Another connection of the sink's database, by connection type (the command line names it).
         self.sink_conn_ids = {"mysql": mysql_conn_id} if mysql_conn_id else {}
 
     def store(self) -> PipelineLedger:
-        return OffsetStoreHook(self.offset_store_conn_id).get_store()
+        store = OffsetStoreHook(self.offset_store_conn_id).get_store()
+        if self.read_only:
+            store.read_only = True
+        return store
 
     def offset_source(self) -> KafkaOffsetSource:
         return KafkaClusterHook(self.kafka_conn_id).get_offset_source()
@@ -55,7 +60,8 @@ def local_actor() -> str:
 
 
 def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
-                        mysql_conn_id: str | None = None, actor: str | None = None) -> PipelineOperations:
+                        mysql_conn_id: str | None = None, actor: str | None = None,
+                        read_only: bool = False) -> PipelineOperations:
     """Operations over Airflow connections (what ``airflow eo`` and the UI tab run).
 
     :param offset_store_conn_id: ``mysql`` connection of the offset store (None: ``[eo] offset_store_conn_id``,
@@ -64,10 +70,11 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
         ``kafka_default``).
     :param mysql_conn_id: ``mysql`` connection of a MySQL sink (None: the recorded one, else ``mysql_default``).
     :param actor: who runs them (default: the OS user and host).
+    :param read_only: only reads (the UI): the store is never migrated; a schema behind is refused.
     """
     from airflow.configuration import conf
 
     store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
                                              fallback=DEFAULT_OFFSET_STORE_CONN_ID)
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
-    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id), actor or local_actor())
+    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id, read_only), actor or local_actor())

@@ -12,6 +12,7 @@ import pymysql.cursors
 from pymysql.constants import CLIENT
 
 from airflow_eo.mysql import connection as mysql_connection
+from airflow_eo.mysql import migrations
 from airflow_eo.mysql.migrations import migrate
 from airflow_eo.sqlstore.dialect import MYSQL
 from airflow_eo.sqlstore.store import SqlOffsetStore
@@ -55,3 +56,6 @@ class MySqlOffsetStore(SqlOffsetStore):
 
     def _migrate(self, cur: Any) -> None:
         migrate(cur)
+
+    def _latest_schema_version(self) -> int:
+        return max(version for version, _ in migrations.MIGRATIONS)

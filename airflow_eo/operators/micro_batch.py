@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk.log import mask_secret
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import (
@@ -33,6 +34,7 @@ from airflow_eo.kafka.offsets import parse_starting_offsets
 from airflow_eo.operators.metrics import emit_batch_metrics
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.engine import SparkBatchEngine
+from airflow_eo.spark.kafka_security import secret_values, spark_kafka_options
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -197,6 +199,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.spark_conf = dict(spark_conf or {})
         self.write_partitions = write_partitions
         self.kafka_options = dict(kafka_options or {})
+        spark_kafka_options({}, self.kafka_options)  # a secret in DAG code is refused at parse time
         self._engine: SparkBatchEngine | None = None
         self._lineage: tuple[str, str, str] | None = None  # Kafka namespace, sink namespace, sink name
         if self.has_dag():  # downstream DAGs schedule on the sink's Asset, added to this alias per batch
@@ -209,6 +212,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         interval = self._data_interval(context) if self.mode is Mode.INTERVAL else None
         kafka_hook = KafkaClusterHook(self.kafka_conn_id)
         kafka_config = kafka_hook.get_config()
+        for secret in secret_values(spark_kafka_options(kafka_config, self.kafka_options)):
+            mask_secret(secret)  # the JAAS line quotes the password: its own text must be masked too
         spark_hook = SparkSessionHook(self.spark_conn_id or None, self.spark_conf)
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,

@@ -399,18 +399,26 @@ class PipelineOperations:
         if not reason or not reason.strip():
             raise OperationError("a rewind that changes offsets needs --reason (recorded in the audit log)")
         group = self._kafka_group(pipeline_id, info)
-        if group is not None:
-            # Recovery compares unfinished batches with the group's offsets: they follow the store's.
-            group.move_group_offsets({(c.topic, c.partition): c.new for c in plan.moved})
+        moved_group = False
+
+        def move_group() -> None:
+            # Recovery compares unfinished batches with the group's offsets: they follow the store's. Moved last,
+            # under the store's lock once its checks passed: a refused rewind never moves the group (a partition
+            # the store never committed has no group offset to go back to).
+            nonlocal moved_group
+            if group is not None:
+                moved_group = True
+                group.move_group_offsets({(c.topic, c.partition): c.new for c in plan.moved})
+
         try:
             epoch = self.store.rewind(plan, self.actor, reason.strip(), check=lambda found, unfinished: check_rewind(
                 plan, found.mode, unfinished, found.sink, allow_double_count),
-                overrides=[DOUBLE_COUNT_FLAG] if allow_double_count else [])
+                overrides=[DOUBLE_COUNT_FLAG] if allow_double_count else [], before_commit=move_group)
         except BaseException:
-            if group is not None:  # put the group back where the (unchanged) store is
+            if group is not None and moved_group:  # the store's commit failed: put the group back where it is
                 try:
                     group.move_group_offsets({(c.topic, c.partition): c.old for c in plan.moved if c.old is not None})
-                except Exception:  # the store's refusal is what to report; this only needs saying
+                except Exception:  # the store's failure is what to report; this only needs saying
                     log.exception("could not move the Kafka group of %s back to the store's offsets: run the rewind "
                                   "again, or `airflow eo recover` before the pipeline's next run", pipeline_id)
             raise

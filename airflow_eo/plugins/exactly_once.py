@@ -16,7 +16,10 @@ runs; this one only finds the DAG's tasks and draws. Settings (``[eo]`` section,
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,17 +58,41 @@ def dag_task_ids(dag_id: str, session: Any) -> list[str]:
     return list(dag.task_ids)
 
 
-def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
-    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...)."""
+# Reads run here so that a handler answers within ui_timeout_seconds even when a dependency hangs (a read stuck
+# for its driver's full timeout keeps its worker; a bounded pool keeps them from piling up).
+_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eo-tab")
+
+
+def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int,
+              timeout_s: float | None = None) -> tuple[list[PipelinePage], str | None]:
+    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...), within
+    ``timeout_s`` (None: ``[eo] ui_timeout_seconds``)."""
+    if timeout_s is None:
+        timeout_s = conf.getfloat(CONFIG_SECTION, "ui_timeout_seconds", fallback=30.0)
+    future = _READERS.submit(_read_pages, dag_id, task_ids, limit)
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        future.cancel()  # not started yet (the pool is busy with hung reads): never starts
+        log.error("exactly-once tab of %s: no answer within %.0f s", dag_id, timeout_s)
+        return [], (f"the offset store or Kafka did not answer within {timeout_s:.0f} s ([eo] ui_timeout_seconds); "
+                    "see the api-server's log")
+
+
+def _read_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
     try:
         from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
 
-        ops = pipeline_operations(actor="airflow-ui")  # connections from [eo], as the CLI's defaults
+        # Connections from [eo], as the CLI's defaults; a GET never migrates the store (reads must not write).
+        ops = pipeline_operations(actor="airflow-ui", read_only=True)
         owned = ops.pipelines_of_dag(dag_id, task_ids)
         return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
-    except Exception as exc:  # shown on the page: the on-call person needs the reason, not a blank tab
-        log.exception("exactly-once tab of %s", dag_id)
-        return [], f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        # The full text (hosts, users, SQL) goes to the api-server's log only; any DAG reader sees the page.
+        reference = uuid.uuid4().hex[:8]
+        log.exception("exactly-once tab of %s (reference %s)", dag_id, reference)
+        return [], (f"{type(exc).__name__}: the offset store or Kafka could not be read; the details are in the "
+                    f"api-server's log (reference {reference})")
 
 
 @dataclass(frozen=True)
@@ -112,7 +139,9 @@ def batch_bars(batches: Sequence[dict[str, Any]], height: float = 110.0, width: 
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="airflow_eo exactly-once", description="Read-only view of airflow_eo pipelines per DAG.")
+    # No /docs, /redoc or /openapi.json: they would be served without Airflow's login.
+    app = FastAPI(title="airflow_eo exactly-once", description="Read-only view of airflow_eo pipelines per DAG.",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     guard = [Depends(requires_access_dag("GET"))]
 
     @app.get("/api/dags/{dag_id}", dependencies=guard)

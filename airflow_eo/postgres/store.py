@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from airflow_eo.postgres import migrations
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.migrations import migrate
 from airflow_eo.sqlstore.dialect import POSTGRES
@@ -47,3 +48,6 @@ class PostgresOffsetStore(SqlOffsetStore):
 
     def _migrate(self, cur: Any) -> None:
         migrate(cur)
+
+    def _latest_schema_version(self) -> int:
+        return max(version for version, _ in migrations.MIGRATIONS)

@@ -37,6 +37,7 @@ from airflow_eo.core.protocol import (
     dead_letter_partition,
 )
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, parse_records
 from airflow_eo.spark.session import is_connect
 
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_VIEW = "kafka_batch"  # temp view name for SQL transforms
-
-# librdkafka settings that mean the same for Spark's Java client (security, bootstrap).
-_PASSED_TO_SPARK = ("bootstrap.servers", "security.protocol", "sasl.mechanism", "ssl.endpoint.identification.algorithm")
 
 Transform = Callable[["DataFrame", BatchContext], "DataFrame"]
 
@@ -85,7 +83,8 @@ class SparkBatchEngine:
     :param kafka_config: librdkafka config of the Kafka connection (bootstrap servers, security).
     :param parse: how records become rows (value format, schema, bad-record policy, writer tasks).
     :param transform: callable / dotted path / SQL over the ``kafka_batch`` view; None keeps the parsed columns.
-    :param kafka_options: extra Spark Kafka source options (``kafka.*`` settings for the Java client).
+    :param kafka_options: extra Spark Kafka source options (``kafka.*`` settings for the Java client), no
+        secret: credentials come from ``kafka_config`` (:func:`~airflow_eo.spark.kafka_security.spark_kafka_options`).
     :param connect_early: open the session in :meth:`check`, before the attempt's first side effect
         (cheap for Spark Connect: a wrong URL or token fails there; a classic session starts a JVM,
         which an empty batch must not pay for).
@@ -106,6 +105,7 @@ class SparkBatchEngine:
 
     def __post_init__(self) -> None:
         self.transform = resolve_transform(self.transform)
+        spark_kafka_options(self.kafka_config, self.kafka_options)  # refused here, before any side effect
 
     def check(self) -> None:
         if self.connect_early:
@@ -125,10 +125,7 @@ class SparkBatchEngine:
                   .option("kafka.isolation.level", "read_committed")
                   .option("includeHeaders", "true")
                   .option("failOnDataLoss", "true"))
-        for key in _PASSED_TO_SPARK:
-            if key in self.kafka_config:
-                reader = reader.option(f"kafka.{key}", str(self.kafka_config[key]))
-        for key, value in self.kafka_options.items():
+        for key, value in spark_kafka_options(self.kafka_config, self.kafka_options).items():
             reader = reader.option(key, value)
         raw = reader.load()
         return raw.select(

@@ -50,6 +50,70 @@ _MAVEN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+#: SHA-256 of every jar Maven resolves for Spark's Kafka connector and spark-avro, per cache folder
+#: (``<artifact>-<version>``): a mismatch (a tampered cache, a compromised mirror) is refused. Taken from jars whose
+#: SHA-1 matched the repository's published ``.sha1`` files; a new pyspark version needs its own.
+JAR_SHA256: dict[str, dict[str, str]] = {
+    "spark-sql-kafka-0-10_2.13-4.0.0": {
+        "commons-pool2-2.12.0.jar": "6d3bd18df8410f3e31b031aca582cc109342358a62a2759ebd0c4cdf30d06f8b",
+        "hadoop-client-api-3.4.1.jar": "a964d4daa054c9615bbafb4553efbb140fa7fb9ac6f358a24393f183a5703438",
+        "hadoop-client-runtime-3.4.1.jar": "f6a800a159f918670db533606d33560d6c13b7e13f14eda493280ae33b9eeb2f",
+        "jsr305-3.0.0.jar": "bec0b24dcb23f9670172724826584802b80ae6cbdaba03bdebdef9327b962f6a",
+        "kafka-clients-3.9.0.jar": "15c1e137f2c2c94398e27abc4060a03b6bde10bf9fac15e8f70c02320b202f18",
+        "lz4-java-1.8.0.jar": "d74a3334fb35195009b338a951f918203d6bbca3d1d359033dc33edd1cadc9ef",
+        "scala-library-2.13.15.jar": "8e4dbc3becf70d59c787118f6ad06fab6790136a0699cd6412bc9da3d336944e",
+        "scala-parallel-collections_2.13-1.2.0.jar": "4eae6e68cf44e9f709970355590ae981883edf6484608d747376a56cbb285432",
+        "slf4j-api-1.7.36.jar": "d3ef575e3e4979678dc01bf1dcce51021493b4d11fb7f1be8ad982877c16a1c0",
+        "snappy-java-1.1.10.5.jar": "0f3f1857ed33116583f480b4df5c0218836c47bfbc9c6221c0d73f356decf37b",
+        "spark-sql-kafka-0-10_2.13-4.0.0.jar": "33a3b8b04df4a2e43c9d5bf8ca5972936a1ac662f2714e014d00ef6f27468bf3",
+        "spark-tags_2.13-4.0.0.jar": "dd54f5f1513b515ff79b29eb12755acd325a9ced65f506994a4b9dc513020f36",
+        "spark-token-provider-kafka-0-10_2.13-4.0.0.jar":
+            "f2be3b76f9e6cbe63379d4e4e0dc14f59dbf056ae2ad16ff15ac108004c86767",
+    },
+    "spark-avro_2.13-4.0.0": {
+        "scala-library-2.13.16.jar": "1ebb2b6f9e4eb4022497c19b1e1e825019c08514f962aaac197145f88ed730f1",
+        "scala-parallel-collections_2.13-1.2.0.jar": "4eae6e68cf44e9f709970355590ae981883edf6484608d747376a56cbb285432",
+        "spark-avro_2.13-4.0.0.jar": "083fb13d7a1091025b135eff216e2009b42c9724bb8bc597d2f28b1207ef4709",
+        "spark-tags_2.13-4.0.0.jar": "dd54f5f1513b515ff79b29eb12755acd325a9ced65f506994a4b9dc513020f36",
+        "xz-1.10.jar": "95c63c1a55b22dd6453890a419cc1a640f790bbf7d8ae82db1e30aefefb08888",
+    },
+}
+_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_")
+
+
+def verify_jars(folder: Path, jars: list[Path]) -> None:
+    """Refuse jars of Spark's Kafka connector or spark-avro whose SHA-256 is not the pinned one
+    (:data:`JAR_SHA256`), or that the pins do not know; other artifacts, and versions without pins (warned), pass.
+
+    :param folder: the artifact's cache folder (``<artifact>-<version>``).
+    :param jars: the jars resolved into it.
+    """
+    import hashlib
+
+    if not folder.name.startswith(_PINNED_ARTIFACTS):
+        return
+    pins = JAR_SHA256.get(folder.name)
+    if pins is None:
+        log.warning("no SHA-256 pins for %s (pins exist for %s): its jars are used unverified", folder.name,
+                    ", ".join(sorted(JAR_SHA256)))
+        return
+    problems = []
+    for jar in jars:
+        digest = hashlib.sha256(jar.read_bytes()).hexdigest()
+        expected = pins.get(jar.name)
+        if expected is None:
+            problems.append(f"{jar.name} is not one of the pinned jars")
+        elif digest != expected:
+            problems.append(f"{jar.name} has SHA-256 {digest}, pinned {expected}")
+    missing = sorted(set(pins) - {j.name for j in jars})
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if problems:
+        raise ConfigurationError(f"the jars resolved for {folder.name} in {folder} are not the pinned ones: "
+                                 f"{'; '.join(problems)}. Check the Maven repository or mirror this machine uses, "
+                                 "then delete the folder to resolve again")
+
+
 def connector_cache_dir() -> Path:
     return Path(os.environ.get("EO_CACHE_DIR", Path.home() / ".cache" / "airflow-eo"))
 
@@ -76,8 +140,11 @@ def maven_jars(group: str, artifact: str, version: str, resolve: bool = True) ->
         if done.returncode != 0:
             raise ConfigurationError(f"could not resolve {group}:{artifact}:{version} from Maven Central; Maven said: "
                                      f"{done.stdout[-500:]}")
+        verify_jars(folder, sorted((folder / "jars").glob("*.jar")))  # before the folder counts as resolved
         (folder / ".complete").touch()
-    return sorted(str(j) for j in (folder / "jars").glob("*.jar"))
+    jars = sorted((folder / "jars").glob("*.jar"))
+    verify_jars(folder, jars)  # every use: a cached jar may have changed since
+    return [str(j) for j in jars]
 
 
 def kafka_connector_jars(resolve: bool = True) -> list[str] | None:

@@ -155,7 +155,8 @@ class StoreReads:
                         (json.dumps(details), pipeline_id, epoch, action))
 
     def rewind(self, plan: RewindPlan, actor: str, reason: str,
-               check: Callable[[PipelineInfo, list[BatchRecord]], None], overrides: Sequence[str] = ()) -> int:
+               check: Callable[[PipelineInfo, list[BatchRecord]], None], overrides: Sequence[str] = (),
+               before_commit: Callable[[], None] | None = None) -> int:
         """Move the pipeline's committed offsets as planned, in one transaction with the take and the audit row.
 
         Under the pipeline row's lock (which every fenced write of an attempt takes too): ``check`` sees the
@@ -168,6 +169,8 @@ class StoreReads:
         :param reason: why.
         :param check: the refusal rules (:func:`airflow_eo.core.rewind.check_rewind`), run under the lock.
         :param overrides: the refusals the operator overrode (their command-line flags), recorded in the audit row.
+        :param before_commit: what else must move with the offsets (a Kafka sink's consumer group), run last
+            under the lock, once nothing here can refuse any more; if it raises, nothing changes here.
         :return: the epoch taken.
         """
         p = plan.pipeline_id
@@ -199,4 +202,6 @@ class StoreReads:
                         "WHERE pipeline_id = %s", (p,))
             epoch = info.epoch + 1
             insert_audit(cur, p, epoch, actor, "rewind", reason, {**plan.to_dict(), "overrides": list(overrides)})
+            if before_commit is not None:
+                before_commit()
             return epoch

@@ -20,6 +20,7 @@ from typing import Any
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
+    OperationError,
     PipelineConflictError,
 )
 from airflow_eo.core.failpoints import failpoint
@@ -36,6 +37,10 @@ def _described(owner: Owner) -> str:
     return f"DAG {owner.dag_id!r} task {owner.task_id!r}"
 
 
+class _NoSchemaVersion(Exception):
+    """The store has no schema version table."""
+
+
 class SqlOffsetStore(StoreReads):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
     :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it with its connections
@@ -43,17 +48,45 @@ class SqlOffsetStore(StoreReads):
     migrations (``_migrate``) and its ``dialect``."""
 
     _migrated = False
+    #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.
+    read_only = False
 
     def migrate(self) -> None:
         if self._migrated:
             return
-        with self.transaction() as cur:
-            self._migrate(cur)
+        if self.read_only:
+            self._check_schema()
+        else:
+            with self.transaction() as cur:
+                self._migrate(cur)
         self._migrated = True
 
     def _migrate(self, cur: Any) -> None:
         """Apply the database's migrations not applied yet, in ``cur``'s transaction."""
         raise NotImplementedError
+
+    def _latest_schema_version(self) -> int:
+        """The version the room's migrations reach."""
+        raise NotImplementedError
+
+    def _check_schema(self) -> None:
+        """Refuse to read a store whose schema is behind this release (reads must not write)."""
+        latest = self._latest_schema_version()
+        cause: BaseException | None = None
+        try:
+            with self.transaction() as cur:  # an unreachable store fails here, as itself
+                try:
+                    cur.execute("SELECT MAX(version) AS version FROM eo_schema_version")
+                except Exception as exc:  # no version table: nothing ran against this store yet
+                    raise _NoSchemaVersion() from exc  # (out of the transaction: rolled back)
+                row = cur.fetchone()
+            version = int((row or {}).get("version") or 0)
+        except _NoSchemaVersion as missing:
+            version, cause = 0, missing.__cause__
+        if version < latest:
+            raise OperationError(f"the offset store's schema is at version {version}, this airflow_eo needs {latest}: "
+                                 "a pipeline's next run or any `airflow eo` command migrates it; this view only "
+                                 "reads") from cause
 
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
         """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)

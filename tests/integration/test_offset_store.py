@@ -281,3 +281,40 @@ def test_a_store_of_the_previous_version_upgrades_and_its_owners_are_adopted(kin
     assert store.pipeline("legacy").owned_by == Owner("a", "b.c")
     with pytest.raises(PipelineConflictError, match="belongs to DAG 'a' task 'b.c'"):
         store.take_pipeline("legacy", owner=Owner("a.b", "c"))
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_read_only_store_never_migrates_and_refuses_a_schema_behind_clearly(kind, request, monkeypatch):
+    """The UI's reads (issue 23, item 7): a store nothing migrated yet, or one a version behind, is left as it is."""
+    migrations = import_module(f"airflow_eo.{kind}.migrations")
+    kwargs, drop = _fresh_database(kind, request.getfixturevalue(f"{kind}_kwargs"))
+    request.addfinalizer(drop)
+
+    def tables() -> list[str]:
+        with STORES[kind](kwargs).transaction() as cur:
+            cur.execute("SELECT table_name AS name FROM information_schema.tables WHERE table_name LIKE 'eo%%'"
+                        + (" AND table_schema = DATABASE()" if kind == "mysql" else ""))
+            return sorted(r["name"] for r in cur.fetchall())
+
+    reader = STORES[kind](kwargs)
+    reader.read_only = True
+    with pytest.raises(OperationError, match="version 0.*only reads"):
+        reader.pipelines()
+    assert tables() == []  # nothing created
+    latest = migrations.MIGRATIONS
+    monkeypatch.setattr(migrations, "MIGRATIONS", latest[:-1])
+    STORES[kind](kwargs).migrate()  # the previous version
+    monkeypatch.setattr(migrations, "MIGRATIONS", latest)
+    created = tables()
+    reader = STORES[kind](kwargs)
+    reader.read_only = True
+    with pytest.raises(OperationError, match=f"version {latest[-2][0]}, this airflow_eo needs {latest[-1][0]}"):
+        reader.pipelines()
+    with STORES[kind](kwargs).transaction() as cur:
+        cur.execute("SELECT MAX(version) AS v FROM eo_schema_version")
+        assert cur.fetchone()["v"] == latest[-2][0]  # not upgraded by the read
+    assert tables() == created
+    STORES[kind](kwargs).migrate()
+    reader = STORES[kind](kwargs)
+    reader.read_only = True
+    assert reader.pipelines() == []

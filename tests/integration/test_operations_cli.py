@@ -5,7 +5,8 @@ with "commit", ``recover`` is a dry run until ``--apply --reason``, a recovery t
 audited, ``recover --apply`` commits them (the sink then equals the ground truth), and a rewind of that
 accumulating sink is refused unless overridden (the audit row records the override). An upsert pipeline is
 rewound: the dry run changes nothing, ``--apply`` is audited (``history`` shows it), and the next run
-reprocesses exactly the rewound range. Unknown pipelines and bad arguments fail clearly. Three Spark batches in
+reprocesses exactly the rewound range. A rewind the store refuses under its lock leaves a Kafka sink's consumer
+group where it was (in process, no Spark). Unknown pipelines and bad arguments fail clearly. Three Spark batches in
 all, in this process.
 """
 
@@ -21,17 +22,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
+from airflow_eo.core.errors import OperationError
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
-from airflow_eo.core.protocol import Owner, RunRequest, run_batch
+from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
+from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.ops.service import PipelineOperations
+from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 from examples import page_views
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
 from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.support.kafka_group import kafka_adapter
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
@@ -245,3 +254,67 @@ def test_unknown_pipelines_and_bad_arguments_fail_clearly():
                         (["history", missing, "--limit", "0"], "invalid positive int value")):
         done = eo(*args)
         assert done.returncode != 0 and words in done.stderr, (args, done.stderr[-2000:])
+
+
+class BatchStartsDuringRewind:
+    """The real store, with an attempt that plans a batch between the first rewind's plan and its store
+    transaction."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.raced = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def rewind(self, plan: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.raced:
+            self.raced = True
+            epoch = self._store.take_pipeline(plan.pipeline_id)
+            self._store.insert_batch(plan.pipeline_id, epoch, "run-racing",
+                                     [OffsetRange(plan.changes[0].topic, 0, 5, 9)], [])
+        return self._store.rewind(plan, *args, **kwargs)
+
+
+def test_a_rewind_refused_under_the_store_lock_leaves_the_kafka_group_where_it_was(bootstrap, mysql_kwargs):
+    """The store's check runs before the Kafka sink's consumer group moves (issue 23, item 8): a refused rewind
+    leaves the group alone, also on a partition the pipeline never committed (it has no group offset to go
+    back to)."""
+    pipeline = f"rw_{uuid.uuid4().hex[:8]}"
+    topic = create_topic(bootstrap, f"{pipeline}_in", partitions=2)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(20):
+        producer.produce(topic, b"x", partition=i % 2)
+    producer.flush(30)
+    spec = KafkaTransactionalSink(topic=f"{pipeline}_out")
+    store = MySqlOffsetStore(mysql_kwargs)
+    store.migrate()
+    epoch = store.take_pipeline(pipeline, sink=spec.record())
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange(topic, 0, 0, 5)], [])
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    adapter = kafka_adapter(bootstrap, pipeline, spec)
+    adapter.move_group_offsets({(topic, 0): 5})  # where the batch's transaction left the group
+
+    class Connections:
+        def store(self) -> Any:
+            return BatchStartsDuringRewind(MySqlOffsetStore(mysql_kwargs))
+
+        def offset_source(self) -> Any:
+            return KafkaOffsetSource({"bootstrap.servers": bootstrap})
+
+        def sink(self, pipeline_id: str, record: Any) -> Any:
+            return kafka_adapter(bootstrap, pipeline_id, spec)
+
+    ops = PipelineOperations(Connections(), "tester")
+    target = RewindTarget(RewindKind.OFFSETS, offsets={(topic, 0): 7, (topic, 1): 3})  # forward: no double count
+    assert ops.rewind(pipeline, target).refusal is None  # the dry run sees no unfinished batch
+    with pytest.raises(OperationError, match="unfinished batch"):
+        ops.rewind(pipeline, target, apply=True, reason="replay")
+    assert adapter.group_offsets([(topic, 0), (topic, 1)]) == {(topic, 0): 5}
+    assert store.committed_offsets(pipeline) == {(topic, 0): 5} and store.audit_log(pipeline, 5) == []
+    # Once the racing batch is over, the rewind goes through: the store and the group move together.
+    [batch] = store.unfinished_batches(pipeline)
+    store.abort_batch(batch, store.pipeline(pipeline).epoch)
+    assert ops.rewind(pipeline, target, apply=True, reason="replay").applied
+    assert adapter.group_offsets([(topic, 0), (topic, 1)]) == {(topic, 0): 7, (topic, 1): 3}
+    assert store.committed_offsets(pipeline) == {(topic, 0): 7, (topic, 1): 3}
