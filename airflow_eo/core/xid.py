@@ -1,9 +1,12 @@
 """XA transaction ids for our branches, and their codec.
 
-``formatID`` marks a branch as ours. ``gtrid`` = a short stable key of the pipeline
-+ the batch id, so every branch of one batch shares it and recovery can find a
-pipeline's branches by prefix. ``bqual`` = epoch, Spark partition, stage attempt and
-task attempt, so branches of different attempts never collide.
+``formatID`` marks a branch as ours. ``gtrid`` = a stable key of the pipeline (its id's whole
+SHA-1, 160 bits: two pipelines sharing a key would recover, commit or roll back each other's
+branches) + the batch id, so every branch of one batch shares it and recovery can find a
+pipeline's branches by key. Before issue 23 the key was the SHA-1's first 12 hex digits (48
+bits): such branches, prepared before an upgrade, are still recognised (:meth:`Xid.belongs_to`).
+``bqual`` = epoch, Spark partition, stage attempt and task attempt, so branches of different
+attempts never collide.
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ FORMAT_ID = 0x454F31  # "EO1"
 _MAX_PART = 64  # XA limits gtrid and bqual to 64 bytes each
 
 
+_LEGACY_KEY_LENGTH = 12  # hex digits of the key before issue 23 (48 bits)
+
+
 def pipeline_key(pipeline_id: str) -> str:
-    """A short, stable key of the pipeline id (pipeline ids may be long)."""
-    return hashlib.sha1(pipeline_id.encode()).hexdigest()[:12]
+    """A stable, fixed-length key of the pipeline id (ids may be long; the gtrid has 64 bytes): its SHA-1.
+
+    "eo:" + 40 hex digits + ":" + a batch id of up to 20 digits fits the gtrid's 64 bytes.
+    """
+    return hashlib.sha1(pipeline_id.encode()).hexdigest()
 
 
 @dataclass(frozen=True, order=True)
@@ -36,6 +45,13 @@ class Xid:
     @property
     def bqual(self) -> bytes:
         return f"{self.epoch}:{self.partition}:{self.stage_id}:{self.attempt_id}".encode()
+
+    def belongs_to(self, pipeline_id: str) -> bool:
+        """Whether this is a branch of ``pipeline_id``: its key, or (a branch prepared before the key was
+        lengthened) the key's first 48 bits, as it was then."""
+        key = pipeline_key(pipeline_id)
+        return self.pipeline_key == key or (len(self.pipeline_key) == _LEGACY_KEY_LENGTH
+                                            and key.startswith(self.pipeline_key))
 
     def sql(self) -> str:
         """The xid as it appears after ``XA START|END|PREPARE|COMMIT|ROLLBACK`` (hex literals)."""

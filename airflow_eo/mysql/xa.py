@@ -12,7 +12,7 @@ from typing import Any
 
 import pymysql
 
-from airflow_eo.core.xid import Xid, parse_recover_row, pipeline_key
+from airflow_eo.core.xid import Xid, parse_recover_row
 from airflow_eo.mysql.connection import connect
 
 ER_XAER_NOTA = 1397  # unknown xid: already committed / rolled back
@@ -34,8 +34,7 @@ class XaFacade:
             cur.execute("XA RECOVER")
             rows = cur.fetchall()
         ours = [x for x in (parse_recover_row(*row[:4]) for row in rows) if x is not None]
-        key = None if pipeline_id is None else pipeline_key(pipeline_id)
-        return sorted(x for x in ours if key is None or x.pipeline_key == key)
+        return sorted(x for x in ours if pipeline_id is None or x.belongs_to(pipeline_id))
 
     def start(self, xid: Xid) -> None:
         with self.conn.cursor() as cur:

@@ -18,11 +18,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from airflow_eo.core.xid import Xid, pipeline_key
+from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
 
 #: Our gids, and nothing else: what Xid.encode() writes (checked before a gid is spelled into a statement).
-_GID = re.compile(r"eo:[0-9a-f]{12}:\d+/\d+:-?\d+:\d+:\d+")
+# The key: 40 hex digits, or 12 in a gid prepared before the key was lengthened.
+_GID = re.compile(r"eo:(?:[0-9a-f]{40}|[0-9a-f]{12}):\d+/\d+:-?\d+:\d+:\d+")
 
 
 def gid(xid: Xid) -> str:
@@ -61,9 +62,9 @@ class PreparedTransactions:
         rows = self.conn.execute(
             "SELECT gid, prepared FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE 'eo:%'"
         ).fetchall()
-        key = None if pipeline_id is None else pipeline_key(pipeline_id)
         found = [(parse_gid(text), prepared) for text, prepared in rows]
-        return sorted((x, at) for x, at in found if x is not None and (key is None or x.pipeline_key == key))
+        return sorted((x, at) for x, at in found
+                      if x is not None and (pipeline_id is None or x.belongs_to(pipeline_id)))
 
     def prepare(self, xid: Xid) -> None:
         """``PREPARE TRANSACTION``: the connection's open transaction survives the connection (and a server crash)."""

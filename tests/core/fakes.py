@@ -589,8 +589,8 @@ class FakeXaSink(_SinkBase):
                                                     batch.batch_id, batch.epoch))
 
     def _ours(self, pipeline_id: str) -> list[tuple[str, Xid]]:
-        key = pipeline_key(pipeline_id)
-        return [(text, xid) for text in sorted(self.server.prepared) if (xid := Xid.decode(text)).pipeline_key == key]
+        return [(text, xid) for text in sorted(self.server.prepared)
+                if (xid := Xid.decode(text)).belongs_to(pipeline_id)]
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:

@@ -10,12 +10,14 @@ store write); nothing of a killed attempt runs afterwards, not even ``Sink.disca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 
@@ -257,6 +259,35 @@ def test_a_crash_after_the_commit_point_is_finished_by_the_next_attempts_recover
     retry = world.attempt("r1")  # the task's retry: recovery commits the recorded branches
     assert retry.already_committed and retry.batch_id == batch.batch_id
     assert world.exactly_once_problems() == []
+
+
+def test_pipelines_whose_short_keys_collide_never_touch_each_others_branches(monkeypatch):
+    """Two pipelines writing to one XA database, their ids' SHA-1 equal in the first 48 bits (the gtrid's key
+    before issue 23 item 11): one's recovery neither commits nor rolls back the other's prepared branches."""
+    from airflow_eo.core import xid as xid_module
+
+    class CollidingSha1:  # the first 12 hex digits of every digest alike, the rest the real SHA-1's
+        def __init__(self, data: bytes) -> None:
+            self.real = hashlib.sha1(data)
+
+        def hexdigest(self) -> str:
+            return "0" * 12 + self.real.hexdigest()[12:]
+
+    monkeypatch.setattr(xid_module, "hashlib", SimpleNamespace(sha1=CollidingSha1))
+    a = World("xa", topic="ta", pipeline_id="a")
+    b = World("xa", topic="tb", pipeline_id="b")
+    b.server = a.server  # one database
+    b.produce(0, 3)
+    with pytest.raises(Killed):
+        b.attempt("r1", Process(kill_at="crash:after_commit_point"))
+    left_by_b = sorted(a.server.prepared)
+    assert len(left_by_b) == 1
+    a.produce(0, 4)
+    a.produce(1, 2)
+    a.attempt("r1")  # its recovery must leave b's branch alone
+    assert sorted(a.server.prepared) == left_by_b and not set(left_by_b) & set(a.server.rolled_back)
+    assert b.attempt("r1").already_committed  # b's retry commits its own branch
+    assert a.exactly_once_problems([*a.source.records(), *b.source.records()]) == []  # the one database: both
 
 
 def test_a_failure_after_execution_discards_the_prepared_branches_and_a_retry_commits():

@@ -62,6 +62,14 @@ def test_xid_sql_uses_hex_literals():
     assert xid.sql() == f"X'{xid.gtrid.hex()}',X'{xid.bqual.hex()}',{FORMAT_ID}"
 
 
-def test_pipeline_key_is_stable_and_short():
+def test_pipeline_key_is_stable_160_bits_and_fits_the_gtrid_with_any_batch_id():
     assert pipeline_key("p") == pipeline_key("p") != pipeline_key("q")
-    assert len(pipeline_key("x" * 1000)) == 12
+    assert len(pipeline_key("x" * 1000)) == 40
+    biggest = Xid(pipeline_key("x" * 1000), 2**63 - 1, 2**31, 10**6, 10**6, 10**6)
+    assert len(biggest.gtrid) <= 64 and Xid.decode(biggest.encode()) == biggest
+
+
+def test_a_branch_prepared_with_the_pre_upgrade_48_bit_key_still_belongs_to_its_pipeline():
+    legacy = Xid(pipeline_key("p")[:12], 1, 1, 0)
+    assert legacy.belongs_to("p") and not legacy.belongs_to("q")
+    assert Xid(pipeline_key("p"), 1, 1, 0).belongs_to("p") and not Xid(pipeline_key("q"), 1, 1, 0).belongs_to("p")
