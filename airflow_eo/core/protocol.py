@@ -104,6 +104,31 @@ class DeadLetter:
     error: str
 
 
+#: A chunk of dead letters streamed through the driver ends at whichever comes first: the records, or the bytes of
+#: their keys, values and errors (a few huge bad records must not make one chunk of many gigabytes).
+DEAD_LETTER_CHUNK_RECORDS = 10_000
+DEAD_LETTER_CHUNK_BYTES = 32 * 1024 * 1024
+
+
+def dead_letter_chunks(records: Iterable[DeadLetter], pipeline_id: str, batch_id: int,
+                       max_records: int = DEAD_LETTER_CHUNK_RECORDS,
+                       max_bytes: int = DEAD_LETTER_CHUNK_BYTES) -> Iterator[list[dict[str, Any]]]:
+    """Dead letters as rows of :data:`DEAD_LETTER_FIELDS`, in chunks bounded by count and by bytes (a chunk holds at
+    least one record, however big): what the driver holds at a time when it writes them."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for r in records:
+        chunk.append({"pipeline_id": pipeline_id, "topic": r.topic, "kafka_partition": r.kafka_partition,
+                      "kafka_offset": r.kafka_offset, "batch_id": batch_id, "record_key": r.record_key,
+                      "raw_value": r.raw_value, "error": r.error})
+        size += len(r.record_key or b"") + len(r.raw_value or b"") + len(r.error)
+        if len(chunk) >= max_records or size >= max_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
 #: The columns of the dead-letter batches a :class:`DeadLetterRoute`'s writer gets (Arrow record batches), in this
 #: order: the :class:`DeadLetter` fields with the pipeline and batch they belong to.
 DEAD_LETTER_FIELDS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",

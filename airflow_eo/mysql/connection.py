@@ -103,10 +103,18 @@ def loading_local_file(conn: Any, path: str) -> Iterator[None]:
 def connect(connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
     """``pymysql.connect(**connect_kwargs, **options)`` (typed ``Any``: its cursor type follows ``cursorclass``).
 
+    Every session is strict (:data:`STRICT_SESSION`), whatever the server's default ``sql_mode``.
+
     :param connect_kwargs: pymysql arguments from an Airflow ``mysql`` connection (host, port, user, ...).
     :param options: the caller's session options (autocommit, cursor class, client flags, ...).
     """
-    return _Connection(**connect_kwargs, **options)
+    return _Connection(**connect_kwargs, **{"init_command": STRICT_SESSION, **options})
+
+
+#: A server whose default ``sql_mode`` is not strict cuts a too-long string or clamps an out-of-range number with a
+#: warning instead of failing the statement: the sink would hold values that differ from the output, silently, and
+#: the store could cut an id. Strict mode is added to the session's own modes (the others are kept).
+STRICT_SESSION = "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
 
 
 def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:

@@ -8,7 +8,6 @@ runner, and (XA) recover and finalize branches through the one XA API, :class:`~
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,7 +18,7 @@ import pymysql
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult, dead_letter_chunks
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
@@ -40,8 +39,6 @@ from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
 
-#: Dead letters per Arrow batch handed to their writer (the driver holds about this many at a time).
-DEAD_LETTER_CHUNK = 10_000
 
 
 class MySqlTableSink:
@@ -213,20 +210,17 @@ class MySqlTableSink:
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them, see
-        :meth:`dead_letter_writer`): in chunks of :data:`DEAD_LETTER_CHUNK` into one writer (one XA branch). The
-        table is created with the first dead letter."""
+        :meth:`dead_letter_writer`): in chunks bounded by count and bytes
+        (:func:`~airflow_eo.core.protocol.dead_letter_chunks`) into one writer (one XA branch). The table is created
+        with the first dead letter."""
         first = next(records, None)
         if first is None:
             return []
         records = itertools.chain([first], records)
         writer = self.dead_letter_writer(batch)
-
-        def chunks() -> Iterator[pa.RecordBatch]:
-            while chunk := list(itertools.islice(records, DEAD_LETTER_CHUNK)):
-                yield pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
-                                                   "batch_id": batch.batch_id} for r in chunk])
-
-        xid, _ = writer(chunks(), partition=-1, stage_id=0, attempt_id=0)
+        chunks = (pa.RecordBatch.from_pylist(rows)
+                  for rows in dead_letter_chunks(records, batch.pipeline_id, batch.batch_id))
+        xid, _ = writer(chunks, partition=-1, stage_id=0, attempt_id=0)
         return [xid] if xid else []
 
     def commit(self, batch: BatchRecord) -> None:

@@ -10,7 +10,6 @@ partition runner, and (two-phase) recover and finalize prepared transactions thr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult, dead_letter_chunks
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
@@ -36,8 +35,6 @@ from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
 
-#: Dead letters per Arrow batch handed to their writer (the driver holds about this many at a time).
-DEAD_LETTER_CHUNK = 10_000
 DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
                        "raw_value", "error")
 DEAD_LETTER_KEY = ("pipeline_id", "topic", "kafka_partition", "kafka_offset")
@@ -165,8 +162,9 @@ class PostgresTableSink:
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows. Streamed in
-        chunks of :data:`DEAD_LETTER_CHUNK` into one writer (one prepared transaction, two-phase). The table is
-        created with the first dead letter (never in :meth:`check`, which has no side effect)."""
+        chunks bounded by count and bytes (:func:`~airflow_eo.core.protocol.dead_letter_chunks`) into one writer (one
+        prepared transaction, two-phase). The table is created with the first dead letter (never in :meth:`check`,
+        which has no side effect)."""
         first = next(records, None)
         if first is None:
             return []
@@ -178,12 +176,9 @@ class PostgresTableSink:
             conn.close()
         writer = self._writer(batch, self.dead_letter_table, DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, {})
 
-        def chunks() -> Iterator[pa.RecordBatch]:
-            while chunk := list(itertools.islice(records, DEAD_LETTER_CHUNK)):
-                yield pa.RecordBatch.from_pylist([{**dataclasses.asdict(r), "pipeline_id": batch.pipeline_id,
-                                                   "batch_id": batch.batch_id} for r in chunk])
-
-        xid, _ = writer(chunks(), partition=-1, stage_id=0, attempt_id=0)
+        chunks = (pa.RecordBatch.from_pylist(rows)
+                  for rows in dead_letter_chunks(records, batch.pipeline_id, batch.batch_id))
+        xid, _ = writer(chunks, partition=-1, stage_id=0, attempt_id=0)
         return [xid] if xid else []
 
     def commit(self, batch: BatchRecord) -> None:

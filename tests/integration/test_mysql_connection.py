@@ -80,3 +80,34 @@ def test_tls_options_in_the_connection_extra_verify_the_server_and_never_fall_ba
         assert kwargs["ssl"] == {"ca": ca}
         with pytest.raises(pymysql.err.OperationalError, match="SSL is required but the server doesn't support it"):
             mysql_connection.connect(kwargs, autocommit=True)
+
+
+def test_sessions_are_strict_even_on_a_server_whose_default_is_not(mysql_kwargs):
+    """A non-strict server cuts a too-long value with a warning; our sessions (sinks and store) fail instead."""
+    admin = pymysql.connect(**mysql_kwargs, autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.sql_mode")
+            default = cur.fetchone()[0]
+            cur.execute("CREATE TABLE IF NOT EXISTS eo_strict_probe (v VARCHAR(3))")
+            cur.execute("SET GLOBAL sql_mode = ''")
+        try:
+            plain = pymysql.connect(**mysql_kwargs, autocommit=True)
+            with plain.cursor() as cur:  # the premise: this server's sessions cut silently
+                cur.execute("INSERT INTO eo_strict_probe VALUES ('abcdef')")
+                cur.execute("SELECT v FROM eo_strict_probe")
+                assert cur.fetchall() == (("abc",),)
+            plain.close()
+            ours = mysql_connection.connect(mysql_kwargs, autocommit=True)
+            with ours.cursor() as cur:
+                cur.execute("SELECT @@SESSION.sql_mode")
+                assert "STRICT_ALL_TABLES" in cur.fetchone()[0].split(",")
+                with pytest.raises(pymysql.err.DataError, match="Data too long"):
+                    cur.execute("INSERT INTO eo_strict_probe VALUES ('abcdef')")
+            ours.close()
+        finally:
+            with admin.cursor() as cur:
+                cur.execute("SET GLOBAL sql_mode = %s", (default,))
+                cur.execute("DROP TABLE eo_strict_probe")
+    finally:
+        admin.close()
