@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from airflow.models.dagbag import DBDagBag
 from airflow.plugins_manager import AirflowPlugin
@@ -138,6 +139,28 @@ def batch_bars(batches: Sequence[dict[str, Any]], height: float = 110.0, width: 
             "legend": list(zip(PHASES, PHASE_COLOURS, strict=True))}
 
 
+def may_read_records(dag_id: str, user: Any, auth_manager: Any = None) -> bool:
+    """Whether ``user`` may see the raw keys and values of the DAG's dead letters: records of the topic, as
+    sensitive as what its tasks log, so the same access as the DAG's task logs (DAG read access alone shows
+    where the bad records are and why, not what they hold)."""
+    if auth_manager is None:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        auth_manager = get_auth_manager()
+    return bool(auth_manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_LOGS,
+                                               details=DagDetails(id=dag_id), user=user))
+
+
+def pages_as_shown(pages: Sequence[PipelinePage], may_read: bool) -> list[dict[str, Any]]:
+    """The pages as JSON, the dead letters' keys and values hidden unless ``may_read``."""
+    shown = [p.to_dict() for p in pages]
+    if not may_read:
+        for page in shown:
+            for letter in page.get("dead_letters") or []:
+                letter.update(key=None, value=None, hidden=True)
+    return shown
+
+
 def create_app() -> FastAPI:
     # No /docs, /redoc or /openapi.json: they would be served without Airflow's login.
     app = FastAPI(title="airflow_eo exactly-once", description="Read-only view of airflow_eo pipelines per DAG.",
@@ -145,21 +168,22 @@ def create_app() -> FastAPI:
     guard = [Depends(requires_access_dag("GET"))]
 
     @app.get("/api/dags/{dag_id}", dependencies=guard)
-    def dag_pipelines(dag_id: str, session: SessionDep) -> dict[str, Any]:
+    def dag_pipelines(dag_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
         """The DAG's pipelines as JSON (what the tab shows)."""
         limit = conf.getint(CONFIG_SECTION, "ui_batch_limit", fallback=20)
         pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
         if error is not None:
             raise HTTPException(503, error)
-        return {"dag_id": dag_id, "pipelines": [p.to_dict() for p in pages]}
+        return {"dag_id": dag_id, "pipelines": pages_as_shown(pages, may_read_records(dag_id, user))}
 
     @app.get("/dags/{dag_id}", response_class=HTMLResponse, dependencies=guard)
-    def dag_tab(dag_id: str, session: SessionDep) -> HTMLResponse:
+    def dag_tab(dag_id: str, session: SessionDep, user: GetUserDep) -> HTMLResponse:
         """The tab (an HTML page the DAG page shows in a frame)."""
         limit = conf.getint(CONFIG_SECTION, "ui_batch_limit", fallback=20)
         warn_after = conf.getfloat(CONFIG_SECTION, "in_doubt_warning_seconds", fallback=300.0)
         pages, error = dag_pages(dag_id, dag_task_ids(dag_id, session), limit)
-        pipelines = [{**p.to_dict(), "chart": batch_bars(p.to_dict()["batches"])} for p in pages]
+        pipelines = [{**page, "chart": batch_bars(page["batches"])}
+                     for page in pages_as_shown(pages, may_read_records(dag_id, user))]
         html = _templates.get_template("exactly_once_tab.html").render(
             dag_id=dag_id, pipelines=pipelines, error=error, warn_after=warn_after, phases=PHASES)
         return HTMLResponse(html, status_code=503 if error else 200)

@@ -8,9 +8,10 @@ import logging
 import socket
 import time
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from fastapi.testclient import TestClient
 
-from airflow_eo.plugins.exactly_once import create_app, dag_pages
+from airflow_eo.plugins.exactly_once import create_app, dag_pages, may_read_records, pages_as_shown
 
 
 def test_no_api_docs_or_schema_are_served():
@@ -45,3 +46,35 @@ def test_a_store_that_never_answers_is_reported_within_the_tabs_timeout(monkeypa
         assert pages == [] and error is not None and "did not answer within 1 s" in error
     finally:
         silent.close()
+
+
+class _AuthManager:
+    """Answers like an auth manager whose role reads the DAG but not its task logs (Airflow's simple auth manager has
+    no such role, so the real one cannot stand in here)."""
+
+    def __init__(self, task_logs: bool) -> None:
+        self.task_logs, self.asked = task_logs, []
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        self.asked.append((method, access_entity, details.id if details else None, user))
+        return access_entity is not DagAccessEntity.TASK_LOGS or self.task_logs
+
+
+def test_dead_letters_show_their_records_only_to_who_may_read_the_dags_task_logs():
+    letter = {"batch_id": 1, "topic": "t", "partition": 0, "offset": 5, "key": "k-secret", "value": "card=4111",
+              "error": "bad JSON", "created_at": None}
+
+    class Page:  # what pages_as_shown reads of a PipelinePage
+        def to_dict(self):
+            return {"pipeline_id": "p", "dead_letters": [dict(letter)]}
+
+    page = Page()
+    reader = _AuthManager(task_logs=False)
+    assert not may_read_records("orders_dag", "alice", reader)
+    assert reader.asked == [("GET", DagAccessEntity.TASK_LOGS, "orders_dag", "alice")]
+    hidden = pages_as_shown([page], may_read=False)[0]["dead_letters"][0]
+    assert (hidden["key"], hidden["value"], hidden["hidden"]) == (None, None, True)
+    assert (hidden["offset"], hidden["error"]) == (5, "bad JSON")  # where and why stay visible
+    assert may_read_records("orders_dag", "bob", _AuthManager(task_logs=True))
+    shown = pages_as_shown([page], may_read=True)[0]["dead_letters"][0]
+    assert (shown["key"], shown["value"]) == ("k-secret", "card=4111") and "hidden" not in shown
