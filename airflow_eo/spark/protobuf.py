@@ -103,7 +103,8 @@ def message_class(blob: bytes, name: str) -> Any:
 def _message_names(prefix: str, messages: Any) -> Iterator[str]:
     for m in messages:
         full = f"{prefix}.{m.name}" if prefix else m.name
-        yield full
+        if not m.options.map_entry:  # a map field's entry type: not a message anyone writes
+            yield full
         yield from _message_names(full, m.nested_type)
 
 
@@ -228,12 +229,12 @@ def _unframe(descriptor: Any, data: bytes, what: str) -> bytes:
         raise _Bad(f"{what} starts with byte 0x{data[0]:02X}, not the Confluent magic byte 0x00 (framing='confluent')")
     schema_id = int.from_bytes(data[1:HEADER_BYTES], "big")
     count, position = _zigzag(data, HEADER_BYTES, what)
+    if not 0 <= count <= len(data):
+        raise _Bad(f"{what}: schema id {schema_id}: message-index count {count} is not a count")
     path = [0] if count == 0 else []
-    for _ in range(max(count, 0)):
+    for _ in range(count):
         index, position = _zigzag(data, position, what)
         path.append(index)
-    if count < 0 or count > 100:
-        raise _Bad(f"{what}: schema id {schema_id}: message-index count {count} is not a count")
     target = _follow(descriptor.file, path)
     if target is None:
         raise _Bad(f"{what}: schema id {schema_id}: message index {path} is not a message of "
