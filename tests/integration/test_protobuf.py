@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2, wrappers_pb2
 from google.protobuf.message import DecodeError
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
@@ -274,3 +274,35 @@ def test_protobuf_options_are_checked_when_the_dag_is_parsed(descriptor_file, tm
                  writer_schemas={1: "{}"})
     with pytest.raises(ConfigurationError, match="protobuf_descriptor and protobuf_message are for"):
         KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", protobuf_message="shop.Order", sink=sink)
+
+
+def test_decoder_edges_without_spark():
+    """What the Spark path relies on, per record: an enum number the descriptor does not name, the wrappers, a
+    recursive message refused, the index-list count checked."""
+    from pyspark.sql.types import LongType, StringType
+
+    from airflow_eo.spark.protobuf import decode_one, message_class, spark_schema
+
+    out = descriptor_pb2.FileDescriptorSet()
+    wrappers_pb2.DESCRIPTOR.CopyToProto(out.file.add())
+    tree = out.file.add(name="tree.proto", package="t", syntax="proto3", dependency=["google/protobuf/wrappers.proto"])
+    tree.enum_type.add(name="Kind").value.add(name="ZERO", number=0)
+    node = tree.message_type.add(name="Node")
+    node.field.extend([_field("kind", 1, F.TYPE_ENUM, ".t.Kind"), _field("child", 2, F.TYPE_MESSAGE, ".t.Node")])
+    leaf = tree.message_type.add(name="Leaf")
+    leaf.field.extend([_field("kind", 1, F.TYPE_ENUM, ".t.Kind"),
+                       _field("size", 2, F.TYPE_MESSAGE, ".google.protobuf.Int64Value"),
+                       _field("label", 3, F.TYPE_MESSAGE, ".google.protobuf.StringValue")])
+    blob = out.SerializeToString()
+    with pytest.raises(ConfigurationError, match=r"'t.Node' is recursive \(t.Node -> t.Node\)"):
+        spark_schema(message_class(blob, "t.Node").DESCRIPTOR)
+    cls = message_class(blob, "t.Leaf")
+    schema = spark_schema(cls.DESCRIPTOR)
+    assert [(f.name, f.dataType) for f in schema.fields] == [("kind", StringType()), ("size", LongType()),
+                                                             ("label", StringType())]
+    payload = b"\x08\x07" + b"\x12\x02\x08\x05"  # kind = 7 (unnamed), size = {value: 5}, label absent
+    assert decode_one(cls, payload, False, "value") == ({"kind": "7", "size": 5, "label": None}, None)
+    assert decode_one(cls, b"\x00\x00\x00\x00\x01\x01" + payload, True, "value")[1] == (
+        "value: schema id 1: message-index count -1 is not a count")
+    assert decode_one(cls, b"\x00\x00\x00\x00\x01\x02\x02" + payload, True, "value") == (
+        {"kind": "7", "size": 5, "label": None}, None)  # [1]: Leaf, the file's second message
