@@ -306,3 +306,31 @@ def test_decoder_edges_without_spark():
         "value: schema id 1: message-index count -1 is not a count")
     assert decode_one(cls, b"\x00\x00\x00\x00\x01\x02\x02" + payload, True, "value") == (
         {"kind": "7", "size": 5, "label": None}, None)  # [1]: Leaf, the file's second message
+
+
+def test_the_executor_side_decoder_imports_no_airflow(tmp_path):
+    """Executors get airflow_eo as a zip on sys.path (spark/session.py) but have only pyspark, pyarrow and
+    protobuf installed: decoding a batch must not import Airflow, Kafka or database clients."""
+    import subprocess
+    import sys
+
+    from airflow_eo.spark.protobuf import message_class, spark_schema
+
+    blob = descriptor_set().SerializeToString()
+    (tmp_path / "set.desc").write_bytes(blob)
+    (tmp_path / "schema.json").write_text(spark_schema(message_class(blob, "shop.Order").DESCRIPTOR).json())
+    (tmp_path / "value.bin").write_bytes(_order(3))
+    code = (
+        "import sys, pathlib, pyarrow as pa\n"
+        "from airflow_eo.spark.protobuf import decode_batches\n"
+        "d = pathlib.Path(sys.argv[1])\n"
+        "batch = pa.RecordBatch.from_pydict({'kafka_value': [(d / 'value.bin').read_bytes(), b'\\x01']})\n"
+        "out = list(decode_batches((d / 'set.desc').read_bytes(), 'shop.Order', False, 'kafka_value', 'value',"
+        " (d / 'schema.json').read_text(), '_eo_v', iter([batch])))\n"
+        "assert out[0].column('_eo_v').to_pylist()[0]['order_id'] == 'o3', out\n"
+        "assert 'truncated or corrupt' in out[0].column('_eo_v_error').to_pylist()[1], out\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('airflow', 'confluent_kafka', 'pymysql', 'psycopg')))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
