@@ -31,6 +31,7 @@ class ValueFormat(str, Enum):
     STRING = "string"
     BYTES = "bytes"
     AVRO = "avro"  # with an Avro reader schema and a declared framing
+    PROTOBUF = "protobuf"  # a message of a descriptor set file, with a declared framing
 
 
 class KeyFormat(str, Enum):
@@ -43,11 +44,12 @@ class KeyFormat(str, Enum):
 
 
 class Framing(str, Enum):
-    """How an Avro payload sits in a key or value. Declared, never guessed: a raw Avro record whose first field is
-    an empty string or a zero starts with byte 0 too (DESIGN.md section 11)."""
+    """How an Avro or Protobuf payload sits in a key or value. Declared, never guessed: a raw Avro record whose first
+    field is an empty string or a zero starts with byte 0 too (DESIGN.md section 11)."""
 
     NONE = "none"  # the payload is the Avro binary of one record, written with the reader schema
     CONFLUENT = "confluent"  # magic byte 0, the writer schema's id (4 bytes, big-endian), then the Avro binary
+    # (Protobuf: the message-index list, zigzag varints, between the id and the message)
 
 
 #: A field the engine adds to an Avro reader schema (with a default) to tell a record that failed to decode (Spark
@@ -132,7 +134,8 @@ def table_sink_keys_and_updates(name: str, key_columns: Any, updates: Mapping[st
 class ParseConfig:
     """How the engine turns Kafka records into rows.
 
-    :param value_format: ``json`` (needs ``schema``), ``string`` or ``bytes``.
+    :param value_format: ``json`` (needs ``schema``), ``string``, ``bytes``, ``avro`` (needs ``avro_schema`` and
+        ``framing``) or ``protobuf`` (needs ``protobuf_descriptor``, ``protobuf_message`` and ``framing``).
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required.
     :param on_bad_record: ``fail`` (default) or ``dead_letter``.
     :param write_partitions: Spark tasks (connections, XA branches) writing the output; None: the
@@ -148,6 +151,9 @@ class ParseConfig:
     avro_schema: str | None = None
     framing: Framing | None = None
     writer_schemas: Mapping[int, str] | str | None = None
+    #: a FileDescriptorSet file (``protoc --include_imports --descriptor_set_out``) and the full name of the message
+    protobuf_descriptor: str | None = None
+    protobuf_message: str | None = None
     #: the sink's key columns when tombstones delete rows (``on_tombstone="delete"``); empty: they are bad records
     delete_keys: tuple[str, ...] = ()
 
@@ -179,6 +185,13 @@ class ParseConfig:
 
     def _check_keys_and_avro(self) -> None:
         avro_value, avro_key = self.value_format is ValueFormat.AVRO, self.key_format is KeyFormat.AVRO
+        protobuf_value = self.value_format is ValueFormat.PROTOBUF
+        if protobuf_value and not (self.protobuf_descriptor and self.protobuf_message):
+            raise ConfigurationError("value_format='protobuf' needs protobuf_descriptor= (a FileDescriptorSet file, as "
+                                     "protoc --include_imports --descriptor_set_out writes) and protobuf_message= "
+                                     "(the message's full name, e.g. 'shop.Order')")
+        if (self.protobuf_descriptor or self.protobuf_message) and not protobuf_value:
+            raise ConfigurationError("protobuf_descriptor and protobuf_message are for value_format='protobuf'")
         if self.key_format in (KeyFormat.JSON, KeyFormat.AVRO) and not self.key_schema:
             kind = "Spark DDL" if self.key_format is KeyFormat.JSON else "an Avro record schema (JSON text or a path)"
             raise ConfigurationError(f"key_format={self.key_format.value!r} needs key_schema= ({kind})")
@@ -189,15 +202,17 @@ class ParseConfig:
                                      "as JSON text, or the path of an .avsc file)")
         if self.avro_schema and not avro_value:
             raise ConfigurationError("avro_schema is for value_format='avro'")
-        if not (avro_value or avro_key):
-            if self.framing is not None or self.writer_schemas is not None:
-                raise ConfigurationError("framing and writer_schemas are for Avro keys or values")
+        if self.writer_schemas is not None and not (avro_value or avro_key):
+            raise ConfigurationError("writer_schemas are for Avro keys or values")
+        if not (avro_value or avro_key or protobuf_value):
+            if self.framing is not None:
+                raise ConfigurationError("framing is for Avro keys or values and Protobuf values")
             return
         if self.framing is None:
             raise ConfigurationError(
-                "Avro keys or values need framing='confluent' (magic byte 0 + a 4-byte schema id, then the record) "
-                "or framing='none' (the bare Avro record, written with the reader schema): the first byte cannot "
-                "tell them apart, since a bare record may start with byte 0 too")
+                "Avro keys or values and Protobuf values need framing='confluent' (magic byte 0 + a 4-byte schema id, "
+                "then the record) or framing='none' (the bare record): the first byte cannot tell them apart, since "
+                "a bare record may start with byte 0 too")
         if avro_value:
             object.__setattr__(self, "avro_schema", avro_record_schema(self.avro_schema or "", "avro_schema"))
         if avro_key:

@@ -35,6 +35,7 @@ from airflow_eo.operators.metrics import emit_batch_metrics
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.engine import SparkBatchEngine
 from airflow_eo.spark.kafka_security import secret_values, spark_kafka_options
+from airflow_eo.spark.protobuf import load_descriptor_set, message_class, spark_schema
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -65,8 +66,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         task runs). (templated)
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
-    :param value_format: ``json`` (with ``schema``), ``string``, ``bytes`` or ``avro`` (with ``avro_schema`` and
-        ``framing``). See the README, "Topic formats".
+    :param value_format: ``json`` (with ``schema``), ``string``, ``bytes``, ``avro`` (with ``avro_schema`` and
+        ``framing``) or ``protobuf`` (with ``protobuf_descriptor``, ``protobuf_message`` and ``framing``). See the
+        README, "Topic formats".
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required. (templated)
     :param key_format: ``bytes`` (default: the raw key in ``kafka_key`` only), ``string``, ``json`` (with
         ``key_schema`` as Spark DDL) or ``avro`` (with ``key_schema`` as an Avro record schema, framed as the
@@ -76,6 +78,10 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param key_schema: see ``key_format``.
     :param avro_schema: the Avro reader schema of ``value_format="avro"``: a record, as JSON text or a file path;
         its fields become the columns.
+    :param protobuf_descriptor: ``value_format="protobuf"``: the path of a FileDescriptorSet file (as ``protoc
+        --include_imports --descriptor_set_out`` writes it, and as Spark's ``from_protobuf`` takes it).
+    :param protobuf_message: ``value_format="protobuf"``: the full name of the values' message (``shop.Order``); its
+        fields become the columns (nested messages structs, repeated fields arrays, enums their names).
     :param framing: ``confluent`` (magic byte 0, a 4-byte schema id, the record: each record is decoded with its
         writer schema and resolved into the reader schema) or ``none`` (bare records written with the reader
         schema). Declared, never guessed from the first byte.
@@ -146,6 +152,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         framing: Framing | str | None = None,
         writer_schemas: Mapping[int, Any] | str | None = None,
         schema_registry_conn_id: str | None = None,
+        protobuf_descriptor: str | None = None,
+        protobuf_message: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -163,11 +171,17 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.key_format, self.key_schema, self.avro_schema = key_format, key_schema, avro_schema
         self.framing, self.writer_schemas = framing, writer_schemas
         self.schema_registry_conn_id = schema_registry_conn_id
+        self.protobuf_descriptor, self.protobuf_message = protobuf_descriptor, protobuf_message
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
-        if schema_registry_conn_id and parse.framing is not Framing.CONFLUENT:
-            raise ConfigurationError("schema_registry_conn_id resolves the schema ids of framing='confluent'")
-        if parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
+        avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO
+        if schema_registry_conn_id and not (avro and parse.framing is Framing.CONFLUENT):
+            raise ConfigurationError("schema_registry_conn_id resolves the schema ids of Avro with "
+                                     "framing='confluent'")
+        if parse.value_format is ValueFormat.PROTOBUF:  # the file, the message and its Spark type, at parse time
+            spark_schema(message_class(load_descriptor_set(protobuf_descriptor or ""), protobuf_message or "")
+                         .DESCRIPTOR)
+        if avro and parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
             raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
                                      "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
         check_pipeline(sink, mode, parse, max_records_per_run, has_transform=transform is not None)
@@ -269,7 +283,8 @@ class KafkaMicroBatchOperator(BaseOperator):
                            key_format=self.key_format,  # type: ignore[arg-type]
                            key_schema=self.key_schema, avro_schema=self.avro_schema,
                            framing=self.framing,  # type: ignore[arg-type]
-                           writer_schemas=self.writer_schemas, delete_keys=self.sink.delete_keys)
+                           writer_schemas=self.writer_schemas, protobuf_descriptor=self.protobuf_descriptor,
+                           protobuf_message=self.protobuf_message, delete_keys=self.sink.delete_keys)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

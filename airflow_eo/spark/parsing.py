@@ -1,6 +1,7 @@
 """Records to rows on Spark: a batch's Kafka keys and values parsed by their formats, bad records marked, not dropped.
 
-Every value format is parsed here (string, bytes, JSON with a Spark DDL schema, Avro through ``spark/avro.py``), and
+Every value format is parsed here (string, bytes, JSON with a Spark DDL schema, Avro through ``spark/avro.py``,
+Protobuf through ``spark/protobuf.py``), and
 the key by ``key_format`` into the ``key`` column; the row keeps its Kafka metadata (:data:`METADATA_COLUMNS`), the raw
 value, and an ``_eo_error`` column that is NULL for a good record and says what is wrong with a bad one.
 """
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import decode_avro
+from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -47,6 +49,12 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     elif parse.value_format is ValueFormat.AVRO:
         df, payload, decode_error = decode_avro(spark, df, "kafka_value", parse.avro_schema or "", framing,
                                                 parse.writer_schema_map, schema_lookup, "_eo_v", "value")
+        value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
+        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+    elif parse.value_format is ValueFormat.PROTOBUF:
+        descriptors = load_descriptor_set(parse.protobuf_descriptor or "")
+        df, payload, decode_error = decode_protobuf(df, "kafka_value", descriptors, parse.protobuf_message or "",
+                                                    framing, "_eo_v", "value")
         value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
         value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
     else:
