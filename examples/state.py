@@ -142,6 +142,14 @@ def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page
         conn.execute("TRUNCATE TABLE app_pv")
 
 
+def pg_app_pv(connect_kwargs: dict[str, Any]) -> dict[str, int]:
+    """``app_pv`` per app on PostgreSQL: what ``page_views_pg`` wrote."""
+    import psycopg
+
+    with psycopg.connect(**connect_kwargs, autocommit=True) as conn:
+        return {app: int(n) for app, n in conn.execute("SELECT app_id, pv FROM app_pv").fetchall()}
+
+
 def pg_prepared_transactions(connect_kwargs: dict[str, Any], pipeline_id: str) -> list[str]:
     """The gids of the pipeline's prepared transactions on a PostgreSQL database."""
     from airflow_eo.postgres.prepared import prepared_session

@@ -10,17 +10,22 @@ each on the same data and an identical fresh table:
 
 - the limits: ``r_kafka`` (Spark reads and counts the ranges: no parse, no write) and ``r_db`` (the fastest
   load of the same rows into the same table from the same number of connections: multi-row INSERT or
-  ``LOAD DATA LOCAL INFILE``, whichever is faster); the limit of a pipeline is min(r_kafka, r_db) for its shape;
+  ``LOAD DATA LOCAL INFILE``, whichever is faster), ``r_db_pg`` for PostgreSQL (``COPY .. FROM STDIN`` of the
+  same rows, same connections); the limit of a pipeline is min(r_kafka, r_db[_pg]) for its shape;
 - the peers (at-least-once), per job (:data:`PEERS_OF`): for the events' shape, Spark Structured Streaming
   (``readStream`` + ``trigger(availableNow=True)`` + a checkpoint + ``foreachBatch`` upserting with our multi-row
   statements), Spark's JDBC writer (``df.write.jdbc`` append, MariaDB Connector/J from Maven Central) and Airflow's
   Kafka provider (``ConsumeFromTopicOperator`` with an ``apply_function_batch`` that upserts); for the per-app
   counts, Spark's JDBC append of the aggregated rows; for the Kafka sink, Spark's own Kafka writer
-  (``df.write.format("kafka")``, no transactions) of the same per-window counts;
+  (``df.write.format("kafka")``, no transactions) of the same per-window counts; for the PostgreSQL sinks,
+  Spark's JDBC writer into PostgreSQL (``spark_jdbc_append_pg``, append, PostgreSQL's JDBC driver from Maven
+  Central);
 - ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape, the XA sink's per-app
   counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
   the XA sink, written by the executors (``eo_xa_dead_letters``) and, for comparison, streamed through the driver
-  (``eo_xa_dead_letters_via_driver``, the path of sinks without an executor-side dead-letter writer).
+  (``eo_xa_dead_letters_via_driver``, the path of sinks without an executor-side dead-letter writer); on
+  PostgreSQL, the upsert sink (``eo_pg_upsert``) and the two-phase sink (``eo_pg_two_phase``) into
+  ``page_view_events``' shape, with the offset store on the same PostgreSQL database (as ``page_views_pg``).
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
 ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
@@ -53,11 +58,18 @@ from airflow_eo.core.protocol import BatchContext, RunRequest, WritePlan, run_ba
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
+from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.mysql.sql import upsert_statement
-from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
+from airflow_eo.sinks import (
+    KafkaTransactionalSink,
+    MySqlUpsertSink,
+    MySqlXaSink,
+    PostgresTwoPhaseSink,
+    PostgresUpsertSink,
+)
 from airflow_eo.spark.engine import SparkBatchEngine
 from airflow_eo.spark.session import maven_jars
 from examples import ip_counts, page_views
@@ -65,23 +77,31 @@ from examples.topics import ensure_topic, read_topic
 
 #: MariaDB Connector/J for Spark's JDBC writer, from Maven Central like the Kafka connector.
 CONNECTOR_J = ("org.mariadb.jdbc", "mariadb-java-client", "3.5.3")
+#: PostgreSQL's JDBC driver (pgjdbc), resolved the same way (its jars are pinned in ``JAR_SHA256``).
+PGJDBC = ("org.postgresql", "postgresql", "42.7.8")
+PG_CONN_ID = "postgres_default"
 EVENT_COLUMNS = ("event_id", "app_id", "user_id", "ts")
 ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_statement
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
-PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer")
+PG_PEERS = ("spark_jdbc_append_pg",)
+PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS)
+PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
     **{name: EVENTS_PEERS for name in (*EVENTS_PEERS, "eo_upsert", "eo_xa_events", *DEAD_LETTERS)},
     "spark_jdbc_append_counts": ("spark_jdbc_append_counts",), "eo_xa_counts": ("spark_jdbc_append_counts",),
     "spark_kafka_writer": ("spark_kafka_writer",), "eo_kafka_txn": ("spark_kafka_writer",),
+    # PostgreSQL: the same events into a table of the same shape on PostgreSQL.
+    **{name: PG_PEERS for name in (*PG_PEERS, *PG_OURS)},
 }
-LIMITS = ("r_kafka", "r_db")
+LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
                 "eo_upsert", "eo_xa_events")
+PG_EVENTS_SHAPE = (*PG_PEERS, *PG_OURS)
 
 
 @dataclass
@@ -141,6 +161,36 @@ def fresh_table(example: str, label: str) -> str:
 def drop_made_tables() -> None:
     while _made_tables:
         sql(f"DROP TABLE IF EXISTS `{_made_tables.pop()}`")  # names made by fresh_table
+    while _made_pg_tables:
+        pg_sql(f'DROP TABLE IF EXISTS "{_made_pg_tables.pop()}"')  # names made by fresh_pg_table
+
+
+def pg_kwargs() -> dict[str, Any]:
+    return EoPostgresHook(PG_CONN_ID).get_connect_kwargs()
+
+
+def pg_sql(statement: str, args: Sequence[Any] = ()) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(**pg_kwargs(), autocommit=True) as conn:
+        cur = conn.execute(statement, args)
+        return cur.fetchall() if cur.description else []
+
+
+_made_pg_tables: list[str] = []
+
+
+def fresh_pg_table(example: str, label: str) -> str:
+    """A fresh PostgreSQL table shaped like the example table ``example`` (its key included)."""
+    page_views.ensure_postgres_tables(pg_kwargs())
+    table = f"bench_{label}_{uuid.uuid4().hex[:6]}"
+    pg_sql(f'CREATE TABLE "{table}" (LIKE {example} INCLUDING ALL)')  # example: a name of POSTGRES_TABLES_DDL
+    _made_pg_tables.append(table)
+    return table
+
+
+def pg_table_rows(table: str) -> int:
+    return int(pg_sql(f'SELECT COUNT(*) FROM "{table}"')[0][0])  # table names made by fresh_pg_table
 
 
 def table_rows(table: str) -> int:
@@ -227,18 +277,30 @@ def _load_file(args: tuple[dict[str, Any], str, str]) -> int:
         conn.close()
 
 
-def r_db_elsewhere(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+def _copy_file(args: tuple[dict[str, Any], str, str]) -> int:
+    import psycopg
+
+    connect, table, path = args
+    with psycopg.connect(**connect) as conn, conn.cursor() as cur:  # one transaction, committed on exit
+        with cur.copy(f'COPY "{table}" ({", ".join(EVENT_COLUMNS)}) FROM STDIN') as copy, open(path, "rb") as data:
+            while block := data.read(1 << 20):
+                copy.write(block)
+        return cur.rowcount
+
+
+def r_db_elsewhere(topic: str, events: int, parallelism: int, workdir: Path, database: str = "mysql") -> Job:
     """:func:`r_db` in a process of its own: its rows in memory must not count as the driver's peak memory."""
-    done = subprocess.run([sys.executable, __file__, "--r-db", f"{topic}:{events}:{parallelism}:{workdir}"],
+    done = subprocess.run([sys.executable, __file__, "--r-db", f"{database}:{topic}:{events}:{parallelism}:{workdir}"],
                           stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"r_db failed (exit {done.returncode})")
+        raise RuntimeError(f"r_db ({database}) failed (exit {done.returncode})")
     return Job(**json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RDB "))[4:]))
 
 
-def r_db(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+def r_db(topic: str, events: int, parallelism: int, workdir: Path, database: str = "mysql") -> Job:
     """The fastest load of the topic's rows into a fresh table from ``parallelism`` connections (processes, like
-    Spark's writer tasks). Reading and parsing the topic, and writing the files, are not timed."""
+    Spark's writer tasks): on MariaDB multi-row INSERT or LOAD DATA, on PostgreSQL (``database="postgres"``,
+    job ``r_db_pg``) COPY. Reading and parsing the topic, and writing the files, are not timed."""
     rows = []
     for _, value in read_topic(os.environ["EO_KAFKA_BOOTSTRAP"], topic)[0]:
         event = json.loads(value or b"{}")
@@ -251,23 +313,26 @@ def r_db(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
         path = workdir / f"r_db_{i}.tsv"
         path.write_text("".join(f"{e}\t{a}\t{u}\t{t.isoformat(sep=' ')}\n" for e, a, u, t in part))
         files.append(str(path))
-    connect = mysql_kwargs()
+    postgres = database == "postgres"
+    connect = pg_kwargs() if postgres else mysql_kwargs()
+    methods: tuple[tuple[str, Callable[[Any], int], list[Any]], ...] = (
+        (("copy_from_stdin", _copy_file, files),) if postgres else
+        (("multi_row_insert", _insert_rows, slices), ("load_data_local_infile", _load_file, files)))
     timings = {}
     # Spawned, not forked: a fork would share (and then close) the driver's connection to its JVM.
     with ProcessPoolExecutor(parallelism, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(abs, range(parallelism)))  # the processes exist before the clock starts
-        for method, work, args in (
-                ("multi_row_insert", _insert_rows, [(connect, "", s) for s in slices]),
-                ("load_data_local_infile", _load_file, [(connect, "", f) for f in files])):
-            table = fresh_table("page_view_events", "rdb")
+        for method, work, inputs in methods:
+            table = fresh_pg_table("page_view_events", "rdb") if postgres else fresh_table("page_view_events", "rdb")
             started = time.monotonic()
-            done = sum(pool.map(work, [(c, table, a) for c, _, a in args]))
+            done = sum(pool.map(work, [(connect, table, a) for a in inputs]))
             timings[method] = time.monotonic() - started
-            expect(f"rows loaded by {method}", (done, table_rows(table)), (events, events))
+            loaded = pg_table_rows(table) if postgres else table_rows(table)
+            expect(f"rows loaded by {method}", (done, loaded), (events, events))
             drop_made_tables()
     best = min(timings, key=lambda m: timings[m])
-    return Job("r_db", events, parallelism, timings[best], {k: round(v, 3) for k, v in timings.items()},
-               note=f"fastest: {best}")
+    return Job("r_db_pg" if postgres else "r_db", events, parallelism, timings[best],
+               {k: round(v, 3) for k, v in timings.items()}, note=f"fastest: {best}")
 
 
 # --------------------------------------------------------------------------- the peers
@@ -325,6 +390,25 @@ def spark_jdbc_append(topic: str, events: int, parallelism: int) -> Job:
     seconds = time.monotonic() - started
     expect("rows in the table", table_rows(table), events)
     return Job("spark_jdbc_append", events, parallelism, seconds)
+
+
+def spark_jdbc_append_pg(topic: str, events: int, parallelism: int) -> Job:
+    """The PostgreSQL sinks' peer: the same read, ``df.write.jdbc`` append (no upsert) with PostgreSQL's driver."""
+    table = fresh_pg_table("page_view_events", "jdbcpg")
+    spark = SparkSessionHook().get_conn()
+    eng = engine(parallelism)
+    connect = pg_kwargs()
+    started = time.monotonic()
+    raw = eng.read(spark, BatchContext("bench_jdbc_pg", 0, "bench", 0, whole_topic(topic)))
+    out = parsed_events(raw.withColumnRenamed("kafka_value", "value")).repartition(parallelism)
+    # reWriteBatchedInserts: the driver sends each JDBC batch as multi-row INSERTs, as people tune it for bulk.
+    out.write.jdbc(f"jdbc:postgresql://{connect['host']}:{connect['port']}/{connect['dbname']}", f'"{table}"',
+                   "append", {"user": connect["user"], "password": connect["password"],
+                              "driver": "org.postgresql.Driver", "batchsize": str(ROWS_PER_STATEMENT),
+                              "reWriteBatchedInserts": "true"})
+    seconds = time.monotonic() - started
+    expect("rows in the table", pg_table_rows(table), events)
+    return Job("spark_jdbc_append_pg", events, parallelism, seconds)
 
 
 def spark_jdbc_append_counts(topic: str, events: int, parallelism: int) -> Job:
@@ -418,14 +502,17 @@ def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job
 
 def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
          schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
-         wrap: Callable[[Any], Any] | None = None) -> Job:
+         wrap: Callable[[Any], Any] | None = None, store_conn_id: str | None = None) -> Job:
+    """One batch of our sink over the whole topic; ``store_conn_id``: the offset store's connection (default: the
+    default store, on MariaDB), also given to the sink (a sink on the store's database is fenced by it)."""
     kafka = KafkaClusterHook("kafka_default")
     pipeline_id = f"bench_{name}_{topic}"
+    store = (OffsetStoreHook(store_conn_id) if store_conn_id else OffsetStoreHook()).get_store()
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
-                        store=OffsetStoreHook().get_store(), source=kafka.get_offset_source(),
+                        store=store, source=kafka.get_offset_source(),
                         engine=engine(parallelism, transform, schema, on_bad_record),
-                        sink=(wrap or (lambda adapter: adapter))(build_sink(sink, pipeline_id)))
+                        sink=(wrap or (lambda adapter: adapter))(build_sink(sink, pipeline_id, store_conn_id)))
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
     job_dead_letters[name] = summary.dead_letters
@@ -485,6 +572,17 @@ def eo_xa_counts(topic: str, events: int, parallelism: int) -> Job:
     job = ours("eo_xa_counts", MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
                page_views.count_per_app, topic, events, parallelism)
     expect("page views counted", int(sql(f"SELECT SUM(pv) FROM `{table}`")[0][0]), events)
+    return job
+
+
+def eo_pg(name: str, topic: str, events: int, parallelism: int) -> Job:
+    """A PostgreSQL sink (``eo_pg_upsert`` or ``eo_pg_two_phase``) into ``page_view_events``' shape, the offset
+    store on the same database (as ``page_views_pg``: the upsert's epoch fence runs in its statement)."""
+    table = fresh_pg_table("page_view_events", name.removeprefix("eo_").replace("_", ""))
+    kind = PostgresUpsertSink if name == "eo_pg_upsert" else PostgresTwoPhaseSink
+    job = ours(name, kind(table=table, key_columns=["event_id"], conn_id=PG_CONN_ID), None, topic, events,
+               parallelism, store_conn_id=PG_CONN_ID)
+    expect(f"rows in the {name} table", pg_table_rows(table), events)
     return job
 
 
@@ -563,7 +661,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     ip_counts.produce_lines(bootstrap, events, topic=lines_topic)
     print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic} and "
           f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
-    jars = maven_jars(*CONNECTOR_J) or []
+    jars = [*(maven_jars(*CONNECTOR_J) or []), *(maven_jars(*PGJDBC) or [])]
     spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     wanted = set(only) if only else {*LIMITS, *PEERS, *OURS, EMPTY_BATCH}
@@ -587,6 +685,10 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_xa_dead_letters_via_driver",
              lambda: eo_xa_dead_letters(lines_topic, events, parallelism, via_driver=True)),
             ("eo_xa_dead_letters", lambda: eo_xa_dead_letters(lines_topic, events, parallelism)),
+            ("r_db_pg", lambda: r_db_elsewhere(topic, events, parallelism, Path(tmp), "postgres")),
+            ("spark_jdbc_append_pg", lambda: spark_jdbc_append_pg(topic, events, parallelism)),
+            ("eo_pg_upsert", lambda: eo_pg("eo_pg_upsert", topic, events, parallelism)),
+            ("eo_pg_two_phase", lambda: eo_pg("eo_pg_two_phase", topic, events, parallelism)),
             (EMPTY_BATCH, lambda: eo_empty_batch(topic, parallelism)),
         ]
         memory = DriverMemory(jvm_pid)
@@ -621,6 +723,8 @@ def rate_point(point: dict[str, Any]) -> None:
             job["ratio_to_good_records"] = round(job["records_per_s"] / good, 3)
         if job["name"] in EVENTS_SHAPE and kafka and db:
             limit = min(kafka, db)
+        elif job["name"] in PG_EVENTS_SHAPE and kafka and "r_db_pg" in jobs:
+            limit = min(kafka, jobs["r_db_pg"]["records_per_s"])
         elif job["name"] in ("eo_xa_counts", "spark_jdbc_append_counts") and kafka:
             limit = kafka  # a few rows out: the database is not the limit
         elif job["name"] in ("eo_kafka_txn", "spark_kafka_writer") and "r_kafka_lines" in jobs:
@@ -698,8 +802,8 @@ def main() -> None:
         print("EMPTY " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
         return
     if args.r_db:
-        topic, events, parallelism, workdir = args.r_db.split(":", 3)
-        job = r_db(topic, int(events), int(parallelism), Path(workdir))
+        database, topic, events, parallelism, workdir = args.r_db.split(":", 4)
+        job = r_db(topic, int(events), int(parallelism), Path(workdir), database)
         print("RDB " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
         return
     if args.point:

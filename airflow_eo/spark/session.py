@@ -50,7 +50,7 @@ _MAVEN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
-#: SHA-256 of every jar Maven resolves for Spark's Kafka connector and spark-avro, per cache folder
+#: SHA-256 of every jar Maven resolves for Spark's Kafka connector, spark-avro and PostgreSQL's JDBC driver, per folder
 #: (``<artifact>-<version>``): a mismatch (a tampered cache, a compromised mirror) is refused. Taken from jars whose
 #: SHA-1 matched the repository's published ``.sha1`` files; a new pyspark version needs its own.
 JAR_SHA256: dict[str, dict[str, str]] = {
@@ -77,8 +77,13 @@ JAR_SHA256: dict[str, dict[str, str]] = {
         "spark-tags_2.13-4.0.0.jar": "dd54f5f1513b515ff79b29eb12755acd325a9ced65f506994a4b9dc513020f36",
         "xz-1.10.jar": "95c63c1a55b22dd6453890a419cc1a640f790bbf7d8ae82db1e30aefefb08888",
     },
+    # PostgreSQL's JDBC driver (scripts/benchmark.py's Spark JDBC peer on PostgreSQL).
+    "postgresql-42.7.8": {
+        "checker-qual-3.49.5.jar": "508c83c62c344f6f7ee28f47b88a8797d6116d043bfd1ca0576c828dd1df2880",
+        "postgresql-42.7.8.jar": "2a32a9dcbc42d67a50ad3a0de5efd102c8d2be46720045f2cbd6689f160ab7c7",
+    },
 }
-_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_")
+_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_", "postgresql-")
 
 
 def verify_jars(folder: Path, jars: list[Path]) -> None:
