@@ -119,8 +119,14 @@ class Soak:
         if fault == RANDOM_MOMENT:
             timers.append(threading.Timer(self.rng.uniform(2, 25), lambda: proc.poll() is None and os.kill(
                 proc.pid, signal.SIGKILL)))
+        failed_restarts: list[BaseException] = []
         if restart:
-            timers.append(threading.Timer(self.rng.uniform(3, 15), self.stack.restart, args=(restart,)))
+            def restart_service() -> None:
+                try:
+                    self.stack.restart(restart)
+                except BaseException as error:  # the stack's die() is a SystemExit: a thread would drop it
+                    failed_restarts.append(error)
+            timers.append(threading.Timer(self.rng.uniform(3, 15), restart_service))
         for timer in timers:
             timer.start()
         try:
@@ -131,6 +137,8 @@ class Soak:
             print(f"soak: {dag_id} {logical_date} hung for {RUN_TIMEOUT_S}s; killed it", file=sys.stderr)
         for timer in timers:
             timer.join()  # a restart started during the run finishes before the next run
+        if failed_restarts:
+            raise SystemExit(f"soak: restarting {restart} failed: {failed_restarts[0]}")
         self.runs += 1
         if restart:
             self.restarted[restart] += 1

@@ -386,9 +386,14 @@ def postgres_data_dir(home: Path, as_user: dict[str, Any]) -> Path:
     return data
 
 
-def wait_until_reaped(postmaster_pid: Path, log: Path, timeout: float = 30) -> None:
-    """Wait until a killed postmaster is gone even as a zombie: a new one refuses to start while the pid in
-    ``postmaster.pid`` answers ``kill(pid, 0)``, which an unreaped zombie does (reaped here if it is our child)."""
+def wait_until_reaped(postmaster_pid: Path, socket_lock: Path, log: Path, timeout: float = 30) -> None:
+    """Wait until a killed postmaster is dead, and clear its lock files if only its zombie is left.
+
+    A new postmaster refuses to start while the pid in ``postmaster.pid`` answers ``kill(pid, 0)``, which an
+    unreaped zombie does. We reap it if it is our child; a zombie of another process (e.g. the test run that
+    started the server, killed by a soak it runs) may stay for as long as that process lives, so once the
+    pid runs no thread any more its lock files (the data directory's and the socket's, both holding its pid)
+    are stale, and PostgreSQL's documented fix is to remove them."""
     try:
         pid = int(postmaster_pid.read_text().split()[0])
     except (FileNotFoundError, ValueError, IndexError):
@@ -402,7 +407,11 @@ def wait_until_reaped(postmaster_pid: Path, log: Path, timeout: float = 30) -> N
         except ProcessLookupError:
             return
         except PermissionError:
-            pass  # alive, another user's
+            pass  # another user's pid
+        if not running(pid):  # a zombie nobody here can reap
+            postmaster_pid.unlink(missing_ok=True)
+            socket_lock.unlink(missing_ok=True)
+            return
         time.sleep(0.05)
     die(f"the previous PostgreSQL server (pid {pid}) is still there after {timeout:.0f}s; see {log}")
 
@@ -425,7 +434,7 @@ def postgres_up(home: Path = POSTGRES_HOME, port: int = POSTGRES_PORT) -> dict:
         die(f"port {port} is taken by another process; set EO_STACK_PG_PORT, or EO_PG_HOST to use that server")
     bin_dir, as_user = postgres_bin_dir(), postgres_user()
     home.mkdir(parents=True, exist_ok=True)
-    wait_until_reaped(home / "data" / "postmaster.pid", log)
+    wait_until_reaped(home / "data" / "postmaster.pid", home / f".s.PGSQL.{port}.lock", log)
     if as_user:
         os.chown(home, as_user["user"], as_user["group"])
     data = postgres_data_dir(home, as_user)
