@@ -34,15 +34,12 @@ def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
 def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db):
     reset_ip_counts(bootstrap, mysql_kwargs)
     ip_counts.produce_lines(bootstrap, 2000)
-    for more in (1500, 0, 500):
+    for more in (1500, 0, 0):  # new lines, then none: the third run commits an empty batch
         done = run_dag("ip_counts_kafka")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert_exact(bootstrap, mysql_kwargs)
         if more:
             ip_counts.produce_lines(bootstrap, more)
-    done = run_dag("ip_counts_kafka")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert_exact(bootstrap, mysql_kwargs)
 
 
 def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, airflow_db):
