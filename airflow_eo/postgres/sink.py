@@ -33,7 +33,7 @@ from airflow_eo.postgres.columns import add_new_columns
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.dead_letters import read_dead_letters
 from airflow_eo.postgres.prepared import max_prepared_transactions, prepared_session
-from airflow_eo.postgres.sql import dead_letter_ddl, quote_table, split_table
+from airflow_eo.postgres.sql import dead_letter_ddl, quote_identifier, quote_table, split_table
 from airflow_eo.postgres.writer import PartitionWriter
 from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
 from airflow_eo.sqlstore.dialect import POSTGRES
@@ -107,12 +107,12 @@ class PostgresTableSink:
                     f"{self.name}: table {self.table!r} needs a PRIMARY KEY or UNIQUE constraint on exactly "
                     f"({', '.join(self.key_columns)}) so that a replayed row overwrites instead of duplicating "
                     f"(INSERT .. ON CONFLICT needs it); add one: ALTER TABLE {quoted} ADD UNIQUE "
-                    f"({', '.join(self.key_columns)})")
+                    f"({', '.join(quote_identifier(k) for k in self.key_columns)})")
             privileges = conn.execute("SELECT has_table_privilege(%s, 'INSERT'), has_table_privilege(%s, 'UPDATE'), "
                                       "has_table_privilege(%s, 'SELECT')", (relid, relid, relid)).fetchone()
             if privileges is None or not all(privileges):
                 raise ConfigurationError(f"{self.name}: user {user!r} may not write table {self.table!r}: "
-                                         f"GRANT SELECT, INSERT, UPDATE ON {quoted} TO {user}")
+                                         f"GRANT SELECT, INSERT, UPDATE ON {quoted} TO {quote_identifier(user)}")
             self._check_table(conn, user)
         finally:
             conn.close()
@@ -261,7 +261,8 @@ class PostgresTwoPhaseAdapter(PostgresTableSink):
             raise ConfigurationError(
                 f"{self.name}: user {user!r} may not create tables in schema {name!r}, where each Spark task "
                 f"stages its rows inside its prepared transaction (a TEMP table cannot be used in one): "
-                f"GRANT CREATE ON SCHEMA {name} TO {user}")
+                f"GRANT CREATE ON SCHEMA {quote_identifier(name) if name else '<schema>'} TO "
+                f"{quote_identifier(user)}")
 
     def in_doubt(self, pipeline_id: str) -> list[Xid]:
         """The pipeline's prepared (in-doubt) transactions in the sink's database (read-only)."""

@@ -312,10 +312,16 @@ class SparkBatchEngine:
         # mostly) spread by their offsets instead of piling up in one task.
         spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []
         keyed = source.repartition(partitions, *named_columns([*writer.key_columns, *spread]))
+        # mapInArrow refers to its input's columns by name, which Spark parses (a backquote in one fails): positional
+        # names in between, each task's batches get the exact ones back.
+        names = keyed.columns
+        keyed = keyed.toDF(*(f"_eo_c{i}" for i in range(len(names))))
 
-        def write_partition(batches: Iterable[Any]) -> Iterator[Any]:
+        def write_partition(renamed: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
             import pyarrow.compute as pc
+
+            batches = (batch.rename_columns(names) for batch in renamed)
 
             ctx = BarrierTaskContext.get() if hold else TaskContext.get()
             assert ctx is not None, "mapInArrow runs this inside a Spark task"
