@@ -7,7 +7,7 @@ starts a batch; the engine and the protocol take them as already valid.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -106,20 +106,23 @@ def choice(enum: type[E], value: E | str, option: str, label: str) -> E:
 
 
 def table_sink_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str, UpdateMode | str],
-                                accumulates: bool, two_phase_kind: str
+                                accumulates: bool, two_phase_kind: str,
+                                validate: Callable[[str, str], str] = validate_identifier,
                                 ) -> tuple[tuple[str, ...], dict[str, UpdateMode]]:
     """The checked ``key_columns`` and ``updates`` of a table sink spec (MySQL's, PostgreSQL's): a non-empty list of
     valid names; per column ``replace`` or ``add``, the latter only where the kind ``accumulates`` (two-phase).
 
     :param name: the spec's kind, for messages.
     :param two_phase_kind: the kind that takes accumulating updates, which the message of a refusal names.
+    :param validate: the database's rule for column names (default: the portable one of
+        :func:`~airflow_eo.core.identifiers.validate_identifier`).
     """
     if not key_columns or isinstance(key_columns, str):
         raise ConfigurationError(f"{name}: key_columns must be a non-empty list of column names")
-    keys = tuple(validate_identifier(key, "key column") for key in key_columns)
+    keys = tuple(validate(key, "key column") for key in key_columns)
     checked = {}
     for column, mode in updates.items():
-        validate_identifier(column, "column name")
+        validate(column, "column name")
         checked[column] = choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
         if checked[column] is UpdateMode.ADD and not accumulates:
             raise ConfigurationError(

@@ -8,17 +8,15 @@ runner, and (XA) recover and finalize branches through the one XA API, :class:`~
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
 import pymysql
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult, dead_letter_chunks
+from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
@@ -35,6 +33,7 @@ from airflow_eo.mysql.sql import (
 )
 from airflow_eo.mysql.writer import PartitionWriter
 from airflow_eo.mysql.xa import ER_SPECIFIC_ACCESS_DENIED, XaFacade, xa_session
+from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
 from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
@@ -209,19 +208,9 @@ class MySqlTableSink:
         )
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
-        """Dead letters streamed through the driver (the engine's path when its executors could not write them, see
-        :meth:`dead_letter_writer`): in chunks bounded by count and bytes
-        (:func:`~airflow_eo.core.protocol.dead_letter_chunks`) into one writer (one XA branch). The table is created
-        with the first dead letter."""
-        first = next(records, None)
-        if first is None:
-            return []
-        records = itertools.chain([first], records)
-        writer = self.dead_letter_writer(batch)
-        chunks = (pa.RecordBatch.from_pylist(rows)
-                  for rows in dead_letter_chunks(records, batch.pipeline_id, batch.batch_id))
-        xid, _ = writer(chunks, partition=-1, stage_id=0, attempt_id=0)
-        return [xid] if xid else []
+        """Dead letters streamed through the driver (the engine's path when its executors could not write them) into
+        one :meth:`dead_letter_writer` (one XA branch)."""
+        return write_dead_letters_through_driver(batch, records, self.dead_letter_writer)
 
     def commit(self, batch: BatchRecord) -> None:
         return None  # the store's commit is the commit point

@@ -10,17 +10,22 @@ partition runner, and (two-phase) recover and finalize prepared transactions thr
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult, dead_letter_chunks
+from airflow_eo.core.protocol import (
+    DEAD_LETTER_FIELDS,
+    BatchContext,
+    BatchRecord,
+    DeadLetter,
+    WritePlan,
+    WriteResult,
+)
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
@@ -28,15 +33,14 @@ from airflow_eo.postgres.columns import add_new_columns
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.dead_letters import read_dead_letters
 from airflow_eo.postgres.prepared import max_prepared_transactions, prepared_session
-from airflow_eo.postgres.sql import dead_letter_ddl, quote_table, split_table
+from airflow_eo.postgres.sql import dead_letter_ddl, quote_identifier, quote_table, split_table
 from airflow_eo.postgres.writer import PartitionWriter
+from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
 from airflow_eo.sqlstore.dialect import POSTGRES
 from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_COLUMNS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
-                       "raw_value", "error")
 DEAD_LETTER_KEY = ("pipeline_id", "topic", "kafka_partition", "kafka_offset")
 
 
@@ -103,12 +107,12 @@ class PostgresTableSink:
                     f"{self.name}: table {self.table!r} needs a PRIMARY KEY or UNIQUE constraint on exactly "
                     f"({', '.join(self.key_columns)}) so that a replayed row overwrites instead of duplicating "
                     f"(INSERT .. ON CONFLICT needs it); add one: ALTER TABLE {quoted} ADD UNIQUE "
-                    f"({', '.join(self.key_columns)})")
+                    f"({', '.join(quote_identifier(k) for k in self.key_columns)})")
             privileges = conn.execute("SELECT has_table_privilege(%s, 'INSERT'), has_table_privilege(%s, 'UPDATE'), "
                                       "has_table_privilege(%s, 'SELECT')", (relid, relid, relid)).fetchone()
             if privileges is None or not all(privileges):
                 raise ConfigurationError(f"{self.name}: user {user!r} may not write table {self.table!r}: "
-                                         f"GRANT SELECT, INSERT, UPDATE ON {quoted} TO {user}")
+                                         f"GRANT SELECT, INSERT, UPDATE ON {quoted} TO {quote_identifier(user)}")
             self._check_table(conn, user)
         finally:
             conn.close()
@@ -160,26 +164,23 @@ class PostgresTableSink:
         self.check_columns(columns)
         return self._writer(batch, self.table, columns, self.key_columns, self.updates)
 
-    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
-        """Dead letters, keyed by (pipeline, topic, partition, offset): a replay rewrites the same rows. Streamed in
-        chunks bounded by count and bytes (:func:`~airflow_eo.core.protocol.dead_letter_chunks`) into one writer (one
-        prepared transaction, two-phase). The table is created with the first dead letter (never in :meth:`check`,
-        which has no side effect)."""
-        first = next(records, None)
-        if first is None:
-            return []
-        records = itertools.chain([first], records)
+    def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
+        """The dead-letter table's writer (:class:`~airflow_eo.core.protocol.ExecutorDeadLetters`): keyed by pipeline,
+        topic, partition and offset, so a replay rewrites the same rows; the executors' dead letters go in their own
+        transaction per task, as the good rows do (fenced upsert transactions, or prepared transactions committed
+        with the batch's). Creates the table when missing, on the driver before any transaction of the batch starts
+        (never in :meth:`check`, which has no side effect)."""
         conn = connect(self.connect_kwargs, autocommit=True)
         try:
-            conn.execute(dead_letter_ddl(self.dead_letter_table))  # committed on its own, before any transaction
+            conn.execute(dead_letter_ddl(self.dead_letter_table))  # IF NOT EXISTS: takes no lock on an existing table
         finally:
             conn.close()
-        writer = self._writer(batch, self.dead_letter_table, DEAD_LETTER_COLUMNS, DEAD_LETTER_KEY, {})
+        return self._writer(batch, self.dead_letter_table, DEAD_LETTER_FIELDS, DEAD_LETTER_KEY, {})
 
-        chunks = (pa.RecordBatch.from_pylist(rows)
-                  for rows in dead_letter_chunks(records, batch.pipeline_id, batch.batch_id))
-        xid, _ = writer(chunks, partition=-1, stage_id=0, attempt_id=0)
-        return [xid] if xid else []
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        """Dead letters streamed through the driver (the engine's path when its executors could not write them) into
+        one :meth:`dead_letter_writer` (one prepared transaction, two-phase)."""
+        return write_dead_letters_through_driver(batch, records, self.dead_letter_writer)
 
     def commit(self, batch: BatchRecord) -> None:
         return None  # the store's commit is the commit point
@@ -260,7 +261,8 @@ class PostgresTwoPhaseAdapter(PostgresTableSink):
             raise ConfigurationError(
                 f"{self.name}: user {user!r} may not create tables in schema {name!r}, where each Spark task "
                 f"stages its rows inside its prepared transaction (a TEMP table cannot be used in one): "
-                f"GRANT CREATE ON SCHEMA {name} TO {user}")
+                f"GRANT CREATE ON SCHEMA {quote_identifier(name) if name else '<schema>'} TO "
+                f"{quote_identifier(user)}")
 
     def in_doubt(self, pipeline_id: str) -> list[Xid]:
         """The pipeline's prepared (in-doubt) transactions in the sink's database (read-only)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.sinks import SinkAsset, SinkSpec
-from airflow_eo.postgres.sql import split_table
+from airflow_eo.postgres.sql import split_table, validate_identifier
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -28,8 +28,9 @@ class PostgresUpsertSink(SinkSpec):
     are allowed (an accumulating ``add`` is refused here, at DAG parse time). With the offset store in the same
     database, every insert is fenced by the attempt's epoch.
 
-    :param table: target table (``table`` or ``schema.table``, case-sensitive: quoted as given); must exist with a
-        PRIMARY KEY / UNIQUE constraint on exactly ``key_columns``.
+    :param table: target table (``table`` or ``schema.table``, case-sensitive: quoted as given; a part holding a dot
+        or a double quote double-quoted as in SQL, e.g. ``'"my.schema"."My ""T"" table"'``); must exist with a PRIMARY
+        KEY / UNIQUE constraint on exactly ``key_columns``. Names are any 1 to 63 bytes without NUL.
     :param key_columns: the upsert key.
     :param conn_id: Airflow ``postgres`` connection of the target database.
     :param updates: per non-key column, ``"replace"`` (default, ``c = EXCLUDED.c``); the two-phase sink also allows
@@ -60,7 +61,8 @@ class PostgresUpsertSink(SinkSpec):
         split_table(self.table)
         split_table(self.dead_letter_table)
         keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
-                                                    self.capabilities.accumulates, "PostgresTwoPhaseSink")
+                                                    self.capabilities.accumulates, "PostgresTwoPhaseSink",
+                                                    validate_identifier)
         object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)
 

@@ -1,5 +1,5 @@
-"""SQL text for the PostgreSQL sinks: identifiers validated (:mod:`airflow_eo.core.identifiers`' rule) and quoted
-with PostgreSQL's double quotes, values as ``%s`` placeholders.
+"""SQL text for the PostgreSQL sinks: identifiers validated (PostgreSQL's own rule: :func:`validate_identifier`) and
+quoted with PostgreSQL's double quotes, values as ``%s`` placeholders.
 
 A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquoted) is named ``app_pv``.
 """
@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.identifiers import validate_identifier
 
 #: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
 #: session's own ``pg_temp`` schema).
@@ -21,15 +20,72 @@ STAGING_TABLE = "_airflow_eo_stage"
 STAGING_SEQ = "_eo_seq"
 
 
+#: PostgreSQL keeps this many bytes of a name (NAMEDATALEN - 1) and silently cuts a longer one: refused instead.
+MAX_IDENTIFIER_BYTES = 63
+
+
+def validate_identifier(name: str, what: str = "identifier") -> str:
+    """A name PostgreSQL keeps exactly as given when double-quoted: any text of 1 to 63 bytes (UTF-8) without NUL.
+    Quotes, dots, spaces, case and reserved words are all fine once quoted (:func:`quote_identifier`)."""
+    try:
+        size = len(name.encode()) if isinstance(name, str) else 0
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 name at all
+        size = 0
+    if not size or size > MAX_IDENTIFIER_BYTES or "\x00" in name:
+        raise ConfigurationError(
+            f"invalid PostgreSQL {what} {name!r}: a name is 1 to {MAX_IDENTIFIER_BYTES} bytes of UTF-8 without NUL "
+            "(PostgreSQL would silently cut a longer one)")
+    return name
+
+
 def quote_identifier(name: str, what: str = "identifier") -> str:
-    return f'"{validate_identifier(name, what)}"'
+    """``"name"``, an embedded double quote doubled: the exact name, whatever it holds."""
+    return '"' + validate_identifier(name, what).replace('"', '""') + '"'
 
 
 def split_table(name: str) -> tuple[str | None, str]:
-    """``table`` or ``schema.table`` → (schema or None, table), each part validated."""
-    parts = name.split(".") if isinstance(name, str) else [name]
-    if len(parts) > 2:
+    """``table`` or ``schema.table`` → (schema or None, table), each part validated and kept as written (its case
+    too). A part holding a dot or a double quote is written double-quoted, as in SQL, an embedded quote doubled:
+    ``'"my.schema"."My ""T"" table"'`` is schema ``my.schema``, table ``My "T" table``."""
+    if not isinstance(name, str):
         raise ConfigurationError(f"invalid table name {name!r}: use 'table' or 'schema.table'")
+    parts: list[str] = []
+    i = 0
+    while True:
+        if name.startswith('"', i):  # a quoted part: up to the quote that is not doubled
+            quoted: list[str] = []
+            i += 1
+            while True:
+                end = name.find('"', i)
+                if end < 0:
+                    raise ConfigurationError(f"invalid table name {name!r}: a double quote is not closed")
+                quoted.append(name[i:end])
+                if not name.startswith('"', end + 1):
+                    break
+                quoted.append('"')
+                i = end + 2
+            parts.append("".join(quoted))
+            i = end + 1
+            if i < len(name) and name[i] != ".":
+                raise ConfigurationError(f"invalid table name {name!r}: a quoted part ends with a quote, then a dot "
+                                         "or nothing")
+        else:
+            end = name.find(".", i)
+            end = len(name) if end < 0 else end
+            if '"' in name[i:end]:
+                raise ConfigurationError(f"invalid table name {name!r}: a part holding a double quote is written "
+                                         'double-quoted, the quote doubled: "say ""hi"""')
+            parts.append(name[i:end])
+            i = end
+        if i >= len(name):
+            break
+        i += 1  # the dot
+        if i == len(name):
+            parts.append("")  # a trailing dot: an empty name, refused below
+            break
+    if len(parts) > 2:
+        raise ConfigurationError(f"invalid table name {name!r}: use 'table' or 'schema.table' (double-quote a part "
+                                 "that holds a dot)")
     for part in parts:
         validate_identifier(part, "table name")
     return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])

@@ -38,7 +38,7 @@ from airflow_eo.core.protocol import (
 )
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.spark.kafka_security import spark_kafka_options
-from airflow_eo.spark.parsing import metadata_columns, parse_records
+from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class SparkBatchEngine:
             if self.transform is None:
                 if not sink.writes_visible_before_commit or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER:
                     return self._write_then_validate(parsed, payload, batch, sink, vote=False)
-                if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*payload)):
+                if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*named_columns(payload))):
                     return self._write_then_validate(parsed, payload, batch, sink, vote=True)
             return self._validate_then_write(spark, parsed, payload, batch, sink)
         finally:
@@ -176,7 +176,8 @@ class SparkBatchEngine:
         route = self._dead_letter_route(batch, sink) if bad else None
         # fail: raises here; dead letters without an executor-side writer: streamed through the driver
         dead_letters = self._bad_records(parsed, bad) if bad and route is None else iter(())
-        good = parsed.where(F.col("_eo_error").isNull()).select(*payload, *metadata_columns(self.parse))
+        good = parsed.where(F.col("_eo_error").isNull()).select(
+            *named_columns([*payload, *metadata_columns(self.parse)]))
         out = self._apply_transform(spark, good, batch)
         seconds = {"read_transform": round(time.monotonic() - t0, 3)}
         t1 = time.monotonic()
@@ -210,8 +211,8 @@ class SparkBatchEngine:
         bad_fields = [] if route is None else [
             F.when(F.col("_eo_error").isNotNull(), F.col(source)).alias(name)
             for name, source in _DEAD_LETTER_SOURCE.items()]
-        unfiltered = parsed.select(*payload, "_eo_error", *bad_fields)
-        good = unfiltered.where(F.col("_eo_error").isNull()).select(*payload)
+        unfiltered = parsed.select(*named_columns([*payload, "_eo_error"]), *bad_fields)
+        good = unfiltered.where(F.col("_eo_error").isNull()).select(*named_columns(payload))
         written = sink.write(WritePlan(good, self, counts_bad_records=True, vote=vote, unfiltered=unfiltered,
                                        dead_letters=route), batch)
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
@@ -304,17 +305,23 @@ class SparkBatchEngine:
             raise ValueError(f"run_partitions: columns {unknown} are not columns of the output ({out.columns})")
         counting, hold, route = plan.counts_bad_records, plan.vote, plan.dead_letters
         extra = ["_eo_error", *(_DEAD_LETTER_SOURCE if route is not None else ())]
-        source = plan.unfiltered.select(*selected, *extra) if counting else (
-            out if columns is None else out.select(*selected))
+        source = plan.unfiltered.select(*named_columns([*selected, *extra])) if counting else (
+            out if columns is None else out.select(*named_columns(selected)))
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks. Bad records (NULL keys,
         # mostly) spread by their offsets instead of piling up in one task.
         spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []
-        keyed = source.repartition(partitions, *writer.key_columns, *spread)
+        keyed = source.repartition(partitions, *named_columns([*writer.key_columns, *spread]))
+        # mapInArrow refers to its input's columns by name, which Spark parses (a backquote in one fails): positional
+        # names in between, each task's batches get the exact ones back.
+        names = keyed.columns
+        keyed = keyed.toDF(*(f"_eo_c{i}" for i in range(len(names))))
 
-        def write_partition(batches: Iterable[Any]) -> Iterator[Any]:
+        def write_partition(renamed: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
             import pyarrow.compute as pc
+
+            batches = (batch.rename_columns(names) for batch in renamed)
 
             ctx = BarrierTaskContext.get() if hold else TaskContext.get()
             assert ctx is not None, "mapInArrow runs this inside a Spark task"

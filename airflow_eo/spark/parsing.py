@@ -8,7 +8,7 @@ value, and an ``_eo_error`` column that is NULL for a good record and says what 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key", "kafka_headers")
 #: The parsed key (``key_format`` other than ``bytes``): a STRING, or a STRUCT of the key schema's fields.
 KEY_COLUMN = "key"
+
+
+def named_columns(names: Iterable[str]) -> list[Column]:
+    """Top-level columns by their exact names: a name as text is parsed by Spark (``a.b`` is field ``b`` of ``a``),
+    so every name is backquoted, a backquote doubled (output columns may hold anything the sink's database does)."""
+    from pyspark.sql import functions as F
+
+    return [F.col("`" + name.replace("`", "``") + "`") for name in names]
 
 
 def metadata_columns(parse: ParseConfig) -> tuple[str, ...]:
@@ -45,18 +53,18 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     if parse.value_format is ValueFormat.JSON:
         df, payload, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, parse.schema or ""), "_eo_v",
                                                "value")
-        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+        value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
     elif parse.value_format is ValueFormat.AVRO:
         df, payload, decode_error = decode_avro(spark, df, "kafka_value", parse.avro_schema or "", framing,
                                                 parse.writer_schema_map, schema_lookup, "_eo_v", "value")
         value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
-        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+        value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
     elif parse.value_format is ValueFormat.PROTOBUF:
         descriptors = load_descriptor_set(parse.protobuf_descriptor or "")
         df, payload, decode_error = decode_protobuf(df, "kafka_value", descriptors, parse.protobuf_message or "",
                                                     framing, "_eo_v", "value")
         value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
-        value_columns = [F.col(f"_eo_v.{n}").alias(n) for n in payload]
+        value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
     else:
         value = F.col("kafka_value")
         if parse.value_format is ValueFormat.STRING:
@@ -82,10 +90,10 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
             df, fields, key_error = decode_avro(spark, df, "kafka_key", parse.key_schema or "", framing,
                                                 parse.writer_schema_map, schema_lookup, "_eo_k", "key")
         # A record without a key has a NULL key column, not an error: keys are optional in Kafka.
-        key_columns = [F.when(key.isNotNull(), F.struct(*[F.col(f"_eo_k.{n}").alias(n) for n in fields]))
+        key_columns = [F.when(key.isNotNull(), F.struct(*[F.col("_eo_k").getField(n).alias(n) for n in fields]))
                        .alias(KEY_COLUMN)]
         key_error = F.when(key.isNotNull(), key_error)
-        key_fields = {n: F.col(f"_eo_k.{n}") for n in fields}
+        key_fields = {n: F.col("_eo_k").getField(n) for n in fields}
     clash = sorted(set(payload) & set(metadata_columns(parse)))
     if clash:
         raise ConfigurationError(f"value field(s) {clash} clash with the metadata columns {metadata_columns(parse)}: "
@@ -160,14 +168,14 @@ def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what
         typed_row_failed & (F.col(as_text_col).isNull() | F.col(f"{as_text_col}._eo_corrupt").isNotNull()),
         F.lit(f"{prefix}malformed JSON"))
     for f in declared.fields:
-        typed = F.col(f"{tag}.{f.name}")
+        typed = F.col(tag).getField(f.name)
         if not isinstance(f.dataType, StringType):
-            typed = F.when(typed_row_failed, F.col(f"{as_text_col}.{f.name}").try_cast(f.dataType)).otherwise(typed)
-        error = error.when(typed.isNull() & F.col(f"{as_text_col}.{f.name}").isNotNull(),
+            typed = F.when(typed_row_failed, F.col(as_text_col).getField(f.name).try_cast(f.dataType)).otherwise(typed)
+        error = error.when(typed.isNull() & F.col(as_text_col).getField(f.name).isNotNull(),
                            F.lit(f"{prefix}field {f.name!r} is not a valid {f.dataType.simpleString()}"))
     error = error.when(typed_row_failed, F.lit(f"{what} does not match the schema"))
     for name in required:
-        error = error.when(F.col(f"{tag}.{name}").isNull(),
+        error = error.when(F.col(tag).getField(name).isNull(),
                            F.lit(f"{prefix}required field {name!r} is missing or null"))
     if what == "value":
         error = F.when(F.col(column).isNull(), F.lit("value is null")).otherwise(error)

@@ -1,10 +1,11 @@
 """Dead letters written by the executors survive a SIGKILL at their own step.
 
-Each Spark task of a one-pass batch writes the bad records it finds into the dead-letter table (its own XA branch,
-or its own fenced upsert transaction). The attempt is SIGKILLed right after a task finished that write
-(``after_task_dead_letters``), then the same run is retried: the XA sink showed nothing before the commit point and
-the upsert sink's early dead letters are rewritten in place; at the end the sink holds every good record once,
-the dead-letter table every bad record once, of the committed batch, and no prepared branch is left.
+Each Spark task of a one-pass batch writes the bad records it finds into the dead-letter table (its own XA branch or
+PostgreSQL prepared transaction, or its own fenced upsert transaction). The attempt is SIGKILLed right after a task
+finished that write (``after_task_dead_letters``), then the same run is retried: the two-phase sinks showed nothing
+before the commit point and the upsert sink's early dead letters are rewritten in place; at the end the sink holds
+every good record once, the dead-letter table every bad record once, of the committed batch, and no prepared branch
+is left. The PostgreSQL two-phase sink has its offset store on MySQL.
 """
 
 from __future__ import annotations
@@ -17,30 +18,43 @@ import sys
 import pytest
 
 from airflow_eo.core.failpoints import arm, register_process
-from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views
 from tests.conftest import REPO, create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.integration.test_postgres_sinks import EVENTS_DDL, pg_rows, pg_table, prepared_gids
 
 BAD_VALUES = [b"{not json %d" % i for i in range(40)]
 
 ATTEMPT = """
 import sys
-from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
 from tests.integration.operator_harness import operator, run
 topic, table, kind = sys.argv[1:4]
-sink = (MySqlXaSink if kind == "xa" else MySqlUpsertSink)(table=table, key_columns=["event_id"])
+sink = {"xa": MySqlXaSink, "upsert": MySqlUpsertSink, "pg_two_phase": PostgresTwoPhaseSink}[kind](
+    table=table, key_columns=["event_id"])
 run(operator(topic, sink, on_bad_record="dead_letter", write_partitions=2), "run-1")
 """
 
 
-@pytest.mark.parametrize("kind", ["xa", "upsert"])
-def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, bootstrap, mysql_kwargs, topic_name,
-                                                                      tmp_path):
+SINKS = {"xa": MySqlXaSink, "upsert": MySqlUpsertSink, "pg_two_phase": PostgresTwoPhaseSink}
+
+
+@pytest.mark.parametrize("kind", ["xa", "upsert", "pg_two_phase"])
+def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, bootstrap, mysql_kwargs, postgres_kwargs,
+                                                                      topic_name, tmp_path):
     create_topic(bootstrap, topic_name, 2)
     good = produce_page_views(bootstrap, 400, topic=topic_name, raw_values=BAD_VALUES)
-    table = events_table(mysql_kwargs)
+    pg = kind == "pg_two_phase"
+    table = pg_table(postgres_kwargs, EVENTS_DDL, "events") if pg else events_table(mysql_kwargs)
+
+    def sink_rows(sql: str, args: tuple = ()) -> list[tuple]:
+        return pg_rows(postgres_kwargs, sql, args) if pg else rows(mysql_kwargs, sql, args)
+
+    def prepared(pipeline: str) -> list[str]:
+        return prepared_gids(postgres_kwargs, pipeline) if pg else our_prepared_branches(mysql_kwargs, pipeline)
+
     pipeline = f"p_{topic_name}"
     env = {**os.environ, **arm("after_task_dead_letters=1*kill(driver)", directory=str(tmp_path))}
     with subprocess.Popen([sys.executable, "-c", ATTEMPT, topic_name, table, kind], cwd=REPO, env=env,
@@ -51,21 +65,20 @@ def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, boot
     assert list(tmp_path.glob("fired-after_task_dead_letters*")), "the kill fell elsewhere"
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (pipeline,)) == [("planned",)]
     dead_count = "SELECT COUNT(*) FROM eo_dead_letter WHERE pipeline_id = %s"
-    if kind == "xa":  # the task's dead letters are prepared, invisible: nothing counts before the commit point
-        branches = our_prepared_branches(mysql_kwargs, pipeline)
+    if kind != "upsert":  # the task's dead letters are prepared, invisible: nothing counts before the commit point
+        branches = prepared(pipeline)
         assert [b for b in branches if ":-" in b], f"no prepared dead-letter branch: {branches}"
-        assert rows(mysql_kwargs, dead_count, (pipeline,))[0][0] == 0
-        assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+        assert sink_rows(dead_count, (pipeline,))[0][0] == 0
+        assert sink_rows(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
     else:  # replay-safe: what the task committed is there, and is rewritten in place by the retry
-        assert rows(mysql_kwargs, dead_count, (pipeline,))[0][0] > 0
+        assert sink_rows(dead_count, (pipeline,))[0][0] > 0
 
-    sink = (MySqlXaSink if kind == "xa" else MySqlUpsertSink)(table=table, key_columns=["event_id"])
+    sink = SINKS[kind](table=table, key_columns=["event_id"])
     retried = run(operator(topic_name, sink, on_bad_record="dead_letter", write_partitions=2), "run-1")
     assert retried["resumed"] and (retried["rows_out"], retried["dead_letters"]) == (400, len(BAD_VALUES))
-    assert sorted(r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")) == sorted(
-        e["event_id"] for e in good)
-    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s", (pipeline,))
+    assert sorted(r[0] for r in sink_rows(f"SELECT event_id FROM {table}")) == sorted(e["event_id"] for e in good)
+    dead = sink_rows("SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s", (pipeline,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES)
     assert {d[1] for d in dead} == {retried["batch_id"]}
-    assert our_prepared_branches(mysql_kwargs, pipeline) == []
+    assert prepared(pipeline) == []
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (pipeline,)) == [("committed",)]

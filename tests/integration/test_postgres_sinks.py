@@ -24,7 +24,7 @@ import pytest
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext
-from airflow_eo.core.xid import pipeline_key
+from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.postgres import EoPostgresHook
@@ -223,7 +223,7 @@ def test_the_two_phase_sink_refuses_a_server_without_prepared_transactions_befor
 
 @pytest.mark.parametrize("kind", ["upsert", "two_phase"])
 def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_batch(kind, bootstrap, postgres_kwargs,
-                                                                                     topic_name):
+                                                                                     mysql_kwargs, topic_name):
     """Under on_bad_record="fail" a bad record commits nothing (the upsert sink's writers hold their staged rows
     until every task counted none: one pass; the two-phase sink's prepared transactions are rolled back); under
     "dead_letter" they land in the sink's PostgreSQL table with the batch. The table's name is mixed-case and
@@ -240,11 +240,24 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
         run(failing)
     assert pg_rows(postgres_kwargs, f'SELECT count(*) FROM public."{name}"') == [(0,)]
     assert prepared_gids(postgres_kwargs, failing.pipeline_id) == []
+    # No dead letter either: their table is not even created.
+    assert pg_rows(postgres_kwargs, "SELECT to_regclass(%s)", (f'"{dead_table}"',)) == [(None,)]
 
     good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES)
-    op = operator(topic_name, spec, pipeline_id=f"pgdead_{kind}_{topic_name}", on_bad_record="dead_letter")
+    op = operator(topic_name, spec, pipeline_id=f"pgdead_{kind}_{topic_name}", on_bad_record="dead_letter",
+                  write_partitions=3)
     summary = run(op)
     assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (504, 500, 4)
+    # Written by the tasks that found them, in the one Spark job of the batch: no pass through the driver (which
+    # the engine times as "dead_letters"), each task's in a transaction of its own. The two-phase sink's are
+    # prepared transactions of the batch (dead-letter partitions -2 - p, never the driver's -1), committed with
+    # the good rows' at the commit point.
+    assert "dead_letters" not in summary["seconds"], summary["seconds"]
+    if kind == "two_phase":
+        (xids,), = rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s", (op.pipeline_id,))
+        partitions = sorted(Xid.decode(x).partition for x in json.loads(xids))
+        assert [p for p in partitions if p < 0] and -1 not in partitions and set(partitions) - {-2, -3, -4} \
+            <= {0, 1, 2}, partitions
     written = dict(pg_rows(postgres_kwargs, f'SELECT event_id, ts FROM public."{name}"'))
     assert {e["event_id"] for e in good} <= set(written) and len(written) == 500
     assert all(written[e["event_id"]] == datetime.fromisoformat(e["ts"].replace("Z", "")) for e in good)  # UTC

@@ -7,7 +7,13 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.postgres.prepared import gid, parse_gid
-from airflow_eo.postgres.sql import quote_table, staging_ddl, upsert_from_staging_statement
+from airflow_eo.postgres.sql import (
+    quote_identifier,
+    quote_table,
+    split_table,
+    staging_ddl,
+    upsert_from_staging_statement,
+)
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink, sink_kind, spec_from_record
 
 
@@ -32,12 +38,38 @@ def test_interval_mode_takes_the_upsert_sink_and_refuses_the_two_phase_sink():
         op(mode="interval", sink=PostgresTwoPhaseSink(table="t", key_columns=["id"], updates={"n": "add"}))
 
 
-@pytest.mark.parametrize("table", ['a"b', "a;drop table x", "s.t.u", "", "1abc", "x" * 65])
-def test_bad_identifiers_are_refused(table):
+@pytest.mark.parametrize("name", ["", "x" * 64, "é" * 32, "a\x00b", "\ud800"])
+def test_names_postgresql_cannot_keep_are_refused_at_parse_time(name):
+    """Empty, over 63 bytes of UTF-8 (PostgreSQL would silently cut it), NUL, no UTF-8 at all: as a table, a
+    schema, the dead-letter table, a key column and an updated column."""
+    quoted = '"' + name.replace('"', '""') + '"'
+    for options in [{"table": quoted}, {"table": f"{quoted}.t"}, {"dead_letter_table": quoted},
+                    {"key_columns": [name]}, {"updates": {name: "replace"}}]:
+        with pytest.raises(ConfigurationError,
+                           match=r"invalid PostgreSQL (table name|key column|column name) .*1 to 63 bytes of UTF-8"):
+            PostgresUpsertSink(**{"table": "t", "key_columns": ["id"], **options})
+
+
+@pytest.mark.parametrize("table", ['a"b', '"a', '"a"b', "s.t.u", '"s"."t".u', "s.", ".t", 'a""b'])
+def test_table_names_that_do_not_parse_are_refused(table):
     with pytest.raises(ConfigurationError, match="invalid"):
         PostgresUpsertSink(table=table, key_columns=["id"])
-    with pytest.raises(ConfigurationError, match="invalid"):
-        PostgresUpsertSink(table="t", key_columns=[table or "a b"])
+
+
+@pytest.mark.parametrize(("table", "parts", "quoted"), [
+    ("Sales.Order", ("Sales", "Order"), '"Sales"."Order"'),
+    ('"my.schema"."My ""T"" table"', ("my.schema", 'My "T" table'), '"my.schema"."My ""T"" table"'),
+    ('select."user"', ("select", "user"), '"select"."user"'),
+    ("a;drop table x", (None, "a;drop table x"), '"a;drop table x"'),
+    ("Grüße Ω.1abc", ("Grüße Ω", "1abc"), '"Grüße Ω"."1abc"'),
+    ('"' + "é" * 31 + 'x"', (None, "é" * 31 + "x"), '"' + "é" * 31 + 'x"'),  # 63 bytes
+])
+def test_any_name_postgresql_keeps_is_taken_and_quoted_exactly(table, parts, quoted):
+    assert split_table(table) == parts and quote_table(table) == quoted
+    spec = PostgresTwoPhaseSink(table=table, key_columns=['k "1".x', "select"], updates={"Ω n": "add"},
+                                dead_letter_table=table)
+    assert spec.key_columns == ('k "1".x', "select")
+    assert quote_identifier('k "1".x') == '"k ""1"".x"'
 
 
 def test_bad_options_are_refused():
