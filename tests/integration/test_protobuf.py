@@ -2,6 +2,7 @@
 ``descriptor_pb2`` (nested messages, a repeated message, an enum, a map, proto3 ``optional``, an imported
 ``google.protobuf.Timestamp``), Confluent-framed and bare; the sink equals each produced record decoded by the
 ``protobuf`` library directly; bad records dead-lettered byte for byte, or failing the batch with nothing committed.
+Protobuf keys (``key_format="protobuf"``) the same way: framed and bare, in the transform, bad keys, tombstones.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
     keys = out.file.add(name="keys.proto", package="shop", syntax="proto3", dependency=["shop.proto"])
     keys.message_type.add(name="OrderKey").field.extend([
         _field("region", 1, F.TYPE_STRING), _field("shard", 2, F.TYPE_SINT32),
-        _field("status", 3, F.TYPE_ENUM, ".shop.Status")])
+        _field("status", 3, F.TYPE_ENUM, ".shop.Status"), _field("order_id", 4, F.TYPE_STRING)])
     keys.message_type.add(name="Spare").field.append(_field("y", 1, F.TYPE_STRING))
     return out
 
@@ -289,8 +290,9 @@ def _keyed_rows(mysql_kwargs: dict[str, Any], table: str) -> set[tuple]:
 def test_protobuf_keys_framed_and_bare_in_the_transform_a_bad_key_dead_lettered(bootstrap, mysql_kwargs,
                                                                                   descriptor_file):
     """key_format='protobuf': Confluent-framed keys (and values) with bad keys dead-lettered byte for byte, then bare
-    keys (and values); the key's fields reach the sink through the transform as the protobuf library reads them."""
-    framed_topic, bare_topic = (create_topic(bootstrap, f"t_{uuid.uuid4().hex[:10]}", 1) for _ in range(2))
+    keys (and values); the key's fields reach the sink through the transform as the protobuf library reads them.
+    Then bare keys of JSON values naming the rows their tombstones delete (on_tombstone='delete')."""
+    framed_topic, bare_topic, cdc_topic = (create_topic(bootstrap, f"t_{uuid.uuid4().hex[:10]}", 1) for _ in range(3))
     good = [(None if i == 5 else _framed(_order_key(i)), _framed(_order(i))) for i in range(12)]
     key = _order_key(99)
     with pytest.raises(DecodeError):  # the premise: the library itself refuses the truncated key
@@ -332,6 +334,19 @@ def test_protobuf_keys_framed_and_bare_in_the_transform_a_bad_key_dead_lettered(
     op = KafkaMicroBatchOperator(pipeline_id=f"p_{bare_topic}", topics=bare_topic, framing="none", **options)
     assert run(op)["rows_out"] == len(bare)
     assert _keyed_rows(mysql_kwargs, table) == _keyed_expected(bare, framed=False)
+
+    def cdc_key(order_id: str) -> bytes:
+        return OrderKey(order_id=order_id, shard=1).SerializeToString()
+
+    _produce(bootstrap, cdc_topic, [(cdc_key(o), json.dumps({"order_id": o, "amount": n}).encode())
+                                    for n, o in enumerate("abc")] + [(cdc_key("b"), None)])
+    rows(mysql_kwargs, f"CREATE TABLE {table}_cdc (order_id VARCHAR(20) PRIMARY KEY, amount BIGINT)")
+    op = KafkaMicroBatchOperator(
+        task_id="pbk", pipeline_id=f"p_{cdc_topic}", topics=cdc_topic, schema="order_id STRING NOT NULL, amount BIGINT",
+        key_format="protobuf", protobuf_descriptor=descriptor_file, key_protobuf_message="shop.OrderKey",
+        framing="none", sink=MySqlUpsertSink(table=f"{table}_cdc", key_columns=["order_id"], on_tombstone="delete"))
+    assert run(op)["records_in"] == 4
+    assert rows(mysql_kwargs, f"SELECT order_id, amount FROM {table}_cdc ORDER BY order_id") == [("a", 0), ("c", 2)]
 
 
 def test_protobuf_options_are_checked_when_the_dag_is_parsed(descriptor_file, tmp_path):
