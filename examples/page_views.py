@@ -16,6 +16,8 @@ from typing import Any
 
 from airflow_eo.examples.page_views import (  # noqa: F401 (re-exported: one module per example for the tests)
     APPS,
+    AVRO_SCHEMA,
+    AVRO_WRITER_SCHEMAS,
     PARTITIONS,
     SCHEMA,
     TABLES_DDL,
@@ -49,30 +51,62 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
     """
     if timestamps:
         count = len(timestamps)
-    from confluent_kafka import Producer
-
     ensure_topic(bootstrap, topic)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    producer = _producer(bootstrap)
     events = []
     for i in range(count):
         at = timestamps[i] if timestamps else None
         event = page_view(at=at)
         events.append(event)
         timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
-        while True:
-            try:
-                producer.produce(topic, json.dumps(event).encode(), key=event["app_id"].encode(),
-                                 timestamp=timestamp_ms)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
+        _send(producer, topic, json.dumps(event).encode(), event["app_id"].encode(), timestamp_ms)
     for value in raw_values:
         producer.produce(topic, value)
     if producer.flush(60) != 0:
         raise RuntimeError("not every page view was delivered within 60s")
     return events
+
+
+def produce_avro_page_views(bootstrap: str, topic: str, events: Sequence[dict[str, Any]],
+                            schema_ids: Sequence[int] = (1, 2)) -> None:
+    """``events`` (as :func:`page_view` makes them) as Confluent-framed Avro, keyed by app like the JSON ones: the
+    i-th with writer schema id ``schema_ids[i % len(schema_ids)]`` of ``AVRO_WRITER_SCHEMAS`` (1 has no ``ts``)."""
+    import io
+    import struct
+
+    import fastavro
+
+    schemas = {i: fastavro.parse_schema(s) for i, s in AVRO_WRITER_SCHEMAS.items()}
+    headers = {i: b"\x00" + struct.pack(">I", i) for i in schemas}
+    producer = _producer(bootstrap)
+    for i, event in enumerate(events):
+        schema_id = schema_ids[i % len(schema_ids)]
+        record = {k: v for k, v in event.items() if k != "ts"}
+        if schema_id == 2:
+            record["ts"] = datetime.fromisoformat(event["ts"].replace("Z", "+00:00"))
+        out = io.BytesIO(headers[schema_id])
+        out.seek(0, io.SEEK_END)
+        fastavro.schemaless_writer(out, schemas[schema_id], record)
+        _send(producer, topic, out.getvalue(), event["app_id"].encode())
+    if producer.flush(60) != 0:
+        raise RuntimeError("not every Avro page view was delivered within 60s")
+
+
+def _producer(bootstrap: str) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                     "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+
+
+def _send(producer: Any, topic: str, value: bytes, key: bytes, timestamp_ms: int = 0) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key=key, timestamp=timestamp_ms)
+            break
+        except BufferError:  # the local queue is full: let it drain
+            producer.poll(0.1)
+    producer.poll(0)
 
 
 def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], set[str], dict[int, int]]:

@@ -20,8 +20,9 @@ each on the same data and an identical fresh table:
   (``df.write.format("kafka")``, no transactions) of the same per-window counts; for the PostgreSQL sinks,
   Spark's JDBC writer into PostgreSQL (``spark_jdbc_append_pg``, append, PostgreSQL's JDBC driver from Maven
   Central);
-- ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape, the XA sink's per-app
-  counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
+- ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape (and the XA sink reading
+  the same events as Confluent-framed Avro, ``eo_xa_events_avro``, with the JSON job as its peer), the XA sink's
+  per-app counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
   the XA sink, written by the executors (``eo_xa_dead_letters``) and, for comparison, streamed through the driver
   (``eo_xa_dead_letters_via_driver``, the path of sinks without an executor-side dead-letter writer); on
   PostgreSQL, the upsert sink (``eo_pg_upsert``) and the two-phase sink (``eo_pg_two_phase``) into
@@ -53,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and ground truths
 
-from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
+from airflow_eo.core.config import BadRecordPolicy, Framing, ParseConfig, ValueFormat
 from airflow_eo.core.protocol import BatchContext, RunRequest, WritePlan, run_batch
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -87,20 +88,22 @@ PG_PEERS = ("spark_jdbc_append_pg",)
 PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS)
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
     **{name: EVENTS_PEERS for name in (*EVENTS_PEERS, "eo_upsert", "eo_xa_events", *DEAD_LETTERS)},
     "spark_jdbc_append_counts": ("spark_jdbc_append_counts",), "eo_xa_counts": ("spark_jdbc_append_counts",),
     "spark_kafka_writer": ("spark_kafka_writer",), "eo_kafka_txn": ("spark_kafka_writer",),
+    # The same pipeline and events, the values Confluent-framed Avro instead of JSON: the format's cost.
+    "eo_xa_events_avro": ("eo_xa_events",),
     # PostgreSQL: the same events into a table of the same shape on PostgreSQL.
     **{name: PG_PEERS for name in (*PG_PEERS, *PG_OURS)},
 }
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
-                "eo_upsert", "eo_xa_events")
+                "eo_upsert", "eo_xa_events", "eo_xa_events_avro")
 PG_EVENTS_SHAPE = (*PG_PEERS, *PG_OURS)
 
 
@@ -216,8 +219,11 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def engine(parallelism: int, transform: Any = None, schema: str | None = page_views.SCHEMA,
-           on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL) -> SparkBatchEngine:
-    parse = ParseConfig(schema=schema, write_partitions=parallelism, on_bad_record=on_bad_record) if schema else (
+           on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL, parse: ParseConfig | None = None
+           ) -> SparkBatchEngine:
+    """``parse``: how records are parsed, instead of JSON values of ``schema`` (or strings without one)."""
+    parse = parse or (
+        ParseConfig(schema=schema, write_partitions=parallelism, on_bad_record=on_bad_record) if schema else
         ParseConfig(value_format=ValueFormat.STRING, write_partitions=parallelism, on_bad_record=on_bad_record))
     return SparkBatchEngine(SparkSessionHook().get_conn, KafkaClusterHook("kafka_default").get_config(), parse,
                             transform=transform)
@@ -502,16 +508,18 @@ def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job
 
 def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
          schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
-         wrap: Callable[[Any], Any] | None = None, store_conn_id: str | None = None) -> Job:
+         wrap: Callable[[Any], Any] | None = None, store_conn_id: str | None = None,
+         parse: ParseConfig | None = None) -> Job:
     """One batch of our sink over the whole topic; ``store_conn_id``: the offset store's connection (default: the
-    default store, on MariaDB), also given to the sink (a sink on the store's database is fenced by it)."""
+    default store, on MariaDB), also given to the sink (a sink on the store's database is fenced by it); ``parse``:
+    see :func:`engine`."""
     kafka = KafkaClusterHook("kafka_default")
     pipeline_id = f"bench_{name}_{topic}"
     store = (OffsetStoreHook(store_conn_id) if store_conn_id else OffsetStoreHook()).get_store()
     started = time.monotonic()
     summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
                         store=store, source=kafka.get_offset_source(),
-                        engine=engine(parallelism, transform, schema, on_bad_record),
+                        engine=engine(parallelism, transform, schema, on_bad_record, parse),
                         sink=(wrap or (lambda adapter: adapter))(build_sink(sink, pipeline_id, store_conn_id)))
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
@@ -564,6 +572,21 @@ def eo_xa_events(topic: str, events: int, parallelism: int) -> Job:
     table = fresh_table("page_view_events", "xaev")
     job = ours("eo_xa_events", MySqlXaSink(table=table, key_columns=["event_id"]), None, topic, events, parallelism)
     expect("rows in the XA table", table_rows(table), events)
+    return job
+
+
+def eo_xa_events_avro(avro_topic: str, events: int, parallelism: int) -> Job:
+    """``eo_xa_events`` on the same events as Confluent-framed Avro (writer schema id 2 of the page-views example,
+    decoded by Spark's ``from_avro`` and resolved into the example's reader schema): no transform, the same table."""
+    table = fresh_table("page_view_events", "xaavro")
+    parse = ParseConfig(value_format=ValueFormat.AVRO, avro_schema=json.dumps(page_views.AVRO_SCHEMA),
+                        framing=Framing.CONFLUENT, writer_schemas=page_views.AVRO_WRITER_SCHEMAS,
+                        write_partitions=parallelism)
+    job = ours("eo_xa_events_avro", MySqlXaSink(table=table, key_columns=["event_id"]), None, avro_topic, events,
+               parallelism, parse=parse)
+    # every event's ts came through: each was decoded with its writer schema, not as a row of NULLs
+    expect("rows (and their timestamps) in the XA table", tuple(sql(f"SELECT COUNT(*), COUNT(ts) FROM `{table}`")[0]),
+           (events, events))
     return job
 
 
@@ -656,15 +679,21 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     topic, lines_topic = f"bench_{uuid.uuid4().hex[:8]}", f"bench_lines_{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    page_views.produce_page_views(bootstrap, events, topic=topic)
+    wanted = set(only) if only else {*LIMITS, *PEERS, *OURS, EMPTY_BATCH}
+    produced = page_views.produce_page_views(bootstrap, events, topic=topic)
+    avro_topic = f"{topic}_avro"
+    if "eo_xa_events_avro" in wanted:  # the same events, keys and partitions, framed Avro (schema id 2, with ts)
+        ensure_topic(bootstrap, avro_topic)
+        page_views.produce_avro_page_views(bootstrap, avro_topic, produced, schema_ids=(2,))
+    del produced
     ensure_topic(bootstrap, lines_topic, 3)
     ip_counts.produce_lines(bootstrap, events, topic=lines_topic)
-    print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic} and "
+    avro = f" (and as Avro to {avro_topic})" if "eo_xa_events_avro" in wanted else ""
+    print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic}{avro} and "
           f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
     jars = [*(maven_jars(*CONNECTOR_J) or []), *(maven_jars(*PGJDBC) or [])]
     spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    wanted = set(only) if only else {*LIMITS, *PEERS, *OURS, EMPTY_BATCH}
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
@@ -678,6 +707,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("airflow_consume_from_topic", lambda: airflow_consume_from_topic(topic, events, parallelism)),
             ("eo_upsert", lambda: eo_upsert(topic, events, parallelism)),
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
+            ("eo_xa_events_avro", lambda: eo_xa_events_avro(avro_topic, events, parallelism)),
             ("spark_jdbc_append_counts", lambda: spark_jdbc_append_counts(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
             ("spark_kafka_writer", lambda: spark_kafka_writer(lines_topic, events, parallelism)),

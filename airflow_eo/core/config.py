@@ -41,6 +41,7 @@ class KeyFormat(str, Enum):
     STRING = "string"
     JSON = "json"  # with key_schema as Spark DDL
     AVRO = "avro"  # with key_schema as an Avro schema, framed as the values are
+    PROTOBUF = "protobuf"  # key_protobuf_message of protobuf_descriptor, framed as the values are
 
 
 class Framing(str, Enum):
@@ -157,6 +158,8 @@ class ParseConfig:
     #: a FileDescriptorSet file (``protoc --include_imports --descriptor_set_out``) and the full name of the message
     protobuf_descriptor: str | None = None
     protobuf_message: str | None = None
+    #: ``key_format="protobuf"``: the full name of the keys' message, in ``protobuf_descriptor``
+    key_protobuf_message: str | None = None
     #: the sink's key columns when tombstones delete rows (``on_tombstone="delete"``); empty: they are bad records
     delete_keys: tuple[str, ...] = ()
 
@@ -179,7 +182,8 @@ class ParseConfig:
             if self.key_format is KeyFormat.BYTES:
                 raise ConfigurationError(
                     "on_tombstone='delete' takes the deleted row's key columns from the Kafka key: set "
-                    "key_format='string' (one key column) or 'json'/'avro' with key_schema (the key columns by name)")
+                    "key_format='string' (one key column), 'json'/'avro' with key_schema or 'protobuf' with "
+                    "key_protobuf_message (the key columns by name)")
             if self.key_format is KeyFormat.STRING and len(self.delete_keys) != 1:
                 raise ConfigurationError(
                     f"on_tombstone='delete' with key_format='string': the key is one value, but the sink has "
@@ -188,13 +192,21 @@ class ParseConfig:
 
     def _check_keys_and_avro(self) -> None:
         avro_value, avro_key = self.value_format is ValueFormat.AVRO, self.key_format is KeyFormat.AVRO
-        protobuf_value = self.value_format is ValueFormat.PROTOBUF
+        protobuf_value, protobuf_key = self.value_format is ValueFormat.PROTOBUF, self.key_format is KeyFormat.PROTOBUF
         if protobuf_value and not (self.protobuf_descriptor and self.protobuf_message):
             raise ConfigurationError("value_format='protobuf' needs protobuf_descriptor= (a FileDescriptorSet file, as "
                                      "protoc --include_imports --descriptor_set_out writes) and protobuf_message= "
                                      "(the message's full name, e.g. 'shop.Order')")
-        if (self.protobuf_descriptor or self.protobuf_message) and not protobuf_value:
-            raise ConfigurationError("protobuf_descriptor and protobuf_message are for value_format='protobuf'")
+        if protobuf_key and not (self.protobuf_descriptor and self.key_protobuf_message):
+            raise ConfigurationError("key_format='protobuf' needs protobuf_descriptor= (a FileDescriptorSet file, as "
+                                     "protoc --include_imports --descriptor_set_out writes) and key_protobuf_message= "
+                                     "(the key message's full name, e.g. 'shop.OrderKey')")
+        if self.protobuf_message and not protobuf_value:
+            raise ConfigurationError("protobuf_message is for value_format='protobuf'")
+        if self.key_protobuf_message and not protobuf_key:
+            raise ConfigurationError("key_protobuf_message is for key_format='protobuf'")
+        if self.protobuf_descriptor and not (protobuf_value or protobuf_key):
+            raise ConfigurationError("protobuf_descriptor is for value_format='protobuf' or key_format='protobuf'")
         if self.key_format in (KeyFormat.JSON, KeyFormat.AVRO) and not self.key_schema:
             kind = "Spark DDL" if self.key_format is KeyFormat.JSON else "an Avro record schema (JSON text or a path)"
             raise ConfigurationError(f"key_format={self.key_format.value!r} needs key_schema= ({kind})")
@@ -207,13 +219,13 @@ class ParseConfig:
             raise ConfigurationError("avro_schema is for value_format='avro'")
         if self.writer_schemas is not None and not (avro_value or avro_key):
             raise ConfigurationError("writer_schemas are for Avro keys or values")
-        if not (avro_value or avro_key or protobuf_value):
+        if not (avro_value or avro_key or protobuf_value or protobuf_key):
             if self.framing is not None:
-                raise ConfigurationError("framing is for Avro keys or values and Protobuf values")
+                raise ConfigurationError("framing is for Avro or Protobuf keys or values")
             return
         if self.framing is None:
             raise ConfigurationError(
-                "Avro keys or values and Protobuf values need framing='confluent' (magic byte 0 + a 4-byte schema id, "
+                "Avro or Protobuf keys or values need framing='confluent' (magic byte 0 + a 4-byte schema id, "
                 "then the record) or framing='none' (the bare record): the first byte cannot tell them apart, since "
                 "a bare record may start with byte 0 too")
         if avro_value:

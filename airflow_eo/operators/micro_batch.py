@@ -71,17 +71,21 @@ class KafkaMicroBatchOperator(BaseOperator):
         README, "Topic formats".
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required. (templated)
     :param key_format: ``bytes`` (default: the raw key in ``kafka_key`` only), ``string``, ``json`` (with
-        ``key_schema`` as Spark DDL) or ``avro`` (with ``key_schema`` as an Avro record schema, framed as the
-        values): parsed into the ``key`` column the transform sees (a STRING or a STRUCT; NULL for a record
-        without a key). The transform also sees ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
+        ``key_schema`` as Spark DDL), ``avro`` (with ``key_schema`` as an Avro record schema, framed as the
+        values) or ``protobuf`` (with ``protobuf_descriptor`` and ``key_protobuf_message``, framed as the values):
+        parsed into the ``key`` column the transform sees (a STRING or a STRUCT; NULL for a record without a
+        key). The transform also sees ``kafka_topic``, ``kafka_partition``, ``kafka_offset``,
         ``kafka_timestamp``, ``kafka_key`` (raw) and ``kafka_headers`` (ARRAY<STRUCT<key, value BINARY>>).
     :param key_schema: see ``key_format``.
     :param avro_schema: the Avro reader schema of ``value_format="avro"``: a record, as JSON text or a file path;
         its fields become the columns.
-    :param protobuf_descriptor: ``value_format="protobuf"``: the path of a FileDescriptorSet file (as ``protoc
-        --include_imports --descriptor_set_out`` writes it, and as Spark's ``from_protobuf`` takes it).
+    :param protobuf_descriptor: ``value_format="protobuf"`` or ``key_format="protobuf"``: the path of a
+        FileDescriptorSet file (as ``protoc --include_imports --descriptor_set_out`` writes it, and as Spark's
+        ``from_protobuf`` takes it).
     :param protobuf_message: ``value_format="protobuf"``: the full name of the values' message (``shop.Order``); its
         fields become the columns (nested messages structs, repeated fields arrays, enums their names).
+    :param key_protobuf_message: ``key_format="protobuf"``: the full name of the keys' message (``shop.OrderKey``)
+        in ``protobuf_descriptor``; its fields are the ``key`` STRUCT's.
     :param framing: ``confluent`` (magic byte 0, a 4-byte schema id, the record: each record is decoded with its
         writer schema and resolved into the reader schema) or ``none`` (bare records written with the reader
         schema). Declared, never guessed from the first byte.
@@ -154,6 +158,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         schema_registry_conn_id: str | None = None,
         protobuf_descriptor: str | None = None,
         protobuf_message: str | None = None,
+        key_protobuf_message: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -172,15 +177,17 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.framing, self.writer_schemas = framing, writer_schemas
         self.schema_registry_conn_id = schema_registry_conn_id
         self.protobuf_descriptor, self.protobuf_message = protobuf_descriptor, protobuf_message
+        self.key_protobuf_message = key_protobuf_message
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO
         if schema_registry_conn_id and not (avro and parse.framing is Framing.CONFLUENT):
             raise ConfigurationError("schema_registry_conn_id resolves the schema ids of Avro with "
                                      "framing='confluent'")
-        if parse.value_format is ValueFormat.PROTOBUF:  # the file, the message and its Spark type, at parse time
-            spark_schema(message_class(load_descriptor_set(protobuf_descriptor or ""), protobuf_message or "")
-                         .DESCRIPTOR)
+        # Protobuf: the file, the messages and their Spark types, at parse time
+        for option, message in (("protobuf_message", protobuf_message), ("key_protobuf_message", key_protobuf_message)):
+            if message:  # ParseConfig checked that each comes with its format and the descriptor
+                spark_schema(message_class(load_descriptor_set(protobuf_descriptor or ""), message, option).DESCRIPTOR)
         if avro and parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
             raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
                                      "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
@@ -284,7 +291,8 @@ class KafkaMicroBatchOperator(BaseOperator):
                            key_schema=self.key_schema, avro_schema=self.avro_schema,
                            framing=self.framing,  # type: ignore[arg-type]
                            writer_schemas=self.writer_schemas, protobuf_descriptor=self.protobuf_descriptor,
-                           protobuf_message=self.protobuf_message, delete_keys=self.sink.delete_keys)
+                           protobuf_message=self.protobuf_message, key_protobuf_message=self.key_protobuf_message,
+                           delete_keys=self.sink.delete_keys)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

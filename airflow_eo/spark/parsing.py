@@ -1,8 +1,8 @@
 """Records to rows on Spark: a batch's Kafka keys and values parsed by their formats, bad records marked, not dropped.
 
 Every value format is parsed here (string, bytes, JSON with a Spark DDL schema, Avro through ``spark/avro.py``,
-Protobuf through ``spark/protobuf.py``), and
-the key by ``key_format`` into the ``key`` column; the row keeps its Kafka metadata (:data:`METADATA_COLUMNS`), the raw
+Protobuf through ``spark/protobuf.py``), and the key by ``key_format`` (string, JSON, Avro or Protobuf, the same
+decoders) into the ``key`` column; the row keeps its Kafka metadata (:data:`METADATA_COLUMNS`), the raw
 value, and an ``_eo_error`` column that is NULL for a good record and says what is wrong with a bad one.
 """
 
@@ -82,13 +82,17 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
         key_columns = [key.cast("string").alias(KEY_COLUMN)]
         key_error = F.when(~F.is_valid_utf8(key.cast("string")), F.lit("key is not valid UTF-8"))
         key_fields = {name: key.cast("string") for name in parse.delete_keys[:1]}
-    elif parse.key_format in (KeyFormat.JSON, KeyFormat.AVRO):
+    elif parse.key_format in (KeyFormat.JSON, KeyFormat.AVRO, KeyFormat.PROTOBUF):
         if parse.key_format is KeyFormat.JSON:
             df, fields, key_error = _parse_json(df, "kafka_key", _parse_ddl(spark, parse.key_schema or ""), "_eo_k",
                                                 "key")
-        else:
+        elif parse.key_format is KeyFormat.AVRO:
             df, fields, key_error = decode_avro(spark, df, "kafka_key", parse.key_schema or "", framing,
                                                 parse.writer_schema_map, schema_lookup, "_eo_k", "key")
+        else:  # the same executor-side decoder as Protobuf values, in a pass of its own over the key column
+            descriptors = load_descriptor_set(parse.protobuf_descriptor or "")
+            df, fields, key_error = decode_protobuf(df, "kafka_key", descriptors, parse.key_protobuf_message or "",
+                                                    framing, "_eo_k", "key")
         # A record without a key has a NULL key column, not an error: keys are optional in Kafka.
         key_columns = [F.when(key.isNotNull(), F.struct(*[F.col("_eo_k").getField(n).alias(n) for n in fields]))
                        .alias(KEY_COLUMN)]

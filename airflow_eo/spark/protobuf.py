@@ -65,8 +65,9 @@ def load_descriptor_set(path: str) -> bytes:
     return blob
 
 
-def message_class(blob: bytes, name: str) -> Any:
-    """The message class of ``name`` (full name, e.g. ``shop.Order``) in the descriptor set ``blob``."""
+def message_class(blob: bytes, name: str, option: str = "protobuf_message") -> Any:
+    """The message class of ``name`` (full name, e.g. ``shop.Order``) in the descriptor set ``blob``; ``option``
+    names where ``name`` came from, in the error when it is not there."""
     key = (blob, name)
     if key not in _CLASSES:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -92,7 +93,7 @@ def message_class(blob: bytes, name: str) -> Any:
             descriptor = pool.FindMessageTypeByName(name)
         except KeyError as exc:
             known = sorted(m for f in files.values() for m in _message_names(f.package, f.message_type))
-            raise ConfigurationError(f"protobuf_message={name!r} is not a message of protobuf_descriptor (it has "
+            raise ConfigurationError(f"{option}={name!r} is not a message of protobuf_descriptor (it has "
                                      f"{', '.join(known) or 'none'})") from exc
         except TypeError as exc:  # the pool refuses an inconsistent file
             raise ConfigurationError(f"protobuf_descriptor is not a consistent descriptor set: {exc}") from exc
@@ -240,8 +241,9 @@ def _unframe(descriptor: Any, data: bytes, what: str) -> bytes:
         raise _Bad(f"{what}: schema id {schema_id}: message index {path} is not a message of "
                    f"{descriptor.file.name} in protobuf_descriptor")
     if target.full_name != descriptor.full_name:
+        option = "protobuf_message" if what == "value" else f"{what}_protobuf_message"
         raise _Bad(f"{what}: schema id {schema_id}: message index {path} is {target.full_name}, not the declared "
-                   f"protobuf_message {descriptor.full_name}")
+                   f"{option} {descriptor.full_name}")
     return data[position:]
 
 

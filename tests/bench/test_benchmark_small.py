@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
         "airflow_consume_from_topic", "spark_jdbc_append_counts", "spark_kafka_writer", "eo_upsert", "eo_xa_events",
         "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters", "eo_xa_dead_letters_via_driver", "eo_empty_batch",
-        "r_db_pg", "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase"}
+        "r_db_pg", "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase", "eo_xa_events_avro"}
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 
 
@@ -33,13 +33,16 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
         assert job["events"] == 3000 and job["records_per_s"] > 0 and job["parallelism"] == 2
         assert set(job["driver_peak_rss_mb"]) == {"python", "jvm"}
     for name in ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
-                 "eo_upsert", "eo_xa_events", "eo_xa_counts", "eo_kafka_txn", "spark_jdbc_append_pg", "eo_pg_upsert",
-                 "eo_pg_two_phase"):
+                 "eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_counts", "eo_kafka_txn",
+                 "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase"):
         assert jobs[name]["ratio_to_best_peer"] is not None and jobs[name]["fraction_of_limit"] is not None
     assert max(jobs[p]["ratio_to_best_peer"] for p in EVENTS_PEERS) == 1.0
     # Each job against the best peer of its own shape.
     assert {jobs[n]["peer"] for n in ("eo_upsert", "eo_xa_events", "eo_xa_dead_letters")} <= set(EVENTS_PEERS)
     assert jobs["eo_xa_counts"]["peer"] == "spark_jdbc_append_counts"
+    # The same events as Confluent-framed Avro, against the same XA pipeline on JSON values (issue 21's ratio).
+    assert jobs["eo_xa_events_avro"]["peer"] == "eo_xa_events"
+    assert {"plan", "commit", "finalize", "write"} <= set(jobs["eo_xa_events_avro"]["phases"])
     assert jobs["eo_kafka_txn"]["peer"] == "spark_kafka_writer"
     # PostgreSQL: both sinks against Spark's JDBC append into PostgreSQL, the limit with COPY's rate.
     assert {jobs[n]["peer"] for n in ("eo_pg_upsert", "eo_pg_two_phase")} == {"spark_jdbc_append_pg"}

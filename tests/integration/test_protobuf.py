@@ -2,6 +2,7 @@
 ``descriptor_pb2`` (nested messages, a repeated message, an enum, a map, proto3 ``optional``, an imported
 ``google.protobuf.Timestamp``), Confluent-framed and bare; the sink equals each produced record decoded by the
 ``protobuf`` library directly; bad records dead-lettered byte for byte, or failing the batch with nothing committed.
+Protobuf keys (``key_format="protobuf"``) the same way: framed and bare, in the transform, bad keys, tombstones.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _field(name: str, number: int, kind: int, type_name: str = "", repeated: boo
 
 
 def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
-    """shop.proto: Order (the first message), Customer (with a nested Address), Other; and the Timestamp import."""
+    """shop.proto: Order (the first message), Customer (with a nested Address), Other; keys.proto: OrderKey (the
+    keys' message, using shop.proto's enum), Spare; and the Timestamp import."""
     shop = descriptor_pb2.FileDescriptorProto(name="shop.proto", package="shop", syntax="proto3",
                                               dependency=["google/protobuf/timestamp.proto"])
     shop.enum_type.add(name="Status").value.extend([descriptor_pb2.EnumValueDescriptorProto(name=n, number=i)
@@ -68,6 +70,11 @@ def descriptor_set() -> descriptor_pb2.FileDescriptorSet:
     out = descriptor_pb2.FileDescriptorSet()
     timestamp_pb2.DESCRIPTOR.CopyToProto(out.file.add())  # as protoc --include_imports writes it: imports too
     out.file.append(shop)
+    keys = out.file.add(name="keys.proto", package="shop", syntax="proto3", dependency=["shop.proto"])
+    keys.message_type.add(name="OrderKey").field.extend([
+        _field("region", 1, F.TYPE_STRING), _field("shard", 2, F.TYPE_SINT32),
+        _field("status", 3, F.TYPE_ENUM, ".shop.Status"), _field("order_id", 4, F.TYPE_STRING)])
+    keys.message_type.add(name="Spare").field.append(_field("y", 1, F.TYPE_STRING))
     return out
 
 
@@ -77,7 +84,7 @@ def _classes() -> dict[str, Any]:
     for f in descriptor_set().file:
         pool.Add(f)
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"shop.{n}"))
-            for n in ("Order", "Customer", "Other")}
+            for n in ("Order", "Customer", "Other", "OrderKey", "Spare")}
 
 
 CLASSES = _classes()
@@ -252,6 +259,96 @@ def test_bare_protobuf_round_trip_then_a_truncated_record_fails_the_batch(bootst
     assert [int(c[0]) for c in committed] == [10]
 
 
+OrderKey = CLASSES["OrderKey"]
+KEYED_TABLE = ("order_id VARCHAR(20) PRIMARY KEY, amount BIGINT NOT NULL, region VARCHAR(20), shard INT, "
+               "key_status VARCHAR(10), keyless BOOLEAN NOT NULL")
+#: the key's fields used by the transform next to the value's: a key is a STRUCT (NULL for a record without one)
+KEYED = ("SELECT order_id, amount, key.region AS region, key.shard AS shard, key.status AS key_status, "
+         "key IS NULL AS keyless FROM kafka_batch")
+
+
+def _order_key(i: int) -> bytes:
+    return OrderKey(region=f"eu-{i % 3}" if i % 4 else "", shard=-i if i % 2 else i, status=i % 3).SerializeToString()
+
+
+def _keyed_expected(records: list[tuple[bytes | None, bytes]], framed: bool) -> set[tuple]:
+    """Each key and value decoded by the protobuf library directly (a framed one after its 6-byte header)."""
+    out = set()
+    for key, value in records:
+        m = Order.FromString(value[6:] if framed else value)
+        k = None if key is None else OrderKey.FromString(key[6:] if framed else key)
+        out.add((m.order_id, m.amount, *((None,) * 3 if k is None else (k.region, k.shard, STATUS[k.status])),
+                 k is None))
+    return out
+
+
+def _keyed_rows(mysql_kwargs: dict[str, Any], table: str) -> set[tuple]:
+    return {(*r[:5], bool(r[5])) for r in rows(
+        mysql_kwargs, f"SELECT order_id, amount, region, shard, key_status, keyless FROM {table}")}
+
+
+def test_protobuf_keys_framed_and_bare_in_the_transform_a_bad_key_dead_lettered(bootstrap, mysql_kwargs,
+                                                                                  descriptor_file):
+    """key_format='protobuf': Confluent-framed keys (and values) with bad keys dead-lettered byte for byte, then bare
+    keys (and values); the key's fields reach the sink through the transform as the protobuf library reads them.
+    Then bare keys of JSON values naming the rows their tombstones delete (on_tombstone='delete')."""
+    framed_topic, bare_topic, cdc_topic = (create_topic(bootstrap, f"t_{uuid.uuid4().hex[:10]}", 1) for _ in range(3))
+    good = [(None if i == 5 else _framed(_order_key(i)), _framed(_order(i))) for i in range(12)]
+    key = _order_key(99)
+    with pytest.raises(DecodeError):  # the premise: the library itself refuses the truncated key
+        OrderKey.FromString(key[:-2])
+    bad = [
+        (b"\x01" + _framed(key)[1:], "key starts with byte 0x01, not the Confluent magic byte 0x00"),
+        (_framed(key[:-2]), "key: not a shop.OrderKey message (truncated or corrupt)"),
+        (_framed(key, [1]), "key: schema id 7: message index [1] is shop.Spare, not the declared "
+                            "key_protobuf_message shop.OrderKey"),
+    ]
+    bad_values = [_framed(_order(50 + i)) for i in range(len(bad))]
+    _produce(bootstrap, framed_topic, good[:6] + [(k, v) for (k, _), v in zip(bad, bad_values, strict=True)]
+             + good[6:])
+    table = f"pbk_{uuid.uuid4().hex[:10]}"
+    rows(mysql_kwargs, f"CREATE TABLE {table} ({KEYED_TABLE})")
+    options: dict[str, Any] = dict(task_id="pbk", value_format="protobuf", protobuf_descriptor=descriptor_file,
+                                   protobuf_message="shop.Order", key_format="protobuf",
+                                   key_protobuf_message="shop.OrderKey", transform=KEYED,
+                                   sink=MySqlUpsertSink(table=table, key_columns=["order_id"]))
+    op = KafkaMicroBatchOperator(pipeline_id=f"p_{framed_topic}", topics=framed_topic, framing="confluent",
+                                 on_bad_record="dead_letter", **options)
+    summary = run(op)
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (15, 12, 3)
+    want = _keyed_expected(good, framed=True)
+    assert _keyed_rows(mysql_kwargs, table) == want
+    # the test exercises what it claims: a keyless record, an empty region, negative shards, every status
+    assert any(w[5] for w in want) and {w[2] for w in want} >= {"", "eu-1"} and {w[3] for w in want} >= {-1, 0}
+    assert {w[4] for w in want} == {None, *STATUS}
+    dead = rows(mysql_kwargs, "SELECT kafka_offset, record_key, raw_value, error FROM eo_dead_letter "
+                "WHERE pipeline_id = %s ORDER BY kafka_offset", (op.pipeline_id,))
+    assert [int(d[0]) for d in dead] == [6, 7, 8]
+    for (_, got_key, got_value, error), (want_key, message), want_value in zip(dead, bad, bad_values, strict=True):
+        assert (bytes(got_key), bytes(got_value)) == (want_key, want_value)
+        assert message in error, error
+
+    bare = [(None if i == 3 else _order_key(i), _order(i)) for i in range(100, 108)]
+    _produce(bootstrap, bare_topic, bare)
+    rows(mysql_kwargs, f"DELETE FROM {table}")
+    op = KafkaMicroBatchOperator(pipeline_id=f"p_{bare_topic}", topics=bare_topic, framing="none", **options)
+    assert run(op)["rows_out"] == len(bare)
+    assert _keyed_rows(mysql_kwargs, table) == _keyed_expected(bare, framed=False)
+
+    def cdc_key(order_id: str) -> bytes:
+        return OrderKey(order_id=order_id, shard=1).SerializeToString()
+
+    _produce(bootstrap, cdc_topic, [(cdc_key(o), json.dumps({"order_id": o, "amount": n}).encode())
+                                    for n, o in enumerate("abc")] + [(cdc_key("b"), None)])
+    rows(mysql_kwargs, f"CREATE TABLE {table}_cdc (order_id VARCHAR(20) PRIMARY KEY, amount BIGINT)")
+    op = KafkaMicroBatchOperator(
+        task_id="pbk", pipeline_id=f"p_{cdc_topic}", topics=cdc_topic, schema="order_id STRING NOT NULL, amount BIGINT",
+        key_format="protobuf", protobuf_descriptor=descriptor_file, key_protobuf_message="shop.OrderKey",
+        framing="none", sink=MySqlUpsertSink(table=f"{table}_cdc", key_columns=["order_id"], on_tombstone="delete"))
+    assert run(op)["records_in"] == 4
+    assert rows(mysql_kwargs, f"SELECT order_id, amount FROM {table}_cdc ORDER BY order_id") == [("a", 0), ("c", 2)]
+
+
 def test_protobuf_options_are_checked_when_the_dag_is_parsed(descriptor_file, tmp_path):
     sink = MySqlUpsertSink(table="t", key_columns=["order_id"])
 
@@ -264,7 +361,8 @@ def test_protobuf_options_are_checked_when_the_dag_is_parsed(descriptor_file, tm
         operator(protobuf_descriptor=descriptor_file, protobuf_message="shop.Order")
     with pytest.raises(ConfigurationError, match=r"'shop.Nope' is not a message of protobuf_descriptor \(it has "
                                                  r"google.protobuf.Timestamp, shop.Customer, shop.Customer.Address, "
-                                                 r"shop.Order, shop.Order.Line, shop.Other\)"):
+                                                 r"shop.Order, shop.Order.Line, shop.OrderKey, shop.Other, "
+                                                 r"shop.Spare\)"):
         operator(protobuf_descriptor=descriptor_file, protobuf_message="shop.Nope", framing="none")
     (tmp_path / "junk.desc").write_bytes(b"\xff\xff\xff")
     with pytest.raises(ConfigurationError, match="is not a FileDescriptorSet"):
@@ -272,8 +370,27 @@ def test_protobuf_options_are_checked_when_the_dag_is_parsed(descriptor_file, tm
     with pytest.raises(ConfigurationError, match="writer_schemas are for Avro"):
         operator(protobuf_descriptor=descriptor_file, protobuf_message="shop.Order", framing="confluent",
                  writer_schemas={1: "{}"})
-    with pytest.raises(ConfigurationError, match="protobuf_descriptor and protobuf_message are for"):
+    with pytest.raises(ConfigurationError, match="protobuf_message is for value_format='protobuf'"):
         KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", protobuf_message="shop.Order", sink=sink)
+    # Protobuf keys: the key's message from the same descriptor set, framed as the values
+    with pytest.raises(ConfigurationError, match="key_format='protobuf' needs protobuf_descriptor= .* and "
+                                                 "key_protobuf_message="):
+        KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", key_format="protobuf",
+                                protobuf_descriptor=descriptor_file, framing="none", sink=sink)
+    with pytest.raises(ConfigurationError, match="Avro or Protobuf keys or values need framing="):
+        KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", key_format="protobuf",
+                                protobuf_descriptor=descriptor_file, key_protobuf_message="shop.OrderKey", sink=sink)
+    with pytest.raises(ConfigurationError, match="key_protobuf_message='shop.Nope' is not a message of "
+                                                 "protobuf_descriptor"):
+        KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", key_format="protobuf",
+                                protobuf_descriptor=descriptor_file, key_protobuf_message="shop.Nope", framing="none",
+                                sink=sink)
+    with pytest.raises(ConfigurationError, match="key_protobuf_message is for key_format='protobuf'"):
+        KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", protobuf_descriptor=descriptor_file,
+                                key_protobuf_message="shop.OrderKey", sink=sink)
+    with pytest.raises(ConfigurationError, match="protobuf_descriptor is for value_format='protobuf' or key_format"):
+        KafkaMicroBatchOperator(task_id="j", topics="t", schema="a INT", protobuf_descriptor=descriptor_file,
+                                sink=sink)
 
 
 def test_decoder_edges_without_spark():
