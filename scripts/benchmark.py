@@ -249,6 +249,18 @@ def r_kafka(topic: str, events: int, parallelism: int) -> Job:
     return Job("r_kafka", events, parallelism, time.monotonic() - started)
 
 
+def warm_python_workers(spark: Any, parallelism: int) -> None:
+    """Starts the executors' Python workers (importing pyarrow and the sinks' drivers) before any job is timed, as
+    the JVM's start-up is not timed: otherwise the first of our jobs pays it and the peers (JVM only) never do."""
+    def touch(batches: Any) -> Any:
+        import psycopg  # noqa: F401
+        import pymysql  # noqa: F401
+
+        yield from batches
+
+    spark.range(parallelism, numPartitions=parallelism).mapInArrow(touch, "id long").collect()
+
+
 def _insert_rows(args: tuple[dict[str, Any], str, list[tuple]]) -> int:
     import pymysql
 
@@ -695,6 +707,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
+    warm_python_workers(spark, parallelism)
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
         runs: list[tuple[str, Callable[[], Job]]] = [

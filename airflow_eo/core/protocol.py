@@ -187,6 +187,8 @@ class WritePlan:
     - ``dead_letters``: with ``counts_bad_records``, the task that finds a bad record also writes it, with this
       route's writer (the sink's :meth:`ExecutorDeadLetters.dead_letter_writer`), in the same Spark job: the driver
       never holds them.
+    - ``observation``: a batch with a transform, one pass: the job that writes the output also counts the parsed
+      records before the transform (the engine's observed metrics), reported as ``WriteResult.counted``.
     """
 
     output: Any  # the rows to write (the engine's DataFrame): the batch's good records, transformed
@@ -196,12 +198,16 @@ class WritePlan:
     #: the runner's own: every parsed record with its error column, when the writers count bad records
     unfiltered: Any = None
     dead_letters: DeadLetterRoute | None = None
+    #: the runner's own: what counts the parsed records while the output is written (a transform's one pass)
+    observation: Any = None
 
     def __post_init__(self) -> None:
         if self.vote and not self.counts_bad_records:
             raise ValueError("a write plan votes on the bad records its writers count: vote needs counts_bad_records")
         if self.dead_letters is not None and (self.vote or not self.counts_bad_records):
             raise ValueError("the partition writers dead-letter the bad records they count, without a vote")
+        if self.observation is not None and self.counts_bad_records:
+            raise ValueError("a write plan counts its records either in its partition writers or by observing them")
 
     def run_partitions(self, writer: PartitionWriter, columns: Sequence[str] | None = None) -> WriteResult:
         """Run ``writer`` on every partition of the output, or of its projection to ``columns`` (output columns)."""

@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -151,11 +152,15 @@ class SparkBatchEngine:
             # and finding one after the write still commits nothing: the sink's writes stay invisible until the
             # commit point, or bad records are not fatal (dead letters), or the writers hold their partitions
             # until every task has counted its bad records (a barrier stage).
+            one_pass = not sink.writes_visible_before_commit or \
+                self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER
             if self.transform is None:
-                if not sink.writes_visible_before_commit or self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER:
+                if one_pass:
                     return self._write_then_validate(parsed, payload, batch, sink, vote=False)
                 if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*named_columns(payload))):
                     return self._write_then_validate(parsed, payload, batch, sink, vote=True)
+            elif one_pass:
+                return self._transform_then_validate(spark, parsed, payload, batch, sink)
             return self._validate_then_write(spark, parsed, payload, batch, sink)
         finally:
             spark.removeTag(self._job_tag)
@@ -190,6 +195,48 @@ class SparkBatchEngine:
             if bad:
                 seconds["dead_letters"] = round(time.monotonic() - t1, 3)  # through the driver (with the write)
         seconds["write"] = round(time.monotonic() - t1, 3)
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
+                               seconds=seconds)
+
+    def _transform_then_validate(self, spark: SparkSession, parsed: DataFrame, payload: list[str],
+                                 batch: BatchContext, sink: Sink) -> ExecutionResult:
+        """One pass with a transform in between (an aggregation, mostly), when finding a bad record after the write
+        still commits nothing or bad records are not fatal: the write job counts the parsed records on its way
+        (Spark's observed metrics, :attr:`WritePlan.observation`), and the bad records are read again only when
+        there are some (to dead-letter them, or to name the first under ``on_bad_record="fail"``, after which the
+        attempt discards what it wrote).
+
+        Spark may count a task twice when it re-runs a lost stage: ``records_in`` is then too high (it is reported,
+        never decided on); whether there is a bad record at all does not change, and the dead letters are written
+        from the records themselves.
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        t0 = time.monotonic()
+        observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
+        observed = parsed.observe(observation, F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad"))
+        good = observed.where(F.col("_eo_error").isNull()).select(
+            *named_columns([*payload, *metadata_columns(self.parse)]))
+        out = self._apply_transform(spark, good, batch)
+        written = sink.write(WritePlan(out, self, observation=observation), batch)
+        seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse, transform and write: one Spark job
+        t1 = time.monotonic()
+        counted = written.counted
+        if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
+            row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
+            counted = int(row["records"]), int(row["bad"])
+            seconds["count"] = round(time.monotonic() - t1, 3)
+        records_in, bad = counted
+        xids = list(written.xids)
+        if bad:
+            t2 = time.monotonic()
+            route = self._dead_letter_route(batch, sink)
+            if route is not None:  # the executors write them: a job of their own, nothing through the driver
+                xids += self._write_dead_letters(parsed, route).xids
+            else:  # fail: raises, the attempt discards
+                xids += sink.write_dead_letters(batch, self._bad_records(parsed, bad))
+            seconds["dead_letters"] = round(time.monotonic() - t2, 3)
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
 
@@ -375,7 +422,8 @@ class SparkBatchEngine:
 
         reports = keyed.mapInArrow(write_partition, "xid string, dead_xid string, rows long, records long, bad long",
                                    barrier=hold).collect()
-        counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else None
+        counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else \
+            _observed_counts(plan.observation)
         xids = [x for r in reports for x in (r["xid"], r["dead_xid"]) if x]
         return WriteResult(xids, sum(r["rows"] for r in reports), counted, dead_lettered=route is not None)
 
@@ -455,6 +503,29 @@ def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator
              column["_eo_dl_offset"], pa.array([route.batch_id] * n, pa.int64()), column["_eo_dl_key"],
              column["_eo_dl_value"], column["_eo_error"]],
             names=list(DEAD_LETTER_FIELDS))
+
+
+def _observed_counts(observation: Any) -> tuple[int, int] | None:
+    """``(records, bad)`` observed by the job that just wrote a plan's output (:attr:`WritePlan.observation`), or
+    None when that job did not run the observed records (a transform that ignored its input)."""
+    if observation is None:
+        return None
+    from pyspark.errors import PySparkAssertionError
+
+    java = getattr(observation, "_jo", None)
+    if java is not None:
+        # Classic: Observation.get waits, forever, for a job that ran the observed plan. Spark 4.0 completes it
+        # before the job's action returns; a grace period covers a late listener, then we count instead of hanging.
+        deadline = time.monotonic() + 10
+        while not java.future().isCompleted():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+    try:
+        metrics = observation.get  # Spark Connect: set by the action's response, else an error
+    except PySparkAssertionError:
+        return None
+    return int(metrics["records"]), int(metrics["bad"])
 
 
 def _default_parallelism(spark: SparkSession) -> int:

@@ -113,15 +113,17 @@ def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, boo
 
 def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_branches(bootstrap, mysql_kwargs,
                                                                                        topic_name):
-    """A transform stands between the parsed records and the sink's writers: the bad records, counted first, are
-    written by a Spark job of their own, each task in its own XA branch (never one of the good rows' branches)."""
+    """A transform stands between the parsed records and the sink's writers: the job that writes the counts also
+    counts the parsed records (one pass over the batch), and the bad records are written by a Spark job of their
+    own, each task in its own XA branch (never one of the good rows' branches)."""
     create_topic(bootstrap, topic_name, 2)
     good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3)
     table = counts_table(mysql_kwargs)
     op = operator(topic_name, MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
                   on_bad_record="dead_letter", transform="airflow_eo.examples.page_views.count_per_app")
     summary = run(op)
-    assert (summary["records_in"], summary["dead_letters"]) == (209, 9) and "dead_letters" not in summary["seconds"]
+    assert (summary["records_in"], summary["dead_letters"]) == (209, 9)
+    assert "read_transform" not in summary["seconds"] and "count" not in summary["seconds"], summary["seconds"]
     assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
     dead = rows(mysql_kwargs, "SELECT raw_value FROM eo_dead_letter WHERE pipeline_id = %s", (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 3)
@@ -130,6 +132,29 @@ def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_bra
     partitions = [Xid.decode(x).partition for x in xids]
     assert [p for p in partitions if p >= 0] and [p for p in partitions if p < -1], xids
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+
+
+def test_a_bad_record_behind_a_transform_fails_the_xa_batch_after_its_one_pass_and_commits_nothing(
+        bootstrap, mysql_kwargs, topic_name):
+    """The write job counts the records it aggregates: a batch without bad records is read once; one with a bad
+    record fails after the write, naming it, and its prepared branches are rolled back."""
+    create_topic(bootstrap, topic_name, 2)
+    good = produce_page_views(bootstrap, 150, topic=topic_name)
+    table = counts_table(mysql_kwargs)
+    op = operator(topic_name, MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
+                  transform="airflow_eo.examples.page_views.count_per_app")
+    summary = run(op)
+    assert (summary["records_in"], summary["dead_letters"]) == (150, 0)
+    assert not {"count", "read_transform", "dead_letters"} & set(summary["seconds"]), summary["seconds"]  # one job
+    assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
+
+    produce_page_views(bootstrap, 40, topic=topic_name, raw_values=BAD_VALUES[1:2])
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*event_id.*Nothing was committed"):
+        run(op)
+    assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
+    assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+    assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
+                (op.pipeline_id,)) == [("committed",), ("planned",)]
 
 
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
