@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from airflow_eo.core.config import SinkRecord, TombstonePolicy
-from airflow_eo.core.connections import Connections
+from airflow_eo.core.config import SinkRecord, TombstonePolicy, UpdateMode
+from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 
@@ -119,6 +119,21 @@ class SinkSpec(ABC):
 #: Builds a kind's adapter: ``(spec, pipeline_id, connections, offset_store_conn_id) -> Sink``. The store's
 #: connection is for sinks whose writes are fenced by its epochs (an upsert sink on the store's server).
 SinkFactory = Callable[[Any, str, Connections, "str | None"], "Sink"]
+
+
+def table_sink_options(spec: Any) -> dict[str, Any]:
+    """What every database table sink's adapter takes from its spec (name, table, keys, updates as their values,
+    dead-letter table, add_missing_columns); a kind adds its own options."""
+    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
+            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
+            "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
+
+
+def fencing_store(connections: Connections, offset_store_conn_id: str | None, conn_type: str) -> ConnectionInfo | None:
+    """The offset store's connection when it is a ``conn_type`` one: the epoch fence is a row of the store's own
+    database, so only a store on the sink's kind of database can fence the sink's writes (None: no fence)."""
+    store = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
+    return store if store is not None and store.conn_type == conn_type else None
 
 
 @dataclass(frozen=True)

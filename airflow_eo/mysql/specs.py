@@ -13,7 +13,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -102,10 +102,7 @@ class MySqlXaSink(MySqlUpsertSink):
 
 
 def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
-    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
-            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
-            "rows_per_statement": spec.rows_per_statement, "dead_letter_table": spec.dead_letter_table,
-            "bulk_load": spec.bulk_load, "add_missing_columns": spec.add_missing_columns}
+    return {**table_sink_options(spec), "rows_per_statement": spec.rows_per_statement, "bulk_load": spec.bulk_load}
 
 
 def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,
@@ -113,12 +110,9 @@ def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connectio
     from airflow_eo.mysql.connection import connect_kwargs
     from airflow_eo.mysql.sink import MySqlUpsertAdapter
 
-    # The fence is a row of the store's own server: only a store on MySQL can fence this sink's writes.
-    store_connection = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
-    store = (connect_kwargs(store_connection)
-             if store_connection is not None and store_connection.conn_type == "mysql" else None)
-    return MySqlUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)), store_kwargs=store,
-                              **_options(spec))
+    store = fencing_store(connections, offset_store_conn_id, "mysql")
+    return MySqlUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)),
+                              store_kwargs=connect_kwargs(store) if store is not None else None, **_options(spec))
 
 
 def build_xa(spec: MySqlXaSink, pipeline_id: str, connections: Connections,

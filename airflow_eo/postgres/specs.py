@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
 from airflow_eo.postgres.sql import split_table, validate_identifier
 
 if TYPE_CHECKING:
@@ -94,23 +94,15 @@ class PostgresTwoPhaseSink(PostgresUpsertSink):
     """
 
 
-def _options(spec: PostgresUpsertSink) -> dict[str, Any]:
-    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
-            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
-            "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
-
-
 def build_upsert(spec: PostgresUpsertSink, pipeline_id: str, connections: Connections,
                  offset_store_conn_id: str | None) -> Sink:
     from airflow_eo.postgres.connection import connect_kwargs
     from airflow_eo.postgres.sink import PostgresUpsertAdapter
 
-    # The fence is a row of the store's own database: only a store on PostgreSQL can fence this sink's writes.
-    store_connection = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
-    store = (connect_kwargs(store_connection)
-             if store_connection is not None and store_connection.conn_type == "postgres" else None)
-    return PostgresUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)), store_kwargs=store,
-                                 **_options(spec))
+    store = fencing_store(connections, offset_store_conn_id, "postgres")
+    return PostgresUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)),
+                                 store_kwargs=connect_kwargs(store) if store is not None else None,
+                                 **table_sink_options(spec))
 
 
 def build_two_phase(spec: PostgresTwoPhaseSink, pipeline_id: str, connections: Connections,
@@ -119,4 +111,4 @@ def build_two_phase(spec: PostgresTwoPhaseSink, pipeline_id: str, connections: C
     from airflow_eo.postgres.connection import connect_kwargs
     from airflow_eo.postgres.sink import PostgresTwoPhaseAdapter
 
-    return PostgresTwoPhaseAdapter(connect_kwargs(connections.connection(spec.conn_id)), **_options(spec))
+    return PostgresTwoPhaseAdapter(connect_kwargs(connections.connection(spec.conn_id)), **table_sink_options(spec))
