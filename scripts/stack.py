@@ -2,7 +2,8 @@
 
 Usage: ``python scripts/stack.py up|down|status``; for fault tests ``kill mariadb|postgres|kafka`` (SIGKILL,
 as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then start it again on the same data) and
-``second-mariadb up|down`` (another MariaDB server on the next port, for a store and a sink on two servers).
+``second-mariadb up|down`` / ``second-postgres up|down`` (another MariaDB / PostgreSQL server on the next port, for
+a store and a sink on two servers).
 
 Everything the stack writes lives under ``.stack/`` in the repo (ignored by git);
 downloaded artifacts (Kafka's jars) are cached under ``~/.cache/airflow-eo`` so a
@@ -416,15 +417,19 @@ def wait_until_reaped(postmaster_pid: Path, socket_lock: Path, log: Path, timeou
     die(f"the previous PostgreSQL server (pid {pid}) is still there after {timeout:.0f}s; see {log}")
 
 
-def postgres_up(home: Path = POSTGRES_HOME, port: int = POSTGRES_PORT) -> dict:
-    """Start (or find running) the stack's PostgreSQL server on ``port``: its own data under ``home``."""
-    settings = postgres_settings()
+def postgres_up(home: Path | None = None, port: int = POSTGRES_PORT) -> dict:
+    """Start (or find running) the PostgreSQL server of ``home`` on ``port`` (default: the stack's, or the user's
+    server of ``EO_PG_HOST``): its own data under ``home``."""
+    settings = postgres_settings() if home is None else {
+        "host": "127.0.0.1", "port": port, "user": DB_USER, "password": DB_PASSWORD, "database": DB_NAME,
+        "external": False}
     if settings["external"]:
         print(f"stack: using your PostgreSQL at {settings['host']}:{settings['port']} (EO_PG_HOST)")
         if not postgres_ready(settings):
             die(f"cannot connect to PostgreSQL at {settings['host']}:{settings['port']} as {settings['user']} "
                 f"(database {settings['database']}); check EO_PG_* settings")
         return settings
+    home = home or POSTGRES_HOME
     pid_file, log = home / "postgres.pid", home / "postgres.log"
     if pid_alive(pid_file):
         wait_for("PostgreSQL", lambda: postgres_ready(settings), 60, log)
@@ -552,13 +557,15 @@ def down() -> None:
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for every client to disconnect).
     stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
+    stop("second PostgreSQL", SECOND_POSTGRES / "postgres.pid", signal.SIGINT)
 
 
 def status() -> None:
     for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
                            ("MariaDB", STACK / "mariadb" / "mariadb.pid"),
                            ("PostgreSQL", POSTGRES_HOME / "postgres.pid"),
-                           ("second MariaDB", SECOND_MARIADB / "mariadb.pid")):
+                           ("second MariaDB", SECOND_MARIADB / "mariadb.pid"),
+                           ("second PostgreSQL", SECOND_POSTGRES / "postgres.pid")):
         pid = pid_alive(pid_file)
         print(f"{name}: {f'running (pid {pid})' if pid else 'stopped'}")
 
@@ -567,6 +574,8 @@ def status() -> None:
 
 SECOND_MARIADB = STACK / "mariadb-2"
 SECOND_MARIADB_PORT = MARIADB_PORT + 1
+SECOND_POSTGRES = STACK / "postgres-2"
+SECOND_POSTGRES_PORT = POSTGRES_PORT + 1
 PID_FILES = {"mariadb": STACK / "mariadb" / "mariadb.pid", "kafka": STACK / "kafka" / "kafka.pid",
              "postgres": POSTGRES_HOME / "postgres.pid"}
 
@@ -636,6 +645,16 @@ def second_mariadb_down() -> None:
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
 
 
+def second_postgres_up() -> dict:
+    """A second PostgreSQL server (``.stack/postgres-2``, next port, the first's settings): store and sink on two
+    servers. Also starts it again after a SIGKILL (:func:`postgres_up` waits until the killed one is reaped)."""
+    return postgres_up(SECOND_POSTGRES, SECOND_POSTGRES_PORT)
+
+
+def second_postgres_down() -> None:
+    stop("second PostgreSQL", SECOND_POSTGRES / "postgres.pid", signal.SIGINT)
+
+
 # --------------------------------------------------------------------------- replicated Kafka (tests)
 
 KAFKA_CLUSTER = STACK / "kafka-cluster"
@@ -694,8 +713,10 @@ if __name__ == "__main__":
         print(f"stack: {args[1]} {args[0]}ed")
     elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
         second_mariadb_up() if args[1] == "up" else second_mariadb_down()
+    elif args in (["second-postgres", "up"], ["second-postgres", "down"]):
+        second_postgres_up() if args[1] == "up" else second_postgres_down()
     elif args in (["kafka-cluster", "up"], ["kafka-cluster", "down"]):
         kafka_cluster_up() if args[1] == "up" else kafka_cluster_down()
     else:
         die("usage: stack.py up|down|status | kill|restart mariadb|postgres|kafka | second-mariadb up|down "
-            "| kafka-cluster up|down")
+            "| second-postgres up|down | kafka-cluster up|down")

@@ -60,6 +60,16 @@ def second_mariadb(stack: ModuleType) -> Iterator[dict[str, Any]]:
         stack.second_mariadb_down()
 
 
+@pytest.fixture(scope="session")
+def second_postgres(stack: ModuleType) -> Iterator[dict[str, Any]]:
+    """A second PostgreSQL server for the offset store, so that store and sink live on two servers."""
+    started = not stack.pid_alive(stack.SECOND_POSTGRES / "postgres.pid")
+    settings = stack.second_postgres_up()
+    yield settings
+    if started:
+        stack.second_postgres_down()
+
+
 def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
     return rows(store_kwargs, sql, args)
 
