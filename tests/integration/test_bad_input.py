@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
+from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.xid import Xid
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
@@ -21,6 +24,21 @@ BAD_VALUES = [
     json.dumps({"event_id": None, "app_id": "app_x", "user_id": "u", "ts": "2026-01-01T00:00:00Z"}).encode(),
     json.dumps({"event_id": "e-bad-type", "app_id": "app_x", "ts": "yesterday"}).encode(),
 ]
+#: The Kafka headers of each of BAD_VALUES: several, a duplicate key, a null and an empty value, bytes that are not
+#: UTF-8, a non-ASCII key; and none at all.
+BAD_HEADERS: list[list[tuple[str, bytes | None]]] = [
+    [("source", b"app_x"), ("trace", b"\x00\xff\xfe\x80"), ("source", b"retry"), ("gone", None), ("empty", b"")],
+    [("cl\u00e9", "\u00e9t\u00e9 \U0001f600".encode()), ("all_bytes", bytes(range(256)))],
+    [],
+]
+
+
+def assert_headers_kept(dead: Iterable[tuple[Any, Any]]) -> None:
+    """Each dead letter's (raw_value, kafka_headers) holds its record's headers byte for byte, in order."""
+    expected = {value: tuple(headers) for value, headers in zip(BAD_VALUES, BAD_HEADERS, strict=True)}
+    found = [(bytes(value), headers) for value, headers in dead]
+    assert found and all(decode_headers(h) == expected[v] for v, h in found), found
+    assert all(h == "[]" for v, h in found if v == BAD_VALUES[2]), found  # no headers: an empty list, not NULL
 
 
 def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap, mysql_kwargs, topic_name):
@@ -37,17 +55,18 @@ def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap,
 
 def test_dead_letters_land_with_the_good_records_in_the_same_batch(bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 1)
-    good = produce_page_views(bootstrap, 30, topic=topic_name, raw_values=BAD_VALUES)
+    good = produce_page_views(bootstrap, 30, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
     table = events_table(mysql_kwargs)
     op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
     summary = run(op)
     assert summary["records_in"] == 33 and summary["rows_out"] == 30 and summary["dead_letters"] == 3
     assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
-    dead = rows(mysql_kwargs, "SELECT kafka_offset, batch_id, raw_value, error FROM eo_dead_letter "
+    dead = rows(mysql_kwargs, "SELECT kafka_offset, batch_id, raw_value, error, kafka_headers FROM eo_dead_letter "
                 "WHERE pipeline_id = %s ORDER BY kafka_offset", (op.pipeline_id,))
     assert [d[0] for d in dead] == [30, 31, 32]
     assert {d[1] for d in dead} == {summary["batch_id"]}
     assert [bytes(d[2]) for d in dead] == BAD_VALUES
+    assert_headers_kept((d[2], d[4]) for d in dead)
     assert "malformed" in dead[0][3] and "event_id" in dead[1][3] and "'ts' is not a valid timestamp" in dead[2][3]
 
 
@@ -90,17 +109,18 @@ def test_the_upsert_sink_writes_nothing_when_any_partition_has_a_bad_record(bulk
 @pytest.mark.parametrize("sink_class", [MySqlXaSink, MySqlUpsertSink])
 def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 3)
-    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES * 2)
+    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES * 2, raw_headers=BAD_HEADERS)
     table = events_table(mysql_kwargs)
     op = operator(topic_name, sink_class(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
     summary = run(op)
     assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (306, 300, 6)
     assert "write" in summary["seconds"] and "read_transform" not in summary["seconds"]  # one Spark job
     assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
-    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s",
+    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id, kafka_headers FROM eo_dead_letter WHERE pipeline_id = %s",
                 (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 2)
     assert {d[1] for d in dead} == {summary["batch_id"]}
+    assert_headers_kept((d[0], d[2]) for d in dead)
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
     # Written by the tasks that found them, in the same Spark job: nothing went through the driver ...
     assert "dead_letters" not in summary["seconds"]
@@ -116,15 +136,17 @@ def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_bra
     """A transform stands between the parsed records and the sink's writers: the bad records, counted first, are
     written by a Spark job of their own, each task in its own XA branch (never one of the good rows' branches)."""
     create_topic(bootstrap, topic_name, 2)
-    good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3)
+    good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3, raw_headers=BAD_HEADERS)
     table = counts_table(mysql_kwargs)
     op = operator(topic_name, MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
                   on_bad_record="dead_letter", transform="airflow_eo.examples.page_views.count_per_app")
     summary = run(op)
     assert (summary["records_in"], summary["dead_letters"]) == (209, 9) and "dead_letters" not in summary["seconds"]
     assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
-    dead = rows(mysql_kwargs, "SELECT raw_value FROM eo_dead_letter WHERE pipeline_id = %s", (op.pipeline_id,))
+    dead = rows(mysql_kwargs, "SELECT raw_value, kafka_headers FROM eo_dead_letter WHERE pipeline_id = %s",
+                (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 3)
+    assert_headers_kept(dead)
     xids = json.loads(rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s",
                            (op.pipeline_id,))[0][0])
     partitions = [Xid.decode(x).partition for x in xids]
