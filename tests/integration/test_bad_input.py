@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,13 +11,16 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
 from airflow_eo.core.headers import decode_headers
+from airflow_eo.core.protocol import BatchSummary, run_batch
 from airflow_eo.core.xid import Xid
+from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
-from examples.page_views import produce_page_views
+from examples.page_views import SCHEMA, produce_page_views
 from tests.conftest import create_topic
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
+from tests.integration.operator_harness import adapters, counts_table, events_table, operator, request, rows, run
 from tests.integration.page_views import our_prepared_branches
 
 BAD_VALUES = [
@@ -39,6 +43,26 @@ def assert_headers_kept(dead: Iterable[tuple[Any, Any]]) -> None:
     found = [(bytes(value), headers) for value, headers in dead]
     assert found and all(decode_headers(h) == expected[v] for v, h in found), found
     assert all(h == "[]" for v, h in found if v == BAD_VALUES[2]), found  # no headers: an empty list, not NULL
+
+
+class DriverDeadLetters:
+    """A sink without its executor-side dead-letter writer (``dead_letter_writer``): the engine streams the bad
+    records through the driver into its ``write_dead_letters``, as for any sink that has none."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dead_letter_writer":
+            raise AttributeError(name)
+        return getattr(self._sink, name)
+
+
+def run_with_driver_dead_letters(spec: Any, pipeline: str, topic: str) -> BatchSummary:
+    """One batch of ``spec``'s sink under ``on_bad_record="dead_letter"``, its dead letters through the driver."""
+    roles = adapters(spec, pipeline, parse=ParseConfig(schema=SCHEMA, on_bad_record=BadRecordPolicy.DEAD_LETTER))
+    roles["sink"] = DriverDeadLetters(roles["sink"])
+    return run_batch(request(pipeline, topic, f"manual__{uuid.uuid4().hex}"), **roles)
 
 
 def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap, mysql_kwargs, topic_name):
@@ -152,6 +176,42 @@ def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_bra
     partitions = [Xid.decode(x).partition for x in xids]
     assert [p for p in partitions if p >= 0] and [p for p in partitions if p < -1], xids
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
+
+
+#: A MySQL dead-letter table as releases before ``kafka_headers`` made it.
+V1_DEAD_LETTER_DDL = (
+    "CREATE TABLE {name} (pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT "
+    "NULL, kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, raw_value LONGBLOB NULL, "
+    "error TEXT NOT NULL, created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
+    "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
+    "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+
+
+def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_release_made(
+        bootstrap, mysql_kwargs, topic_name):
+    """The driver's path (a sink without an executor-side writer) carries the headers too; a dead-letter table made
+    before ``kafka_headers`` existed is read as it is, then gains the column before the batch writes to it: its old
+    row keeps NULL (headers not kept), the new ones their headers."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 100, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
+    table, dead_table, pipeline = events_table(mysql_kwargs), f"eo_dl_{uuid.uuid4().hex[:8]}", f"dl_{topic_name}"
+    rows(mysql_kwargs, V1_DEAD_LETTER_DDL.format(name=dead_table))
+    rows(mysql_kwargs, f"INSERT INTO {dead_table} (pipeline_id, topic, kafka_partition, kafka_offset, batch_id, "
+         "raw_value, error) VALUES (%s, 'before', 0, 0, 0, 'old', 'bad')", (pipeline,))
+    spec = MySqlXaSink(table=table, key_columns=["event_id"], dead_letter_table=dead_table)
+    [old] = build_sink(spec, pipeline, "eo_offset_store").dead_letters(pipeline, None, 10)  # type: ignore[attr-defined]
+    assert old["raw_value"] == b"old" and "kafka_headers" not in old
+
+    summary = run_with_driver_dead_letters(spec, pipeline, topic_name)
+    assert (summary.records_in, summary.rows_out, summary.dead_letters) == (103, 100, 3)
+    assert "dead_letters" in summary.seconds  # the engine's time of the pass through the driver
+    (xids,), = rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s", (pipeline,))
+    assert -1 in [Xid.decode(x).partition for x in json.loads(xids)]  # the driver's XA branch, committed
+    dead = rows(mysql_kwargs, f"SELECT topic, raw_value, kafka_headers FROM {dead_table} WHERE pipeline_id = %s",
+                (pipeline,))
+    assert [(t, h) for t, _, h in dead if t == "before"] == [("before", None)]
+    assert_headers_kept((v, h) for t, v, h in dead if t != "before")
+    assert our_prepared_branches(mysql_kwargs, pipeline) == []
 
 
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
