@@ -37,7 +37,10 @@ def decode_headers(text: str | bytes | None) -> Headers | None:
     if text is None:
         return None
     try:
+        found = json.loads(text)
+        if not isinstance(found, list) or not all(isinstance(h, dict) and isinstance(h["key"], str) for h in found):
+            raise ValueError("not an array of objects with a text key")
         return tuple((h["key"], None if h["value"] is None else base64.b64decode(h["value"], validate=True))
-                     for h in json.loads(text))
+                     for h in found)
     except (ValueError, TypeError, KeyError, binascii.Error) as exc:
         raise ValueError(f"not a kafka_headers value (a JSON array of {{key, value}} objects): {exc}") from exc
