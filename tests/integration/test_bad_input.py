@@ -211,6 +211,12 @@ def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_
                 (pipeline,))
     assert [(t, h) for t, _, h in dead if t == "before"] == [("before", None)]
     assert_headers_kept((v, h) for t, v, h in dead if t != "before")
+    # Read back in SQL, as README shows: one row per header, in order, values decoded from base64.
+    headers = rows(mysql_kwargs, f"SELECT h.header_key, FROM_BASE64(h.header_value) FROM {dead_table} d, JSON_TABLE("
+                   "d.kafka_headers, '$[*]' COLUMNS (n FOR ORDINALITY, header_key TEXT PATH '$.key', header_value "
+                   "TEXT PATH '$.value')) AS h WHERE d.pipeline_id = %s AND d.raw_value = %s ORDER BY h.n",
+                   (pipeline, BAD_VALUES[1]))
+    assert [(k, None if v is None else bytes(v)) for k, v in headers] == BAD_HEADERS[1]
     assert our_prepared_branches(mysql_kwargs, pipeline) == []
 
 
