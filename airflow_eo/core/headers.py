@@ -19,6 +19,8 @@ from typing import Any
 
 #: A record's headers, in order: (key, value or None).
 Headers = tuple[tuple[str, bytes | None], ...]
+#: The text of a record without headers.
+NO_HEADERS = "[]"
 
 
 def encode_headers(headers: Iterable[tuple[str, bytes | bytearray | None]] | None) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.headers import encode_header_structs
+from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -457,7 +457,8 @@ def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator
             [pa.array([route.pipeline_id] * n, pa.string()), column["_eo_dl_topic"], column["_eo_dl_partition"],
              column["_eo_dl_offset"], pa.array([route.batch_id] * n, pa.int64()), column["_eo_dl_key"],
              column["_eo_dl_value"], column["_eo_error"],
-             pa.array([encode_header_structs(h) for h in column["_eo_dl_headers"].to_pylist()], pa.string())],
+             pa.array([NO_HEADERS if h is None else encode_header_structs(h)  # None: Spark's "no headers"
+                       for h in column["_eo_dl_headers"].to_pylist()], pa.string())],
             names=list(DEAD_LETTER_FIELDS))
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from airflow_eo.core.headers import decode_headers, encode_header_structs, encode_headers
+from airflow_eo.core.headers import NO_HEADERS, decode_headers, encode_header_structs, encode_headers
 from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
 from airflow_eo.mysql import sql as mysql_sql
 from airflow_eo.postgres import sql as postgres_sql
@@ -28,7 +28,7 @@ def test_headers_round_trip_byte_for_byte_in_order_as_ascii_json():
 
 
 def test_no_headers_is_an_empty_list_and_null_is_not_kept():
-    assert encode_headers(None) == encode_headers([]) == "[]"
+    assert encode_headers(None) == encode_headers([]) == NO_HEADERS == "[]"
     assert decode_headers("[]") == ()
     assert decode_headers(None) is None  # a row written before the column existed
 
