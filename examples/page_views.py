@@ -42,10 +42,12 @@ def page_view(app_id: str | None = None, at: datetime | None = None) -> dict[str
 
 
 def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_values: Sequence[bytes] = (),
-                       timestamps: Sequence[datetime] = ()) -> list[dict[str, Any]]:
+                       timestamps: Sequence[datetime] = (),
+                       raw_headers: Sequence[Sequence[tuple[str, bytes | None]]] = ()) -> list[dict[str, Any]]:
     """Produce ``count`` events with unique ids (idempotent producer) and return them.
 
-    ``raw_values`` are produced as they are (bad records for the tests). ``timestamps``
+    ``raw_values`` are produced as they are (bad records for the tests), the i-th with the Kafka headers
+    ``raw_headers[i % len(raw_headers)]`` when given (in order; an empty list: none). ``timestamps``
     (ascending, one per event, replacing ``count``) set both the event's ``ts`` and the
     Kafka record timestamp, as a producer replaying past hours would (interval mode).
     """
@@ -60,8 +62,9 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
         events.append(event)
         timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
         _send(producer, topic, json.dumps(event).encode(), event["app_id"].encode(), timestamp_ms)
-    for value in raw_values:
-        producer.produce(topic, value)
+    for i, value in enumerate(raw_values):
+        headers = list(raw_headers[i % len(raw_headers)]) if raw_headers else None
+        producer.produce(topic, value, headers=headers or None)
     if producer.flush(60) != 0:
         raise RuntimeError("not every page view was delivered within 60s")
     return events

@@ -214,7 +214,11 @@ def dead_letters(args: Any, ops: PipelineOperations) -> None:
     """``airflow eo dead-letters PIPELINE [--batch N]``."""
     found = ops.dead_letters(args.pipeline_id, args.batch, args.limit)
     rows = [{"batch": d["batch_id"], "topic": d["topic"], "partition": d["partition"], "offset": d["offset"],
-             "key": _cut(d["key"], 30), "value": _cut(d["value"], 60), "error": _cut(d["error"], 80),
+             "key": _cut(d["key"], 30), "value": _cut(d["value"], 60),
+             "headers": _cut(None if d["headers"] is None else
+                             ", ".join(f"{h['key']}={h['value'] if h['value'] is not None else 'null'}"
+                                       for h in d["headers"]), 40),
+             "error": _cut(d["error"], 80),
              "at (UTC)": _when(d["created_at"])} for d in found]
     _show(args.output, found, [("dead letters", rows)])
 

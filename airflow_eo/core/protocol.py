@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.headers import Headers, encode_headers
 from airflow_eo.core.planning import (
     Interval,
     IntervalOffsets,
@@ -102,10 +103,12 @@ class DeadLetter:
     record_key: bytes | None
     raw_value: bytes | None
     error: str
+    #: the record's Kafka headers, in order (:mod:`airflow_eo.core.headers`)
+    headers: Headers = ()
 
 
 #: A chunk of dead letters streamed through the driver ends at whichever comes first: the records, or the bytes of
-#: their keys, values and errors (a few huge bad records must not make one chunk of many gigabytes).
+#: their keys, values, headers and errors (a few huge bad records must not make one chunk of many gigabytes).
 DEAD_LETTER_CHUNK_RECORDS = 10_000
 DEAD_LETTER_CHUNK_BYTES = 32 * 1024 * 1024
 
@@ -118,10 +121,11 @@ def dead_letter_chunks(records: Iterable[DeadLetter], pipeline_id: str, batch_id
     chunk: list[dict[str, Any]] = []
     size = 0
     for r in records:
+        headers = encode_headers(r.headers)
         chunk.append({"pipeline_id": pipeline_id, "topic": r.topic, "kafka_partition": r.kafka_partition,
                       "kafka_offset": r.kafka_offset, "batch_id": batch_id, "record_key": r.record_key,
-                      "raw_value": r.raw_value, "error": r.error})
-        size += len(r.record_key or b"") + len(r.raw_value or b"") + len(r.error)
+                      "raw_value": r.raw_value, "error": r.error, "kafka_headers": headers})
+        size += len(r.record_key or b"") + len(r.raw_value or b"") + len(r.error) + len(headers)
         if len(chunk) >= max_records or size >= max_bytes:
             yield chunk
             chunk, size = [], 0
@@ -130,9 +134,10 @@ def dead_letter_chunks(records: Iterable[DeadLetter], pipeline_id: str, batch_id
 
 
 #: The columns of the dead-letter batches a :class:`DeadLetterRoute`'s writer gets (Arrow record batches), in this
-#: order: the :class:`DeadLetter` fields with the pipeline and batch they belong to.
+#: order: the :class:`DeadLetter` fields with the pipeline and batch they belong to; ``kafka_headers`` is the
+#: headers' text (:func:`~airflow_eo.core.headers.encode_headers`).
 DEAD_LETTER_FIELDS = ("pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key",
-                      "raw_value", "error")
+                      "raw_value", "error", "kafka_headers")
 
 
 def dead_letter_partition(partition: int) -> int:

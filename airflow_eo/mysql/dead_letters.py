@@ -33,8 +33,8 @@ def read_dead_letters(connect_kwargs: Mapping[str, Any], table: str, pipeline_id
         with conn.cursor() as cur:
             cur.execute("SET time_zone = '+00:00'")  # created_at (TIMESTAMP) in UTC
             try:
-                cur.execute(f"SELECT batch_id, topic, kafka_partition, kafka_offset, record_key, raw_value, error, "
-                            f"created_at FROM {quote_table(table)} WHERE {where} "
+                # Every column: a table of an older release, not written since, has no kafka_headers yet.
+                cur.execute(f"SELECT * FROM {quote_table(table)} WHERE {where} "
                             "ORDER BY batch_id, topic, kafka_partition, kafka_offset LIMIT %s", (*args, limit))
             except pymysql.err.ProgrammingError as exc:
                 if exc.args and exc.args[0] == ER_NO_SUCH_TABLE:

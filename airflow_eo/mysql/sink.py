@@ -21,12 +21,13 @@ from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.mysql.bulk_load import staging_types
-from airflow_eo.mysql.columns import add_new_columns
+from airflow_eo.mysql.columns import ER_DUP_FIELDNAME, add_new_columns
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.dead_letters import read_dead_letters
 from airflow_eo.mysql.sql import (
     DEAD_LETTER_COLUMNS,
     dead_letter_ddl,
+    dead_letter_upgrades,
     keeps_prepared_xa,
     parse_server_version,
     supports_row_alias,
@@ -186,17 +187,21 @@ class MySqlTableSink:
 
     def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
         """The dead-letter table's writer (keyed by pipeline, topic, partition and offset: a replay rewrites the same
-        rows; one XA branch per writer in XA mode). Creates the table when missing, on the driver before any branch
+        rows; one XA branch per writer in XA mode). Creates the table when missing, or adds the columns an older
+        release's table lacks (:data:`~airflow_eo.mysql.sql.DEAD_LETTER_MIGRATIONS`), on the driver before any branch
         of the batch starts (DDL commits on its own; never in :meth:`check`, which has no side effect)."""
         schema, table = _split(self.dead_letter_table)
         conn = connect(self.connect_kwargs, autocommit=True, charset="utf8mb4")
         try:
             with conn.cursor() as cur:
                 # Looked up first: DDL on an existing table would still wait for other pipelines' prepared branches.
-                cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) "
-                            "AND TABLE_NAME = %s", (schema, table))
-                if cur.fetchone() is None:
+                cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
+                            "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s", (schema, table))
+                columns = [row[0] for row in cur.fetchall()]
+                if not columns:
                     cur.execute(dead_letter_ddl(self.dead_letter_table))
+                else:
+                    self._upgrade_dead_letter_table(cur, columns)
         finally:
             conn.close()
         return PartitionWriter(
@@ -206,6 +211,25 @@ class MySqlTableSink:
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
+
+    def _upgrade_dead_letter_table(self, cur: Any, columns: Sequence[str]) -> None:
+        """Once per table made by an older release: its ALTER waits for other pipelines' prepared branches on it,
+        up to a minute (they are committed or rolled back when their pipelines next run, or by ``airflow eo
+        recover``)."""
+        statements = dead_letter_upgrades(self.dead_letter_table, columns)
+        if statements:
+            cur.execute("SET SESSION lock_wait_timeout = 60")
+        for statement in statements:
+            try:
+                cur.execute(statement)
+            except pymysql.err.MySQLError as exc:
+                if exc.args and exc.args[0] == ER_DUP_FIELDNAME:
+                    continue  # added meanwhile by another pipeline's batch
+                raise ConfigurationError(
+                    f"{self.name}: cannot bring dead-letter table {self.dead_letter_table!r} up to date "
+                    f"({exc.args[-1]}); nothing was written. Run it as a user with the ALTER privilege, once no "
+                    f"prepared XA branch holds the table: {statement}") from exc
+            log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
+from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
@@ -580,7 +581,12 @@ def _dead_letter(row: Mapping[str, Any]) -> dict[str, Any]:
             return None
         return value.decode("utf-8", errors="replace") if isinstance(value, bytes | bytearray) else str(value)
 
+    try:  # None: not kept (a row written before the table had the column)
+        headers = decode_headers(row.get("kafka_headers"))
+    except ValueError:
+        headers = None
     created = row.get("created_at")
     return {"batch_id": row["batch_id"], "topic": row["topic"], "partition": row["kafka_partition"],
             "offset": row["kafka_offset"], "key": text(row["record_key"]), "value": text(row["raw_value"]),
+            "headers": None if headers is None else [{"key": k, "value": text(v)} for k, v in headers],
             "error": row["error"], "created_at": created.isoformat() if isinstance(created, datetime) else created}

@@ -152,12 +152,12 @@ def may_read_records(dag_id: str, user: Any, auth_manager: Any = None) -> bool:
 
 
 def pages_as_shown(pages: Sequence[PipelinePage], may_read: bool) -> list[dict[str, Any]]:
-    """The pages as JSON, the dead letters' keys and values hidden unless ``may_read``."""
+    """The pages as JSON, the dead letters' keys, values and headers hidden unless ``may_read``."""
     shown = [p.to_dict() for p in pages]
     if not may_read:
         for page in shown:
             for letter in page.get("dead_letters") or []:
-                letter.update(key=None, value=None, hidden=True)
+                letter.update(key=None, value=None, headers=None, hidden=True)
     return shown
 
 

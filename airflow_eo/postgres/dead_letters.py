@@ -30,9 +30,9 @@ def read_dead_letters(connect_kwargs: Mapping[str, Any], table: str, pipeline_id
     try:
         try:
             found = conn.execute(
-                f"SELECT batch_id, topic, kafka_partition, kafka_offset, record_key, raw_value, error, created_at "
-                f"FROM {quote_table(table)} WHERE {where} ORDER BY batch_id, topic, kafka_partition, kafka_offset "
-                "LIMIT %s", (*args, limit)).fetchall()
+                # Every column: a table of an older release, not written since, has no kafka_headers yet.
+                f"SELECT * FROM {quote_table(table)} WHERE {where} "
+                "ORDER BY batch_id, topic, kafka_partition, kafka_offset LIMIT %s", (*args, limit)).fetchall()
         except psycopg.errors.UndefinedTable:
             return None
         # bytes as MySQL's driver returns them (psycopg reads BYTEA as memoryview)

@@ -33,7 +33,13 @@ from airflow_eo.postgres.columns import add_new_columns
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.dead_letters import read_dead_letters
 from airflow_eo.postgres.prepared import max_prepared_transactions, prepared_session
-from airflow_eo.postgres.sql import dead_letter_ddl, quote_identifier, quote_table, split_table
+from airflow_eo.postgres.sql import (
+    dead_letter_ddl,
+    dead_letter_upgrades,
+    quote_identifier,
+    quote_table,
+    split_table,
+)
 from airflow_eo.postgres.writer import PartitionWriter
 from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
 from airflow_eo.sqlstore.dialect import POSTGRES
@@ -168,11 +174,30 @@ class PostgresTableSink:
         """The dead-letter table's writer (:class:`~airflow_eo.core.protocol.ExecutorDeadLetters`): keyed by pipeline,
         topic, partition and offset, so a replay rewrites the same rows; the executors' dead letters go in their own
         transaction per task, as the good rows do (fenced upsert transactions, or prepared transactions committed
-        with the batch's). Creates the table when missing, on the driver before any transaction of the batch starts
-        (never in :meth:`check`, which has no side effect)."""
+        with the batch's). Creates the table when missing, or adds the columns an older release's table lacks
+        (:data:`~airflow_eo.postgres.sql.DEAD_LETTER_MIGRATIONS`), on the driver before any transaction of the batch
+        starts (never in :meth:`check`, which has no side effect)."""
         conn = connect(self.connect_kwargs, autocommit=True)
         try:
             conn.execute(dead_letter_ddl(self.dead_letter_table))  # IF NOT EXISTS: takes no lock on an existing table
+            # Looked up first: ALTER TABLE locks the table even when the column is there.
+            columns = [r[0] for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                "AND NOT attisdropped", (quote_table(self.dead_letter_table),)).fetchall()]
+            statements = dead_letter_upgrades(self.dead_letter_table, columns)
+            if statements:
+                # Once per table made by an older release: waits for other pipelines' prepared transactions on
+                # it, up to a minute (they end when their pipelines next run, or by ``airflow eo recover``).
+                conn.execute("SET lock_timeout = '60s'")
+            for statement in statements:
+                try:
+                    conn.execute(statement)
+                except psycopg.Error as exc:
+                    raise ConfigurationError(
+                        f"{self.name}: cannot bring dead-letter table {self.dead_letter_table!r} up to date "
+                        f"({str(exc).strip()}); nothing was written. Run it as the table's owner, once no prepared "
+                        f"transaction holds the table: {statement}") from exc
+                log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
         finally:
             conn.close()
         return self._writer(batch, self.dead_letter_table, DEAD_LETTER_FIELDS, DEAD_LETTER_KEY, {})

@@ -7,7 +7,7 @@ A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquot
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
@@ -195,12 +195,30 @@ def add_column_statement(table: str, column: str, sql_type: str) -> str:
     return f"ALTER TABLE {quote_table(table)} ADD COLUMN IF NOT EXISTS {quoted} {sql_type}"
 
 
+#: The columns a dead-letter table gained after its first version (append only): (version, column, type). A table
+#: made by an older release is brought up to date by :func:`dead_letter_upgrades` before a batch writes to it; its
+#: version is the newest whose column it has. Each step is idempotent (``ADD COLUMN IF NOT EXISTS``).
+DEAD_LETTER_MIGRATIONS: list[tuple[int, str, str]] = [
+    # The record's Kafka headers: JSON text (airflow_eo.core.headers), NULL in rows written before version 2.
+    # TEXT, not JSONB: kept exactly as written (JSONB refuses the escape of a NUL in a key).
+    (2, "kafka_headers", "TEXT"),
+]
+
+
+def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[str]:
+    """The ``ALTER TABLE`` statements bringing an existing dead-letter table with ``columns`` up to date."""
+    have = set(columns)
+    return [add_column_statement(table, column, sql_type) for _, column, sql_type in DEAD_LETTER_MIGRATIONS
+            if column not in have]
+
+
 def dead_letter_ddl(table: str) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
         "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
         "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key BYTEA NULL, "
         "raw_value BYTEA NULL, error TEXT NOT NULL, "
+        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in DEAD_LETTER_MIGRATIONS) +
         "created_at TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, "
         "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))"
     )

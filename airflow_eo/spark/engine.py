@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -54,7 +55,8 @@ Transform = Callable[["DataFrame", BatchContext], "DataFrame"]
 #: What a one-pass batch's partition writers get of a bad record besides its error (NULL on good records, so that
 #: the good ones carry next to nothing more through the shuffle): the dead-letter fields, by their source columns.
 _DEAD_LETTER_SOURCE = {"_eo_dl_topic": "kafka_topic", "_eo_dl_partition": "kafka_partition",
-                       "_eo_dl_offset": "kafka_offset", "_eo_dl_key": "kafka_key", "_eo_dl_value": "kafka_value"}
+                       "_eo_dl_offset": "kafka_offset", "_eo_dl_key": "kafka_key", "_eo_dl_value": "kafka_value",
+                       "_eo_dl_headers": "kafka_headers"}
 
 
 def resolve_transform(transform: Transform | str | None) -> Transform | str | None:
@@ -236,7 +238,7 @@ class SparkBatchEngine:
                 xids += self._write_dead_letters(parsed, route).xids
             else:  # fail: raises, the attempt discards
                 xids += sink.write_dead_letters(batch, self._bad_records(parsed, bad))
-            seconds["dead_letters"] = round(time.monotonic() - t2, 3)
+                seconds["dead_letters"] = round(time.monotonic() - t2, 3)  # through the driver
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
 
@@ -289,12 +291,9 @@ class SparkBatchEngine:
         transform, whose good rows' job never sees them); each task in its own branch / transaction."""
         from pyspark.sql import functions as F
 
-        source = dict(zip(DEAD_LETTER_FIELDS, (
-            F.lit(route.pipeline_id), F.col("kafka_topic"), F.col("kafka_partition"), F.col("kafka_offset"),
-            F.lit(route.batch_id).cast("long"), F.col("kafka_key"), F.col("kafka_value"), F.col("_eo_error")),
-            strict=True))
-        bad = parsed.where(F.col("_eo_error").isNotNull()).select(*[c.alias(n) for n, c in source.items()])
-        return self.run_partitions(WritePlan(bad, self), _DeadLetterPartitions(route.writer))
+        bad = parsed.where(F.col("_eo_error").isNotNull()).select(
+            *[F.col(source).alias(name) for name, source in _DEAD_LETTER_SOURCE.items()], "_eo_error")
+        return self.run_partitions(WritePlan(bad, self), _DeadLetterPartitions(route))
 
     def _bad_records(self, parsed: DataFrame, bad: int) -> Iterator[DeadLetter]:
         """The batch's bad records for the dead-letter table, streamed: the driver holds one partition of them at a
@@ -310,8 +309,9 @@ class SparkBatchEngine:
                 "the schema, or set on_bad_record='dead_letter' to divert bad records to the dead-letter table."
             )
         selected = rows.select("kafka_topic", "kafka_partition", "kafka_offset", "kafka_key", "kafka_value",
-                               "_eo_error")
-        return (DeadLetter(r[0], r[1], r[2], r[3], r[4], r[5])
+                               "_eo_error", "kafka_headers")
+        return (DeadLetter(r[0], r[1], r[2], r[3], r[4], r[5],
+                           tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in r[6] or ()))
                 for r in selected.toLocalIterator(prefetchPartitions=False))
 
     def _apply_transform(self, spark: SparkSession, good: DataFrame, batch: BatchContext) -> DataFrame:
@@ -435,19 +435,21 @@ class SparkBatchEngine:
 
 @dataclass(frozen=True)
 class _DeadLetterPartitions:
-    """A dead-letter writer run as a job's partition writer: numbered as dead-letter writers are
-    (:func:`~airflow_eo.core.protocol.dead_letter_partition`), so that its branches never take the place of (or roll
-    back) the good rows' branches of the same partition numbers."""
+    """A dead-letter route's writer run as a job's partition writer, on the bad records' ``_DEAD_LETTER_SOURCE``
+    columns (made into its batches as a one-pass task makes them, :func:`_dead_letter_batches`): numbered as
+    dead-letter writers are (:func:`~airflow_eo.core.protocol.dead_letter_partition`), so that its branches never
+    take the place of (or roll back) the good rows' branches of the same partition numbers."""
 
-    writer: PartitionWriter
+    route: DeadLetterRoute
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        return ("topic", "kafka_partition", "kafka_offset")  # spread: every bad record is its own key
+        return ("_eo_dl_topic", "_eo_dl_partition", "_eo_dl_offset")  # spread: every bad record is its own key
 
     def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
-        return self.writer(batches, dead_letter_partition(partition), stage_id, attempt_id, agreed)
+        return self.route.writer(_dead_letter_batches(batches, self.route), dead_letter_partition(partition),
+                                 stage_id, attempt_id, agreed)
 
 
 class _Spill:
@@ -491,7 +493,8 @@ class _Spill:
 
 
 def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator[Any]:
-    """The bad records as the dead-letter writer's batches (:data:`~airflow_eo.core.protocol.DEAD_LETTER_FIELDS`)."""
+    """The bad records as the dead-letter writer's batches (:data:`~airflow_eo.core.protocol.DEAD_LETTER_FIELDS`),
+    their headers encoded as the table keeps them (:func:`~airflow_eo.core.headers.encode_headers`)."""
     import pyarrow as pa
 
     for batch in bad:
@@ -501,7 +504,9 @@ def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator
         yield pa.RecordBatch.from_arrays(
             [pa.array([route.pipeline_id] * n, pa.string()), column["_eo_dl_topic"], column["_eo_dl_partition"],
              column["_eo_dl_offset"], pa.array([route.batch_id] * n, pa.int64()), column["_eo_dl_key"],
-             column["_eo_dl_value"], column["_eo_error"]],
+             column["_eo_dl_value"], column["_eo_error"],
+             pa.array([NO_HEADERS if h is None else encode_header_structs(h)  # None: Spark's "no headers"
+                       for h in column["_eo_dl_headers"].to_pylist()], pa.string())],
             names=list(DEAD_LETTER_FIELDS))
 
 

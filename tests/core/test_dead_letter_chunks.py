@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from airflow_eo.core.headers import encode_headers
 from airflow_eo.core.protocol import DEAD_LETTER_FIELDS, DeadLetter, dead_letter_chunks
 
 
@@ -21,9 +22,11 @@ def test_a_few_huge_bad_records_make_small_chunks_and_many_small_ones_are_cut_by
 
 
 def test_chunks_carry_every_field_in_order_and_lose_nothing():
-    records = letters(3, 1) + [DeadLetter("t", 2, 9, None, None, "null value")]
+    headers = (("h", b"\xff"), ("h", None))
+    records = letters(3, 1) + [DeadLetter("t", 2, 9, None, None, "null value", headers)]
     rows = [row for chunk in dead_letter_chunks(records, "pipe", 4, max_records=2) for row in chunk]
     assert [tuple(row) for row in rows] == [DEAD_LETTER_FIELDS] * 4
     assert [(r["kafka_partition"], r["kafka_offset"], r["record_key"], r["raw_value"]) for r in rows] == [
         (0, 0, b"k", b"v"), (0, 1, b"k", b"v"), (0, 2, b"k", b"v"), (2, 9, None, None)]
+    assert [r["kafka_headers"] for r in rows] == ["[]"] * 3 + [encode_headers(headers)]
     assert {(r["pipeline_id"], r["batch_id"]) for r in rows} == {("pipe", 4)}

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from airflow_eo.core.errors import BadRecordError
+from airflow_eo.core.headers import decode_headers
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 from tests.conftest import create_topic
@@ -41,9 +42,11 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes
 
 
 def _dead_letters(mysql_kwargs: dict[str, Any], pipeline_id: str) -> list[tuple]:
-    return [(int(o), None if k is None else bytes(k), None if v is None else bytes(v), e) for o, k, v, e in rows(
-        mysql_kwargs, "SELECT kafka_offset, record_key, raw_value, error FROM eo_dead_letter WHERE pipeline_id = %s "
-        "ORDER BY kafka_offset", (pipeline_id,))]
+    """(offset, key, value, error, headers) of the pipeline's dead letters."""
+    return [(int(o), None if k is None else bytes(k), None if v is None else bytes(v), e, decode_headers(h))
+            for o, k, v, e, h in rows(mysql_kwargs, "SELECT kafka_offset, record_key, raw_value, error, kafka_headers "
+                                      "FROM eo_dead_letter WHERE pipeline_id = %s ORDER BY kafka_offset",
+                                      (pipeline_id,))]
 
 
 def test_keys_headers_and_metadata_reach_the_transform(bootstrap, mysql_kwargs, topic_name):
@@ -52,7 +55,10 @@ def test_keys_headers_and_metadata_reach_the_transform(bootstrap, mysql_kwargs, 
     good = [(json.dumps({"user": f"u{i}", "region": i % 3}).encode(), json.dumps({"id": f"e{i}", "n": i}).encode(),
              [("source", f"app{i}".encode()), ("trace", bytes([0, 255, i]))]) for i in range(6)]
     bad_keys = [b"{not json \xff\xfe", json.dumps({"region": 1}).encode()]  # malformed; required field missing
-    bad = [(k, json.dumps({"id": f"b{i}", "n": 0}).encode(), [("source", b"x")]) for i, k in enumerate(bad_keys)]
+    # their headers: a duplicate key, bytes that are not UTF-8, a null value; and none
+    bad_headers: list[list[tuple[str, bytes | None]]] = [
+        [("source", b"x"), ("trace", b"\xff\x00\xfe"), ("source", b"y"), ("null", None)], []]
+    bad = [(k, json.dumps({"id": f"b{i}", "n": 0}).encode(), bad_headers[i]) for i, k in enumerate(bad_keys)]
     _produce(bootstrap, topic_name, [*good, *bad, (None, json.dumps({"id": "nokey", "n": 9}).encode(), [])],
              timestamp_ms=stamp)
     table = _table(mysql_kwargs, "id VARCHAR(16) PRIMARY KEY, key_user VARCHAR(16), region INT, source VARCHAR(16), "
@@ -76,6 +82,7 @@ def test_keys_headers_and_metadata_reach_the_transform(bootstrap, mysql_kwargs, 
     assert got == expected
     dead = _dead_letters(mysql_kwargs, op.pipeline_id)
     assert [(d[0], d[1], d[2]) for d in dead] == [(6 + i, k, bad[i][1]) for i, k in enumerate(bad_keys)]
+    assert [d[4] for d in dead] == [tuple(h) for h in bad_headers]  # byte for byte, in order
     assert dead[0][3] == "key is not valid UTF-8" and dead[1][3] == "key: required field 'user' is missing or null"
 
 
@@ -187,7 +194,8 @@ def test_confluent_framed_avro_of_three_writer_versions_in_one_batch(bootstrap, 
         (_framed(KEY_ID, KEY_SCHEMA, {"region": "r"})[:-1], _framed(3, READER, _record(93, 3)),
          "key: not an Avro record of writer schema id 100"),
     ]
-    _produce(bootstrap, topic_name, records[:15] + [(k, v, []) for k, v, _ in bad] + records[15:])
+    _produce(bootstrap, topic_name,
+             records[:15] + [(k, v, [("n", bytes([0xff, i]))]) for i, (k, v, _) in enumerate(bad)] + records[15:])
     table = _table(mysql_kwargs, ORDERS_TABLE)
     op = KafkaMicroBatchOperator(
         task_id="avro", pipeline_id=f"p_{topic_name}", topics=topic_name, value_format="avro",
@@ -203,8 +211,9 @@ def test_confluent_framed_avro_of_three_writer_versions_in_one_batch(bootstrap, 
     assert {r[1] for r in got} >= {0, 2**40 + 1} and {r[9] for r in got} == {"web", "app", "store"}  # all versions
     dead = _dead_letters(mysql_kwargs, op.pipeline_id)
     assert [d[0] for d in dead] == list(range(15, 21))
-    for (offset, key, value, error), (want_key, want_value, message) in zip(dead, bad, strict=True):
-        assert (key, value) == (want_key, want_value), offset
+    for i, ((offset, key, value, error, headers), (want_key, want_value, message)) in enumerate(
+            zip(dead, bad, strict=True)):
+        assert (key, value, headers) == (want_key, want_value, (("n", bytes([0xff, i])),)), offset
         assert message in error, (offset, error)
     assert "field 'order_id': reader type: STRING not compatible with writer type: INT" in dead[4][3]
     assert "field 'qty' is not in the writer schema and has no default" in dead[4][3]

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
+from airflow_eo.core.headers import decode_headers
+from airflow_eo.core.protocol import BatchSummary, run_batch
 from airflow_eo.core.xid import Xid
+from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
-from examples.page_views import produce_page_views
+from examples.page_views import SCHEMA, produce_page_views
 from tests.conftest import create_topic
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
+from tests.integration.operator_harness import adapters, counts_table, events_table, operator, request, rows, run
 from tests.integration.page_views import our_prepared_branches
 
 BAD_VALUES = [
@@ -21,6 +28,41 @@ BAD_VALUES = [
     json.dumps({"event_id": None, "app_id": "app_x", "user_id": "u", "ts": "2026-01-01T00:00:00Z"}).encode(),
     json.dumps({"event_id": "e-bad-type", "app_id": "app_x", "ts": "yesterday"}).encode(),
 ]
+#: The Kafka headers of each of BAD_VALUES: several, a duplicate key, a null and an empty value, bytes that are not
+#: UTF-8, a non-ASCII key; and none at all.
+BAD_HEADERS: list[list[tuple[str, bytes | None]]] = [
+    [("source", b"app_x"), ("trace", b"\x00\xff\xfe\x80"), ("source", b"retry"), ("gone", None), ("empty", b"")],
+    [("cl\u00e9", "\u00e9t\u00e9 \U0001f600".encode()), ("all_bytes", bytes(range(256)))],
+    [],
+]
+
+
+def assert_headers_kept(dead: Iterable[tuple[Any, Any]]) -> None:
+    """Each dead letter's (raw_value, kafka_headers) holds its record's headers byte for byte, in order."""
+    expected = {value: tuple(headers) for value, headers in zip(BAD_VALUES, BAD_HEADERS, strict=True)}
+    found = [(bytes(value), headers) for value, headers in dead]
+    assert found and all(decode_headers(h) == expected[v] for v, h in found), found
+    assert all(h == "[]" for v, h in found if v == BAD_VALUES[2]), found  # no headers: an empty list, not NULL
+
+
+class DriverDeadLetters:
+    """A sink without its executor-side dead-letter writer (``dead_letter_writer``): the engine streams the bad
+    records through the driver into its ``write_dead_letters``, as for any sink that has none."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dead_letter_writer":
+            raise AttributeError(name)
+        return getattr(self._sink, name)
+
+
+def run_with_driver_dead_letters(spec: Any, pipeline: str, topic: str) -> BatchSummary:
+    """One batch of ``spec``'s sink under ``on_bad_record="dead_letter"``, its dead letters through the driver."""
+    roles = adapters(spec, pipeline, parse=ParseConfig(schema=SCHEMA, on_bad_record=BadRecordPolicy.DEAD_LETTER))
+    roles["sink"] = DriverDeadLetters(roles["sink"])
+    return run_batch(request(pipeline, topic, f"manual__{uuid.uuid4().hex}"), **roles)
 
 
 def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap, mysql_kwargs, topic_name):
@@ -37,17 +79,18 @@ def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap,
 
 def test_dead_letters_land_with_the_good_records_in_the_same_batch(bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 1)
-    good = produce_page_views(bootstrap, 30, topic=topic_name, raw_values=BAD_VALUES)
+    good = produce_page_views(bootstrap, 30, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
     table = events_table(mysql_kwargs)
     op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
     summary = run(op)
     assert summary["records_in"] == 33 and summary["rows_out"] == 30 and summary["dead_letters"] == 3
     assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
-    dead = rows(mysql_kwargs, "SELECT kafka_offset, batch_id, raw_value, error FROM eo_dead_letter "
+    dead = rows(mysql_kwargs, "SELECT kafka_offset, batch_id, raw_value, error, kafka_headers FROM eo_dead_letter "
                 "WHERE pipeline_id = %s ORDER BY kafka_offset", (op.pipeline_id,))
     assert [d[0] for d in dead] == [30, 31, 32]
     assert {d[1] for d in dead} == {summary["batch_id"]}
     assert [bytes(d[2]) for d in dead] == BAD_VALUES
+    assert_headers_kept((d[2], d[4]) for d in dead)
     assert "malformed" in dead[0][3] and "event_id" in dead[1][3] and "'ts' is not a valid timestamp" in dead[2][3]
 
 
@@ -90,17 +133,18 @@ def test_the_upsert_sink_writes_nothing_when_any_partition_has_a_bad_record(bulk
 @pytest.mark.parametrize("sink_class", [MySqlXaSink, MySqlUpsertSink])
 def test_one_pass_batches_count_and_dead_letter_every_bad_record(sink_class, bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 3)
-    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES * 2)
+    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES * 2, raw_headers=BAD_HEADERS)
     table = events_table(mysql_kwargs)
     op = operator(topic_name, sink_class(table=table, key_columns=["event_id"]), on_bad_record="dead_letter")
     summary = run(op)
     assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (306, 300, 6)
     assert "write" in summary["seconds"] and "read_transform" not in summary["seconds"]  # one Spark job
     assert {r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}")} == {e["event_id"] for e in good}
-    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s",
+    dead = rows(mysql_kwargs, "SELECT raw_value, batch_id, kafka_headers FROM eo_dead_letter WHERE pipeline_id = %s",
                 (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 2)
     assert {d[1] for d in dead} == {summary["batch_id"]}
+    assert_headers_kept((d[0], d[2]) for d in dead)
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
     # Written by the tasks that found them, in the same Spark job: nothing went through the driver ...
     assert "dead_letters" not in summary["seconds"]
@@ -117,16 +161,18 @@ def test_a_batch_with_a_transform_dead_letters_by_the_executors_in_their_own_bra
     counts the parsed records (one pass over the batch), and the bad records are written by a Spark job of their
     own, each task in its own XA branch (never one of the good rows' branches)."""
     create_topic(bootstrap, topic_name, 2)
-    good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3)
+    good = produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES * 3, raw_headers=BAD_HEADERS)
     table = counts_table(mysql_kwargs)
     op = operator(topic_name, MySqlXaSink(table=table, key_columns=["app_id"], updates={"pv": "add"}),
                   on_bad_record="dead_letter", transform="airflow_eo.examples.page_views.count_per_app")
     summary = run(op)
     assert (summary["records_in"], summary["dead_letters"]) == (209, 9)
-    assert "read_transform" not in summary["seconds"] and "count" not in summary["seconds"], summary["seconds"]
+    assert not {"count", "read_transform", "dead_letters"} & set(summary["seconds"]), summary["seconds"]
     assert sum(r[0] for r in rows(mysql_kwargs, f"SELECT pv FROM {table}")) == len(good)
-    dead = rows(mysql_kwargs, "SELECT raw_value FROM eo_dead_letter WHERE pipeline_id = %s", (op.pipeline_id,))
+    dead = rows(mysql_kwargs, "SELECT raw_value, kafka_headers FROM eo_dead_letter WHERE pipeline_id = %s",
+                (op.pipeline_id,))
     assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES * 3)
+    assert_headers_kept(dead)
     xids = json.loads(rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s",
                            (op.pipeline_id,))[0][0])
     partitions = [Xid.decode(x).partition for x in xids]
@@ -155,6 +201,48 @@ def test_a_bad_record_behind_a_transform_fails_the_xa_batch_after_its_one_pass_a
     assert our_prepared_branches(mysql_kwargs, op.pipeline_id) == []
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
                 (op.pipeline_id,)) == [("committed",), ("planned",)]
+
+
+#: A MySQL dead-letter table as releases before ``kafka_headers`` made it.
+V1_DEAD_LETTER_DDL = (
+    "CREATE TABLE {name} (pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT "
+    "NULL, kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, raw_value LONGBLOB NULL, "
+    "error TEXT NOT NULL, created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
+    "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
+    "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+
+
+def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_release_made(
+        bootstrap, mysql_kwargs, topic_name):
+    """The driver's path (a sink without an executor-side writer) carries the headers too; a dead-letter table made
+    before ``kafka_headers`` existed is read as it is, then gains the column before the batch writes to it: its old
+    row keeps NULL (headers not kept), the new ones their headers."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 100, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
+    table, dead_table, pipeline = events_table(mysql_kwargs), f"eo_dl_{uuid.uuid4().hex[:8]}", f"dl_{topic_name}"
+    rows(mysql_kwargs, V1_DEAD_LETTER_DDL.format(name=dead_table))
+    rows(mysql_kwargs, f"INSERT INTO {dead_table} (pipeline_id, topic, kafka_partition, kafka_offset, batch_id, "
+         "raw_value, error) VALUES (%s, 'before', 0, 0, 0, 'old', 'bad')", (pipeline,))
+    spec = MySqlXaSink(table=table, key_columns=["event_id"], dead_letter_table=dead_table)
+    [old] = build_sink(spec, pipeline, "eo_offset_store").dead_letters(pipeline, None, 10)  # type: ignore[attr-defined]
+    assert old["raw_value"] == b"old" and "kafka_headers" not in old
+
+    summary = run_with_driver_dead_letters(spec, pipeline, topic_name)
+    assert (summary.records_in, summary.rows_out, summary.dead_letters) == (103, 100, 3)
+    assert "dead_letters" in summary.seconds  # the engine's time of the pass through the driver
+    (xids,), = rows(mysql_kwargs, "SELECT xids FROM eo_batch WHERE pipeline_id = %s", (pipeline,))
+    assert -1 in [Xid.decode(x).partition for x in json.loads(xids)]  # the driver's XA branch, committed
+    dead = rows(mysql_kwargs, f"SELECT topic, raw_value, kafka_headers FROM {dead_table} WHERE pipeline_id = %s",
+                (pipeline,))
+    assert [(t, h) for t, _, h in dead if t == "before"] == [("before", None)]
+    assert_headers_kept((v, h) for t, v, h in dead if t != "before")
+    # Read back in SQL, as README shows: one row per header, in order, values decoded from base64.
+    headers = rows(mysql_kwargs, f"SELECT h.header_key, FROM_BASE64(h.header_value) FROM {dead_table} d, JSON_TABLE("
+                   "d.kafka_headers, '$[*]' COLUMNS (n FOR ORDINALITY, header_key TEXT PATH '$.key', header_value "
+                   "TEXT PATH '$.value')) AS h WHERE d.pipeline_id = %s AND d.raw_value = %s ORDER BY h.n",
+                   (pipeline, BAD_VALUES[1]))
+    assert [(k, None if v is None else bytes(v)) for k, v in headers] == BAD_HEADERS[1]
+    assert our_prepared_branches(mysql_kwargs, pipeline) == []
 
 
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):

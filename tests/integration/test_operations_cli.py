@@ -200,7 +200,8 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
 def test_a_rewind_is_a_dry_run_until_applied_audited_and_the_next_run_reprocesses_exactly_its_range(
         bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 1)  # one partition: event i is at offset i
-    events = produce_page_views(bootstrap, 60, topic=topic_name, raw_values=[BAD_RECORD])
+    events = produce_page_views(bootstrap, 60, topic=topic_name, raw_values=[BAD_RECORD],
+                                raw_headers=[[("source", b"app\xff"), ("retry", None)]])
     table = events_table(mysql_kwargs)
     pipeline = f"ops_upsert_{topic_name}"
     op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id=pipeline,
@@ -211,6 +212,9 @@ def test_a_rewind_is_a_dry_run_until_applied_audited_and_the_next_run_reprocesse
     [dead] = eo_json("dead-letters", pipeline)
     assert (dead["batch_id"], dead["partition"], dead["offset"], dead["value"]) == (0, 0, 60, "{not json")
     assert "malformed" in dead["error"]
+    assert dead["headers"] == [{"key": "source", "value": "app\ufffd"}, {"key": "retry", "value": None}]  # as text
+    human = eo("dead-letters", pipeline)
+    assert human.returncode == 0 and "source=app\ufffd, retry=null" in human.stdout, human.stdout
 
     to_offsets = json.dumps({topic_name: {"0": 40}})
     before = store_state(mysql_kwargs, pipeline)

@@ -35,7 +35,12 @@ from tests.conftest import create_topic
 from tests.faults.conftest import load_stack
 from tests.integration.operator_harness import operator, rows, run
 from tests.integration.page_views import assert_contiguous, hour, hours_truth, produce_hours, run_child
-from tests.integration.test_bad_input import BAD_VALUES
+from tests.integration.test_bad_input import (
+    BAD_HEADERS,
+    BAD_VALUES,
+    assert_headers_kept,
+    run_with_driver_dead_letters,
+)
 
 PG_STORE = "eo_pg_store"
 MYSQL_STORE = "eo_offset_store"
@@ -234,7 +239,7 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
     table, dead_table = f"public.{name}", f"Dead_{uuid.uuid4().hex[:8]}"
     spec = (PostgresUpsertSink if kind == "upsert" else PostgresTwoPhaseSink)(
         table=table, key_columns=["event_id"], dead_letter_table=dead_table)
-    produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES[:1])
+    produce_page_views(bootstrap, 200, topic=topic_name, raw_values=BAD_VALUES[:1], raw_headers=BAD_HEADERS)
     failing = operator(topic_name, spec, pipeline_id=f"pgbad_{kind}_{topic_name}", write_partitions=3)
     with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*malformed JSON.*Nothing was committed"):
         run(failing)
@@ -243,7 +248,7 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
     # No dead letter either: their table is not even created.
     assert pg_rows(postgres_kwargs, "SELECT to_regclass(%s)", (f'"{dead_table}"',)) == [(None,)]
 
-    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES)
+    good = produce_page_views(bootstrap, 300, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
     op = operator(topic_name, spec, pipeline_id=f"pgdead_{kind}_{topic_name}", on_bad_record="dead_letter",
                   write_partitions=3)
     summary = run(op)
@@ -264,7 +269,44 @@ def test_bad_records_commit_nothing_or_land_in_the_dead_letter_table_with_the_ba
     dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
     assert sorted(bytes(d["raw_value"]) for d in dead) == sorted([BAD_VALUES[0], *BAD_VALUES])
     assert {d["batch_id"] for d in dead} == {summary["batch_id"]}
+    assert_headers_kept((d["raw_value"], d["kafka_headers"]) for d in dead)
     assert prepared_gids(postgres_kwargs, op.pipeline_id) == []
+
+
+#: A PostgreSQL dead-letter table as releases before ``kafka_headers`` made it.
+V1_DEAD_LETTER_DDL = (
+    "CREATE TABLE {name} (pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT "
+    "NULL, kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key BYTEA NULL, raw_value BYTEA NULL, "
+    "error TEXT NOT NULL, created_at TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, "
+    "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))")
+
+
+def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_release_made(
+        bootstrap, postgres_kwargs, topic_name):
+    """As on MySQL (``test_bad_input``): the driver's path carries the headers; an older release's table is read as
+    it is, then gains ``kafka_headers`` before the batch writes (its old row NULL, the new ones their headers)."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 100, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
+    table, pipeline = pg_table(postgres_kwargs, EVENTS_DDL, "events"), f"pgdl_{topic_name}"
+    dead_table = pg_table(postgres_kwargs, V1_DEAD_LETTER_DDL, "dead")
+    pg_rows(postgres_kwargs, f"INSERT INTO {dead_table} (pipeline_id, topic, kafka_partition, kafka_offset, batch_id, "
+            "raw_value, error) VALUES (%s, 'before', 0, 0, 0, 'old', 'bad')", (pipeline,))
+    spec = PostgresUpsertSink(table=table, key_columns=["event_id"], dead_letter_table=dead_table)
+    sink = build_sink(spec, pipeline, MYSQL_STORE)
+    [old] = sink.dead_letters(pipeline, None, 10)  # type: ignore[attr-defined]
+    assert old["raw_value"] == b"old" and "kafka_headers" not in old
+
+    summary = run_with_driver_dead_letters(spec, pipeline, topic_name)
+    assert (summary.records_in, summary.rows_out, summary.dead_letters) == (103, 100, 3)
+    assert "dead_letters" in summary.seconds  # the engine's time of the pass through the driver
+    dead = sink.dead_letters(pipeline, None, 10)  # type: ignore[attr-defined]
+    assert [(d["topic"], d["kafka_headers"]) for d in dead if d["topic"] == "before"] == [("before", None)]
+    assert_headers_kept((d["raw_value"], d["kafka_headers"]) for d in dead if d["topic"] != "before")
+    # Read back in SQL, as README shows: one row per header, in order, values decoded from base64.
+    headers = pg_rows(postgres_kwargs, f"SELECT h.n, h.e->>'key', decode(h.e->>'value', 'base64') FROM {dead_table}, "
+                      "json_array_elements(kafka_headers::json) WITH ORDINALITY AS h(e, n) WHERE pipeline_id = %s "
+                      "AND raw_value = %s ORDER BY h.n", (pipeline, BAD_VALUES[0]))
+    assert [(k, v) for _, k, v in headers] == BAD_HEADERS[0]
 
 
 def test_a_zombie_writer_of_the_upsert_sink_cannot_write_after_a_newer_attempt_took_the_pipeline(postgres_kwargs,

@@ -21,6 +21,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, ti
 from google.protobuf.message import DecodeError
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
+from airflow_eo.core.headers import decode_headers
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 from tests.conftest import create_topic
@@ -225,9 +226,10 @@ def test_confluent_framed_protobuf_with_bad_records_dead_lettered(bootstrap, mys
     assert {r[4] for r in got} >= {None, "c1"} and {r[9] for r in got} >= {None, "", "note 0"}
     assert {r[2] for r in got} >= {Decimal(0), Decimal(2**64 - 2)} and {r[3] for r in got} == set(STATUS)
     assert {r[13] is None for r in got} == {True, False} and any(r[7] != "[]" for r in got)
-    dead = [(int(o), None if k is None else bytes(k), bytes(v), e) for o, k, v, e in rows(
-        mysql_kwargs, "SELECT kafka_offset, record_key, raw_value, error FROM eo_dead_letter WHERE pipeline_id = %s "
-        "ORDER BY kafka_offset", (op.pipeline_id,))]
+    found = rows(mysql_kwargs, "SELECT kafka_offset, record_key, raw_value, error, kafka_headers FROM eo_dead_letter "
+                 "WHERE pipeline_id = %s ORDER BY kafka_offset", (op.pipeline_id,))
+    assert {decode_headers(f[4]) for f in found} == {(("h", b"\x00\xff"),)}  # each with its headers
+    dead = [(int(o), None if k is None else bytes(k), bytes(v), e) for o, k, v, e, _ in found]
     assert [d[0] for d in dead] == list(range(12, 19))
     for (offset, key, value, error), (want_key, want_value, message) in zip(dead, bad, strict=True):
         assert (key, value) == (want_key, want_value), offset

@@ -62,7 +62,7 @@ class _AuthManager:
 
 def test_dead_letters_show_their_records_only_to_who_may_read_the_dags_task_logs():
     letter = {"batch_id": 1, "topic": "t", "partition": 0, "offset": 5, "key": "k-secret", "value": "card=4111",
-              "error": "bad JSON", "created_at": None}
+              "headers": [{"key": "auth", "value": "token-secret"}], "error": "bad JSON", "created_at": None}
 
     class Page:  # what pages_as_shown reads of a PipelinePage
         def to_dict(self):
@@ -73,8 +73,9 @@ def test_dead_letters_show_their_records_only_to_who_may_read_the_dags_task_logs
     assert not may_read_records("orders_dag", "alice", reader)
     assert reader.asked == [("GET", DagAccessEntity.TASK_LOGS, "orders_dag", "alice")]
     hidden = pages_as_shown([page], may_read=False)[0]["dead_letters"][0]
-    assert (hidden["key"], hidden["value"], hidden["hidden"]) == (None, None, True)
+    assert (hidden["key"], hidden["value"], hidden["headers"], hidden["hidden"]) == (None, None, None, True)
     assert (hidden["offset"], hidden["error"]) == (5, "bad JSON")  # where and why stay visible
     assert may_read_records("orders_dag", "bob", _AuthManager(task_logs=True))
     shown = pages_as_shown([page], may_read=True)[0]["dead_letters"][0]
     assert (shown["key"], shown["value"]) == ("k-secret", "card=4111") and "hidden" not in shown
+    assert shown["headers"] == [{"key": "auth", "value": "token-secret"}]
