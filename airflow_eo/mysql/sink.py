@@ -34,7 +34,7 @@ from airflow_eo.mysql.sql import (
 )
 from airflow_eo.mysql.writer import PartitionWriter
 from airflow_eo.mysql.xa import ER_SPECIFIC_ACCESS_DENIED, XaFacade, xa_session
-from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
+from airflow_eo.sqlstore.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S, write_dead_letters_through_driver
 from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
@@ -200,36 +200,45 @@ class MySqlTableSink:
                 columns = [row[0] for row in cur.fetchall()]
                 if not columns:
                     cur.execute(dead_letter_ddl(self.dead_letter_table))
+                    written: tuple[str, ...] = DEAD_LETTER_COLUMNS
                 else:
-                    self._upgrade_dead_letter_table(cur, columns)
+                    have = {c.lower() for c in self._upgrade_dead_letter_table(cur, columns)}
+                    written = tuple(c for c in DEAD_LETTER_COLUMNS if c.lower() in have)
         finally:
             conn.close()
         return PartitionWriter(
-            connect_kwargs=self.connect_kwargs, table=self.dead_letter_table, columns=DEAD_LETTER_COLUMNS,
+            connect_kwargs=self.connect_kwargs, table=self.dead_letter_table, columns=written,
             key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
         )
 
-    def _upgrade_dead_letter_table(self, cur: Any, columns: Sequence[str]) -> None:
-        """Once per table made by an older release: its ALTER waits for other pipelines' prepared branches on it,
-        up to a minute (they are committed or rolled back when their pipelines next run, or by ``airflow eo
-        recover``)."""
+    def _upgrade_dead_letter_table(self, cur: Any, columns: Sequence[str]) -> list[str]:
+        """Once per table made by an older release: the columns it has afterwards. The ALTER waits a few seconds at
+        most for other pipelines' prepared branches on the table (they end when their pipelines next run, or with
+        ``airflow eo recover``); a table it cannot change yet (or without the ALTER privilege) keeps its columns and
+        gets this batch's dead letters without the new ones, with a warning naming the statement: another
+        pipeline's branch in doubt must not stop this one."""
         statements = dead_letter_upgrades(self.dead_letter_table, columns)
         if statements:
-            cur.execute("SET SESSION lock_wait_timeout = 60")
-        for statement in statements:
+            cur.execute("SET SESSION lock_wait_timeout = %s", (DEAD_LETTER_UPGRADE_WAIT_S,))
+        have = list(columns)
+        for column, statement in statements:
             try:
                 cur.execute(statement)
             except pymysql.err.MySQLError as exc:
                 if exc.args and exc.args[0] == ER_DUP_FIELDNAME:
-                    continue  # added meanwhile by another pipeline's batch
-                raise ConfigurationError(
-                    f"{self.name}: cannot bring dead-letter table {self.dead_letter_table!r} up to date "
-                    f"({exc.args[-1]}); nothing was written. Run it as a user with the ALTER privilege, once no "
-                    f"prepared XA branch holds the table: {statement}") from exc
+                    have.append(column)  # added meanwhile by another pipeline's batch
+                    continue
+                log.warning("%s: dead-letter table %s lacks column %s and could not get it (%s): this batch's dead "
+                            "letters are written without it. Run, as a user with the ALTER privilege, once no "
+                            "prepared XA branch holds the table: %s", self.name, self.dead_letter_table, column,
+                            exc.args[-1], statement)
+                continue
+            have.append(column)
             log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
+        return have
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

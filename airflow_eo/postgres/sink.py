@@ -41,7 +41,7 @@ from airflow_eo.postgres.sql import (
     split_table,
 )
 from airflow_eo.postgres.writer import PartitionWriter
-from airflow_eo.sqlstore.dead_letters import write_dead_letters_through_driver
+from airflow_eo.sqlstore.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S, write_dead_letters_through_driver
 from airflow_eo.sqlstore.dialect import POSTGRES
 from airflow_eo.sqlstore.fence import EpochFence
 
@@ -184,23 +184,34 @@ class PostgresTableSink:
             columns = [r[0] for r in conn.execute(
                 "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                 "AND NOT attisdropped", (quote_table(self.dead_letter_table),)).fetchall()]
-            statements = dead_letter_upgrades(self.dead_letter_table, columns)
-            if statements:
-                # Once per table made by an older release: waits for other pipelines' prepared transactions on
-                # it, up to a minute (they end when their pipelines next run, or by ``airflow eo recover``).
-                conn.execute("SET lock_timeout = '60s'")
-            for statement in statements:
-                try:
-                    conn.execute(statement)
-                except psycopg.Error as exc:
-                    raise ConfigurationError(
-                        f"{self.name}: cannot bring dead-letter table {self.dead_letter_table!r} up to date "
-                        f"({str(exc).strip()}); nothing was written. Run it as the table's owner, once no prepared "
-                        f"transaction holds the table: {statement}") from exc
-                log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
+            have = self._upgrade_dead_letter_table(conn, columns)
         finally:
             conn.close()
-        return self._writer(batch, self.dead_letter_table, DEAD_LETTER_FIELDS, DEAD_LETTER_KEY, {})
+        written = tuple(c for c in DEAD_LETTER_FIELDS if c in have)
+        return self._writer(batch, self.dead_letter_table, written, DEAD_LETTER_KEY, {})
+
+    def _upgrade_dead_letter_table(self, conn: psycopg.Connection[Any], columns: Sequence[str]) -> list[str]:
+        """Once per table made by an older release: the columns it has afterwards. The ALTER waits a few seconds at
+        most for other pipelines' prepared transactions on the table (they end when their pipelines next run, or
+        with ``airflow eo recover``); a table it cannot change yet (or not as its owner) keeps its columns and gets
+        this batch's dead letters without the new ones, with a warning naming the statement: another pipeline's
+        transaction in doubt must not stop this one."""
+        statements = dead_letter_upgrades(self.dead_letter_table, columns)
+        if statements:
+            conn.execute(f"SET lock_timeout = '{DEAD_LETTER_UPGRADE_WAIT_S}s'")
+        have = list(columns)
+        for column, statement in statements:
+            try:
+                conn.execute(statement)  # ADD COLUMN IF NOT EXISTS: one added meanwhile by another pipeline is fine
+            except psycopg.Error as exc:
+                log.warning("%s: dead-letter table %s lacks column %s and could not get it (%s): this batch's dead "
+                            "letters are written without it. Run, as the table's owner, once no prepared transaction "
+                            "holds the table: %s", self.name, self.dead_letter_table, column, str(exc).strip(),
+                            statement)
+                continue
+            have.append(column)
+            log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
+        return have
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

@@ -205,10 +205,10 @@ DEAD_LETTER_MIGRATIONS: list[tuple[int, str, str]] = [
 ]
 
 
-def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[str]:
-    """The ``ALTER TABLE`` statements bringing an existing dead-letter table with ``columns`` up to date."""
+def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
+    """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
     have = set(columns)
-    return [add_column_statement(table, column, sql_type) for _, column, sql_type in DEAD_LETTER_MIGRATIONS
+    return [(column, add_column_statement(table, column, sql_type)) for _, column, sql_type in DEAD_LETTER_MIGRATIONS
             if column not in have]
 
 

@@ -10,6 +10,10 @@ import pyarrow as pa
 
 from airflow_eo.core.protocol import BatchContext, DeadLetter, PartitionWriter, dead_letter_chunks
 
+#: Seconds the ALTER bringing an older release's dead-letter table up to date waits for other pipelines' prepared
+#: branches on it before this batch goes on without the new columns (a branch in doubt waits for its pipeline).
+DEAD_LETTER_UPGRADE_WAIT_S = 5
+
 
 def write_dead_letters_through_driver(batch: BatchContext, records: Iterator[DeadLetter],
                                       dead_letter_writer: Callable[[BatchContext], PartitionWriter]) -> list[str]:

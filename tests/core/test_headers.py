@@ -53,6 +53,7 @@ def test_dead_letter_tables_get_every_field_and_older_tables_only_what_they_lack
     assert versions == sorted(set(versions)) and versions[0] == 2  # append only, after the first version
     v1 = ["pipeline_id", "topic", "kafka_partition", "kafka_offset", "batch_id", "record_key", "raw_value", "error",
           "created_at"]
-    [statement] = room.dead_letter_upgrades("dl", v1)
+    [(column, statement)] = room.dead_letter_upgrades("dl", v1)
+    assert column == "kafka_headers"
     assert "ADD COLUMN" in statement and "kafka_headers" in statement
     assert room.dead_letter_upgrades("dl", [*v1, "kafka_headers"]) == []  # up to date: nothing to run

@@ -245,6 +245,46 @@ def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_
     assert our_prepared_branches(mysql_kwargs, pipeline) == []
 
 
+def test_an_older_dead_letter_table_another_pipelines_branch_holds_gets_dead_letters_without_headers_meanwhile(
+        bootstrap, mysql_kwargs, topic_name):
+    """The column cannot be added while another pipeline's prepared XA branch (in doubt until that pipeline runs
+    again) holds the table: this pipeline's batch still commits, its dead letters without headers (NULL: not kept),
+    and a batch after that branch ended adds the column and keeps them."""
+    import pymysql
+
+    create_topic(bootstrap, topic_name, 1)
+    produce_page_views(bootstrap, 20, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
+    table, dead_table = events_table(mysql_kwargs), f"eo_dl_{uuid.uuid4().hex[:8]}"
+    rows(mysql_kwargs, V1_DEAD_LETTER_DDL.format(name=dead_table))
+    other = pymysql.connect(**mysql_kwargs)
+    try:
+        with other.cursor() as cur:  # another pipeline's dead letter, prepared and in doubt
+            cur.execute("XA START 'eo_test_other_pipeline'")
+            cur.execute(f"INSERT INTO {dead_table} (pipeline_id, topic, kafka_partition, kafka_offset, batch_id, "
+                        "error) VALUES ('other', 't', 0, 0, 0, 'bad')")
+            cur.execute("XA END 'eo_test_other_pipeline'")
+            cur.execute("XA PREPARE 'eo_test_other_pipeline'")
+        op = operator(topic_name, MySqlXaSink(table=table, key_columns=["event_id"], dead_letter_table=dead_table),
+                      on_bad_record="dead_letter")
+        summary = run(op)
+        assert (summary["rows_out"], summary["dead_letters"]) == (20, 3)
+        columns = [r[0] for r in rows(mysql_kwargs, f"SHOW COLUMNS FROM {dead_table}")]
+        assert "kafka_headers" not in columns
+        dead = rows(mysql_kwargs, f"SELECT raw_value FROM {dead_table} WHERE pipeline_id = %s", (op.pipeline_id,))
+        assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES)
+    finally:
+        with other.cursor() as cur:
+            cur.execute("XA ROLLBACK 'eo_test_other_pipeline'")
+        other.close()
+
+    produce_page_views(bootstrap, 10, topic=topic_name, raw_values=BAD_VALUES, raw_headers=BAD_HEADERS)
+    assert run(op)["dead_letters"] == 3
+    dead = rows(mysql_kwargs, f"SELECT raw_value, kafka_headers, batch_id FROM {dead_table} WHERE pipeline_id = %s",
+                (op.pipeline_id,))
+    assert sorted(h is None for _, h, b in dead if b == 0) == [True] * 3  # the first batch's: not kept
+    assert_headers_kept((v, h) for v, h, b in dead if b == 1)
+
+
 def test_records_deleted_by_retention_fail_the_run_or_are_skipped_and_recorded(bootstrap, mysql_kwargs, topic_name):
     create_topic(bootstrap, topic_name, 1)
     produce_page_views(bootstrap, 50, topic=topic_name)
