@@ -252,24 +252,24 @@ def _rows(df: DataFrame) -> Iterator[tuple[Any, Any]]:
     whole batch."""
     import pyarrow as pa
 
+    def arrow_streams(batches: Iterable[Any]) -> Iterator[Any]:
+        # Runs in the Spark task. Nested, so that it travels by value: a cluster's executors may have no
+        # confluent_kafka to import this module with.
+        import pyarrow as pa
+
+        for batch in batches:
+            if batch.num_rows:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch)
+                yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
+                                                 schema=pa.schema([("ipc", pa.binary())]))
+
     # Positional names: mapInArrow parses its input's column names (a backquote in one would fail).
-    streams = df.toDF("_eo_key", "_eo_value").mapInArrow(_arrow_streams, "ipc binary")
+    streams = df.toDF("_eo_key", "_eo_value").mapInArrow(arrow_streams, "ipc binary")
     for row in streams.toLocalIterator(prefetchPartitions=False):
         for batch in pa.ipc.open_stream(row[0]):
             yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True)
-
-
-def _arrow_streams(batches: Iterable[Any]) -> Iterator[Any]:
-    """Each Arrow batch of a partition as one Arrow IPC stream (runs in the Spark task)."""
-    import pyarrow as pa
-
-    for batch in batches:
-        if batch.num_rows:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, batch.schema) as writer:
-                writer.write_batch(batch)
-            yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
-                                             schema=pa.schema([("ipc", pa.binary())]))
 
 
 def _bytes(value: Any) -> bytes | None:
