@@ -121,9 +121,13 @@ def test_postgres_crashing_at_every_step(kind, layout, stack: ModuleType, faults
                 f"{str(error)[-1500:]}" + trace)
         # In doubt: prepared before the kill, not yet committed by the attempt (on two servers after the commit
         # point the attempt committed them before it ended).
+        # During the write: none, or one of another task that prepared while the server died. A SIGKILLed
+        # postmaster's backends finish the statement they run before they notice (seen once in CI: the other task's
+        # PREPARE TRANSACTION went through); the next attempt rolls it back, as the end of this test checks.
         in_doubt = kind == "two_phase" and step != "during_write" and where is not None
-        assert bool(prepared_gids(postgres_kwargs, op.pipeline_id)) is in_doubt, (
-            f"{step}: prepared transactions {'do not ' if in_doubt else ''}survive the restart")
+        if step != "during_write":
+            assert bool(prepared_gids(postgres_kwargs, op.pipeline_id)) is in_doubt, (
+                f"{step}: prepared transactions {'do not ' if in_doubt else ''}survive the restart")
         # The store's state after the restart is what the attempt said: committed when after its commit point.
         assert (batches()[-1][1] == "committed") is (where in ("after", None)), f"{step}: {batches()[-1]}"
         page_views.produce_page_views(bootstrap, 300, topic=topic_name)

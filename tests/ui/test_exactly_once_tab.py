@@ -146,6 +146,7 @@ def test_the_tab_api_is_protected_and_lists_only_the_dags_pipelines(airflow, pip
 def test_the_dag_page_tab_shows_lag_batches_in_doubt_dead_letters_and_rewinds(
         airflow, pipelines, bootstrap, mysql_kwargs, tmp_path):
     from selenium import webdriver
+    from selenium.common.exceptions import NoSuchElementException, WebDriverException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -159,9 +160,11 @@ def test_the_dag_page_tab_shows_lag_batches_in_doubt_dead_letters_and_rewinds(
     screenshot = Path(os.environ.get("EO_UI_SCREENSHOT", tmp_path / "exactly_once_tab.png"))
     try:
         wait = WebDriverWait(driver, 90)
-        # Log in as a user would: the UI sends us to the simple auth manager's form.
+        # Log in as a user would: the UI sends us to the simple auth manager's form. Its redirects may replace the
+        # page while a lookup runs ("aborted by navigation", seen once in CI): look again until the form is there.
+        redirects = WebDriverWait(driver, 90, ignored_exceptions=[NoSuchElementException, WebDriverException])
         driver.get(airflow.base_url + "/")
-        wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
+        redirects.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys("admin")
         driver.find_element(By.NAME, "password").send_keys(airflow.admin_password)
         driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait.until(lambda d: "/auth/" not in d.current_url and "login" not in d.current_url)
