@@ -178,8 +178,7 @@ class SparkBatchEngine:
         from pyspark.sql import functions as F
 
         t0 = time.monotonic()
-        row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
-        records_in, bad = int(row["records"]), int(row["bad"])
+        records_in, bad = _count(parsed)
         route = self._dead_letter_route(batch, sink) if bad else None
         # fail: raises here; dead letters without an executor-side writer: streamed through the driver
         dead_letters = self._bad_records(parsed, bad) if bad and route is None else iter(())
@@ -217,7 +216,7 @@ class SparkBatchEngine:
 
         t0 = time.monotonic()
         observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
-        observed = parsed.observe(observation, F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad"))
+        observed = parsed.observe(observation, *_record_counts())
         good = observed.where(F.col("_eo_error").isNull()).select(
             *named_columns([*payload, *metadata_columns(self.parse)]))
         out = self._apply_transform(spark, good, batch)
@@ -226,8 +225,7 @@ class SparkBatchEngine:
         t1 = time.monotonic()
         counted = written.counted
         if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
-            row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
-            counted = int(row["records"]), int(row["bad"])
+            counted = _count(parsed)
             seconds["count"] = round(time.monotonic() - t1, 3)
         records_in, bad = counted
         xids = list(written.xids)
@@ -268,8 +266,7 @@ class SparkBatchEngine:
         t1 = time.monotonic()
         counted = written.counted
         if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
-            row = parsed.agg(F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")).collect()[0]
-            counted = int(row["records"]), int(row["bad"])
+            counted = _count(parsed)
         records_in, bad = counted
         xids = list(written.xids)
         if bad and not written.dead_lettered:  # fail: raises, the attempt discards
@@ -508,6 +505,19 @@ def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator
              pa.array([NO_HEADERS if h is None else encode_header_structs(h)  # None: Spark's "no headers"
                        for h in column["_eo_dl_headers"].to_pylist()], pa.string())],
             names=list(DEAD_LETTER_FIELDS))
+
+
+def _record_counts() -> list[Any]:
+    """The batch's records and bad records, as aggregate columns of the parsed records."""
+    from pyspark.sql import functions as F
+
+    return [F.count(F.lit(1)).alias("records"), F.count("_eo_error").alias("bad")]
+
+
+def _count(parsed: DataFrame) -> tuple[int, int]:
+    """``(records, bad records)`` of the parsed records, in a Spark job of its own."""
+    row = parsed.agg(*_record_counts()).collect()[0]
+    return int(row["records"]), int(row["bad"])
 
 
 def _observed_counts(observation: Any) -> tuple[int, int] | None:

@@ -50,24 +50,25 @@ def stack() -> ModuleType:
     return module
 
 
+def _second_server(stack: ModuleType, server: str, pid_file: Path) -> Iterator[dict[str, Any]]:
+    """``stack.second_<server>_up()``'s settings; stopped afterwards only when this started it."""
+    started = not stack.pid_alive(pid_file)
+    settings = getattr(stack, f"second_{server}_up")()
+    yield settings
+    if started:
+        getattr(stack, f"second_{server}_down")()
+
+
 @pytest.fixture(scope="session")
 def second_mariadb(stack: ModuleType) -> Iterator[dict[str, Any]]:
     """A second MariaDB server for the offset store, so that store and sink live on two servers."""
-    started = not stack.pid_alive(stack.SECOND_MARIADB / "mariadb.pid")
-    settings = stack.second_mariadb_up()
-    yield settings
-    if started:
-        stack.second_mariadb_down()
+    yield from _second_server(stack, "mariadb", stack.SECOND_MARIADB / "mariadb.pid")
 
 
 @pytest.fixture(scope="session")
 def second_postgres(stack: ModuleType) -> Iterator[dict[str, Any]]:
     """A second PostgreSQL server for the offset store, so that store and sink live on two servers."""
-    started = not stack.pid_alive(stack.SECOND_POSTGRES / "postgres.pid")
-    settings = stack.second_postgres_up()
-    yield settings
-    if started:
-        stack.second_postgres_down()
+    yield from _second_server(stack, "postgres", stack.SECOND_POSTGRES / "postgres.pid")
 
 
 def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
