@@ -125,6 +125,8 @@ class Job:
     ratio_to_good_records: float | None = None
     fraction_of_limit: float | None = None
     protocol_share: float | None = None
+    #: where it ran: "local", or the Airflow connection of ``--spark-conn``
+    spark: str = "local"
     #: peak resident memory of the driver's Python and JVM during this job (MiB)
     driver_peak_rss_mb: dict[str, int] | None = None
 
@@ -218,6 +220,15 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+#: the Airflow connection of the Spark the jobs run on (``--spark-conn``); None: local (``AIRFLOW_EO_SPARK_MASTER``
+#: or ``local[*]``)
+SPARK_CONN_ID: str | None = None
+
+
+def spark_hook(conf: dict[str, str] | None = None) -> SparkSessionHook:
+    return SparkSessionHook(SPARK_CONN_ID, conf=conf)
+
+
 def engine(parallelism: int, transform: Any = None, schema: str | None = page_views.SCHEMA,
            on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL, parse: ParseConfig | None = None
            ) -> SparkBatchEngine:
@@ -225,7 +236,7 @@ def engine(parallelism: int, transform: Any = None, schema: str | None = page_vi
     parse = parse or (
         ParseConfig(schema=schema, write_partitions=parallelism, on_bad_record=on_bad_record) if schema else
         ParseConfig(value_format=ValueFormat.STRING, write_partitions=parallelism, on_bad_record=on_bad_record))
-    return SparkBatchEngine(SparkSessionHook().get_conn, KafkaClusterHook("kafka_default").get_config(), parse,
+    return SparkBatchEngine(spark_hook().get_conn, KafkaClusterHook("kafka_default").get_config(), parse,
                             transform=transform)
 
 
@@ -242,7 +253,7 @@ def parsed_events(df: Any) -> Any:
 
 def r_kafka(topic: str, events: int, parallelism: int) -> Job:
     eng = engine(parallelism)
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     batch = BatchContext("bench_r_kafka", 0, "bench", 0, whole_topic(topic))
     started = time.monotonic()
     expect("records read", eng.read(spark, batch).count(), events)
@@ -359,7 +370,7 @@ def r_db(topic: str, events: int, parallelism: int, workdir: Path, database: str
 def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
     """``readStream`` + ``availableNow`` + a checkpoint + ``foreachBatch`` upserting with our statements."""
     table = fresh_table("page_view_events", "ss")
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     eng = engine(parallelism)
     # Our writer's multi-row statements (the peer as teams write it: no bulk load), without the offset store
     # (so without the epoch fence of our upsert sink).
@@ -393,7 +404,7 @@ def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int
 def spark_jdbc_append(topic: str, events: int, parallelism: int) -> Job:
     """Batch read of the same ranges, ``df.write.jdbc`` append (no upsert) with MariaDB Connector/J."""
     table = fresh_table("page_view_events", "jdbc")
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     eng = engine(parallelism)
     connect = mysql_kwargs()
     started = time.monotonic()
@@ -413,7 +424,7 @@ def spark_jdbc_append(topic: str, events: int, parallelism: int) -> Job:
 def spark_jdbc_append_pg(topic: str, events: int, parallelism: int) -> Job:
     """The PostgreSQL sinks' peer: the same read, ``df.write.jdbc`` append (no upsert) with PostgreSQL's driver."""
     table = fresh_pg_table("page_view_events", "jdbcpg")
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     eng = engine(parallelism)
     connect = pg_kwargs()
     started = time.monotonic()
@@ -433,7 +444,7 @@ def spark_jdbc_append_counts(topic: str, events: int, parallelism: int) -> Job:
     """``eo_xa_counts``' peer: the same read and per-app counts (``page_views.count_per_app``), ``df.write.jdbc``
     append of the aggregated rows into a fresh ``app_pv`` (no accumulation across batches: at least once)."""
     table = fresh_table("app_pv", "jdbcc")
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     eng = engine(parallelism)
     connect = mysql_kwargs()
     started = time.monotonic()
@@ -457,7 +468,7 @@ def spark_kafka_writer(lines_topic: str, events: int, parallelism: int) -> Job:
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     out_topic = f"{lines_topic}_spark_out"
     ensure_topic(bootstrap, out_topic, 3)
-    spark = SparkSessionHook().get_conn()
+    spark = spark_hook().get_conn()
     eng = engine(parallelism, schema=None)
     started = time.monotonic()
     batch = BatchContext("bench_spark_kafka", 0, "bench", 0, whole_topic(lines_topic))
@@ -592,7 +603,8 @@ def eo_xa_events_avro(avro_topic: str, events: int, parallelism: int) -> Job:
     decoded by Spark's ``from_avro`` and resolved into the example's reader schema): no transform, the same table."""
     table = fresh_table("page_view_events", "xaavro")
     parse = ParseConfig(value_format=ValueFormat.AVRO, avro_schema=json.dumps(page_views.AVRO_SCHEMA),
-                        framing=Framing.CONFLUENT, writer_schemas=page_views.AVRO_WRITER_SCHEMAS,
+                        framing=Framing.CONFLUENT,
+                        writer_schemas={i: json.dumps(s) for i, s in page_views.AVRO_WRITER_SCHEMAS.items()},
                         write_partitions=parallelism)
     job = ours("eo_xa_events_avro", MySqlXaSink(table=table, key_columns=["event_id"]), None, avro_topic, events,
                parallelism, parse=parse)
@@ -704,7 +716,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic}{avro} and "
           f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
     jars = [*(maven_jars(*CONNECTOR_J) or []), *(maven_jars(*PGJDBC) or [])]
-    spark = SparkSessionHook(conf={"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
+    spark = spark_hook({"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
     warm_python_workers(spark, parallelism)
@@ -748,7 +760,10 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             jobs.append(job)
             print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  "
                   f"driver peak RSS {job.driver_peak_rss_mb}  {job.note}", flush=True)
-    return {"events": events, "parallelism": parallelism, "jobs": [asdict(j) for j in jobs]}
+    for job in jobs:
+        job.spark = SPARK_CONN_ID or "local"
+    return {"events": events, "parallelism": parallelism, "spark": SPARK_CONN_ID or "local",
+            "jobs": [asdict(j) for j in jobs]}
 
 
 def rate_point(point: dict[str, Any]) -> None:
@@ -778,7 +793,7 @@ def rate_point(point: dict[str, Any]) -> None:
 
 
 def print_point(point: dict[str, Any]) -> None:
-    print(f"\n{point['events']:,} events, {point['parallelism']} writers")
+    print(f"\n{point['events']:,} events, {point['parallelism']} writers, Spark: {point['spark']}")
     print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>27}{'of limit':>10}"
           f"{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
@@ -791,6 +806,20 @@ def print_point(point: dict[str, Any]) -> None:
         memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
         print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>27}"
               f"{limit:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
+
+
+def print_scale_out(points: list[dict[str, Any]]) -> None:
+    """Per batch size: each job's records/s at each parallelism, per writer task, and against the first one."""
+    for events in sorted({p["events"] for p in points}):
+        mine = sorted((p for p in points if p["events"] == events), key=lambda p: p["parallelism"])
+        print(f"\nscale-out, {events:,} events on {mine[0]['spark']}: records/s (per writer task; x the first)")
+        print(f"{'job':<36}" + "".join(f"{str(p['parallelism']) + ' writers':>32}" for p in mine))
+        names = [j["name"] for j in mine[0]["jobs"] if j["records_per_s"]]
+        for name in names:
+            rates = [next((j["records_per_s"] for j in p["jobs"] if j["name"] == name), None) for p in mine]
+            cells = [f"{r:>12,.0f} ({r / p['parallelism']:>8,.0f}; {r / rates[0]:.2f}x)" if r and rates[0] else "-"
+                     for r, p in zip(rates, mine, strict=True)]
+            print(f"{name:<36}" + "".join(f"{c:>32}" for c in cells))
 
 
 def chart(points: list[dict[str, Any]], path: Path) -> None:
@@ -832,12 +861,17 @@ def main() -> None:
     parser.add_argument("--parallelism", default="2", help="comma-separated writer parallelism (tasks, connections)")
     parser.add_argument("--only", default="",
                         help=f"comma-separated jobs among {', '.join((*LIMITS, *PEERS, *OURS, EMPTY_BATCH))}")
+    parser.add_argument("--spark-conn", default=None,
+                        help="the Airflow connection of the Spark to run on, e.g. spark_cluster (`make spark-cluster`, "
+                             "then `. .stack/spark/env`); default: local")
     parser.add_argument("--json", type=Path, help="write the results here (one object per job)")
     parser.add_argument("--chart", type=Path, help="write a PNG chart of records/s here (needs matplotlib)")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
     parser.add_argument("--r-db", help=argparse.SUPPRESS)  # internal: run r_db, print its JSON
     parser.add_argument("--empty-batch", help=argparse.SUPPRESS)  # internal: time empty batches, print the JSON
     args = parser.parse_args()
+    global SPARK_CONN_ID
+    SPARK_CONN_ID = args.spark_conn
     only = [o for o in args.only.split(",") if o]
     if args.empty_batch:
         topic, parallelism = args.empty_batch.rsplit(":", 1)
@@ -858,8 +892,9 @@ def main() -> None:
     for events in (int(s) for s in args.sizes.split(",")):
         for parallelism in (int(p) for p in args.parallelism.split(",")):
             # Its own process: the driver's peak memory and JVM are this point's alone.
+            where = ["--spark-conn", args.spark_conn] if args.spark_conn else []
             child = subprocess.run([sys.executable, __file__, "--point", f"{events}:{parallelism}",
-                                    "--only", args.only], stdout=subprocess.PIPE, text=True)
+                                    "--only", args.only, *where], stdout=subprocess.PIPE, text=True)
             lines = child.stdout.splitlines()
             print("\n".join(line for line in lines if not line.startswith("POINT ")), flush=True)
             if child.returncode != 0:
@@ -868,6 +903,8 @@ def main() -> None:
             rate_point(point)
             points.append(point)
             print_point(point)
+    if len({p["parallelism"] for p in points}) > 1:
+        print_scale_out(points)
     if args.json:
         jobs = [job for p in points for job in p["jobs"]]
         args.json.write_text(json.dumps(jobs, indent=1))

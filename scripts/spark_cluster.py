@@ -19,7 +19,7 @@ JVM and process group:
   credentials, plaintext on loopback), so its URL is ``sc://localhost:25003/;token=...``.
 
 Executors and Connect's Python workers run the Python of a second environment,
-``.stack/spark-worker-venv`` (pyspark at the driver's version, pyarrow, pandas, pymysql; no airflow_eo,
+``.stack/spark-worker-venv`` (pyspark at the driver's version, pyarrow, pandas, pymysql, psycopg; no airflow_eo,
 no Airflow), created by ``up``. A classic session started from a running Python (an Airflow worker)
 takes its executors' Python from ``PYSPARK_PYTHON`` in the driver's environment when the session starts:
 pyspark's SparkContext ignores ``spark.pyspark.python`` (read by spark-submit and the Connect server only).
@@ -269,12 +269,12 @@ def check_free(part: Part) -> None:
 # --------------------------------------------------------------------------- worker Python
 
 def worker_venv() -> Path:
-    """The executors' Python: pyspark at the driver's version, pyarrow, pandas, pymysql; no airflow_eo."""
+    """The executors' Python: pyspark at the driver's version, pyarrow, pandas, pymysql, psycopg; no airflow_eo."""
     from importlib.metadata import PackageNotFoundError, version
 
     stamp = WORKER_VENV / ".installed"
     wanted = [f"pyspark=={pyspark_version()}"]
-    for package in ("pyarrow", "pandas", "PyMySQL"):
+    for package in ("pyarrow", "pandas", "PyMySQL", "psycopg", "psycopg-binary"):
         try:
             wanted.append(f"{package}=={version(package)}")  # the driver's version
         except PackageNotFoundError:
