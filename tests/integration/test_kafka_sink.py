@@ -51,6 +51,14 @@ def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, ai
     for point in ["before_produce", "mid_produce", "after_last_send", "after_kafka_commit"]:
         crashed = run_dag("ip_counts_kafka", logical_date, fault=point)
         assert crashed.returncode == -signal.SIGKILL, f"not killed at {point}: {crashed.stderr[-3000:]}"
+        # What a read_committed consumer sees of a batch: all of it or none of it. Until the Kafka commit no
+        # record of the batch, even once every record was sent; after it, every line of the planned 4,000 once
+        # (the counts of one batch sum to its lines), before the store knows.
+        seen = sum(ip_counts.output_counts(bootstrap).values())
+        assert seen == (4000 if point == "after_kafka_commit" else 0), f"read_committed saw {seen} after {point}"
+        if point == "after_last_send":
+            assert sum(ip_counts.output_counts(bootstrap, "read_uncommitted").values()) >= 4000, \
+                "the batch's records were not in the log: the read_committed check above proves nothing"
         ip_counts.produce_lines(bootstrap, 300)
     retried = run_dag("ip_counts_kafka", logical_date)
     assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
