@@ -377,8 +377,9 @@ class PartitionWriter(Protocol):
         """Write the partition's Arrow record batches; return (xid of its prepared branch or None, rows).
 
         ``agreed`` (only for a sink whose ``can_hold_writes`` said yes): take in the whole partition without making
-        any of it visible, then call it once; write only if it returns True, else write nothing and return
-        ``(None, 0)``.
+        any of it visible, then call it once; make the write visible only if it returns True, else nothing of it
+        and return ``(None, 0)``. The write may go on uncommitted while the vote runs
+        (:func:`~airflow_eo.core.vote.write_while_voting`: Spark's barrier answers no sooner than about a second).
         """
 
 

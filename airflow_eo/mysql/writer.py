@@ -13,6 +13,7 @@ import pymysql
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
 from airflow_eo.mysql.bulk_load import hex_columns, sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
@@ -78,8 +79,15 @@ class PartitionWriter:
                     if DELETE_COLUMN in self.columns:
                         cur.execute(tombstones_table_ddl(self.columns, self.key_columns))
                     conn.commit()
-                    if agreed is not None and not agreed():
-                        return None, 0  # another partition found a bad record: write nothing
+                if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
+                    hexed = hex_columns(types or [])  # types is set: checked above
+                    clean, written = write_while_voting(
+                        agreed, lambda: self._write_staged(conn, cur, staged, hexed, commit=False))
+                    if not clean:
+                        conn.rollback()  # another partition found a bad record: nothing of this one is visible
+                        return None, 0
+                    conn.commit()
+                    return None, written
                 if xa is not None:
                     xa.start(xid)
                 written = (self._write_staged(conn, cur, staged, hex_columns(types)) if types is not None
@@ -100,8 +108,9 @@ class PartitionWriter:
                 xa.rollback(other)
 
     def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int,
-                      hexed: frozenset[int]) -> int:
-        """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction)."""
+                      hexed: frozenset[int], commit: bool = True) -> int:
+        """The staged rows into the table with one ``INSERT .. SELECT`` (in the branch, or one fenced transaction,
+        committed here unless ``commit`` is False)."""
         if self.fence is not None:
             self.fence.check(cur, "share")
         if DELETE_COLUMN in self.columns:  # tombstones: deleted in the same transaction as the upsert
@@ -112,7 +121,7 @@ class PartitionWriter:
             cur.execute(upsert_from_staging_statement(self.table, self.columns, self.key_columns, self.updates, hexed))
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
-        if not self.xa:
+        if not self.xa and commit:
             conn.commit()
         return staged
 

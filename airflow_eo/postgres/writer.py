@@ -22,6 +22,7 @@ import pyarrow.csv as pa_csv
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.prepared import PreparedTransactions
@@ -102,20 +103,28 @@ class PartitionWriter:
                 staged = self._copy(cur, staging, stream, csv)
                 if temporary:
                     conn.commit()  # the staged rows are the session's own: nobody sees them
-                    if agreed is not None and not agreed():
-                        return None, 0  # another partition found a bad record: write nothing
                 elif agreed is not None:
                     raise RuntimeError("the two-phase writer holds nothing back: its writes are prepared, not visible")
-                if self.fence is not None:
-                    self.fence.check(cur, "share")
-                if DELETE_COLUMN in self.columns:  # tombstones: in the same transaction as the upsert
-                    cur.execute(delete_from_staging_statement(self.table, staging, self.key_columns))
-                cur.execute(upsert_from_staging_statement(self.table, staging, self.columns, self.key_columns,
-                                                          self.updates))
-                if not temporary:
-                    cur.execute(f"DROP TABLE {staging}")
-                # The write is in flight (not committed or prepared yet) whichever writer fires this first.
-                failpoint("during_write")
+
+                def upsert() -> None:
+                    if self.fence is not None:
+                        self.fence.check(cur, "share")
+                    if DELETE_COLUMN in self.columns:  # tombstones: in the same transaction as the upsert
+                        cur.execute(delete_from_staging_statement(self.table, staging, self.key_columns))
+                    cur.execute(upsert_from_staging_statement(self.table, staging, self.columns, self.key_columns,
+                                                              self.updates))
+                    if not temporary:
+                        cur.execute(f"DROP TABLE {staging}")
+                    # The write is in flight (not committed or prepared yet) whichever writer fires this first.
+                    failpoint("during_write")
+
+                if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
+                    clean, _ = write_while_voting(agreed, upsert)
+                    if not clean:
+                        conn.rollback()  # another partition found a bad record: nothing of this one is visible
+                        return None, 0
+                else:
+                    upsert()
             if prepared is not None:
                 prepared.prepare(xid)
                 return xid.encode(), staged
