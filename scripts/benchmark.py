@@ -260,7 +260,7 @@ def r_kafka(topic: str, events: int, parallelism: int) -> Job:
     return Job("r_kafka", events, parallelism, time.monotonic() - started)
 
 
-def warm_parse_paths(bootstrap: str, parallelism: int, events: int = 20_000) -> None:
+def warm_parse_paths(bootstrap: str, parallelism: int, events: int) -> None:
     """Runs our events job and the JDBC peer once on a small topic, not timed: the first job that parses with a
     given plan pays Spark's code generation and the JVM's compilation of it (measured: ~1.4 s of the map stage at
     300,000 events), which otherwise falls on whichever job happens to come first."""
@@ -733,7 +733,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
     warm_python_workers(spark, parallelism)
-    warm_parse_paths(bootstrap, parallelism)
+    warm_parse_paths(bootstrap, parallelism, min(events, 20_000))
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
         runs: list[tuple[str, Callable[[], Job]]] = [
