@@ -774,10 +774,10 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             jobs.append(job)
             print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  "
                   f"driver peak RSS {job.driver_peak_rss_mb}  {job.note}", flush=True)
+    where = SPARK_CONN_ID or "local"
     for job in jobs:
-        job.spark = SPARK_CONN_ID or "local"
-    return {"events": events, "parallelism": parallelism, "spark": SPARK_CONN_ID or "local",
-            "jobs": [asdict(j) for j in jobs]}
+        job.spark = where
+    return {"events": events, "parallelism": parallelism, "spark": where, "jobs": [asdict(j) for j in jobs]}
 
 
 def rate_point(point: dict[str, Any]) -> None:

@@ -79,8 +79,8 @@ class PartitionWriter:
                     if DELETE_COLUMN in self.columns:
                         cur.execute(tombstones_table_ddl(self.columns, self.key_columns))
                     conn.commit()
+                hexed = hex_columns(types) if types is not None else frozenset()
                 if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
-                    hexed = hex_columns(types or [])  # types is set: checked above
                     clean, written = write_while_voting(
                         agreed, lambda: self._write_staged(conn, cur, staged, hexed, commit=False))
                     if not clean:
@@ -90,7 +90,7 @@ class PartitionWriter:
                     return None, written
                 if xa is not None:
                     xa.start(xid)
-                written = (self._write_staged(conn, cur, staged, hex_columns(types)) if types is not None
+                written = (self._write_staged(conn, cur, staged, hexed) if types is not None
                            else self._write(conn, cur, _rows(stream, self.columns)))
                 if xa is not None:
                     xa.prepare(xid)
