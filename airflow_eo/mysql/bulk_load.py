@@ -4,9 +4,11 @@ one ``INSERT .. SELECT``."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,7 @@ import pyarrow.csv as pa_csv
 import pymysql
 
 from airflow_eo.mysql.connection import loading_local_file
-from airflow_eo.mysql.sql import load_staging_statement, staging_table_ddl
+from airflow_eo.mysql.sql import load_replacing_statement, load_staging_statement, staging_table_ddl
 
 
 def sink_array(batch: pa.RecordBatch, name: str) -> pa.Array:
@@ -87,51 +89,95 @@ def _hex(array: pa.Array) -> pa.Array:
                                                         pa.py_buffer(text)], null_count=array.null_count)
 
 
-def stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], types: Sequence[str]) -> int:
-    """Loads the partition's rows into the session's staging table with ``LOAD DATA LOCAL INFILE``, from CSV files
-    that Arrow writes (no per-value Python), at most :data:`STAGING_FILE_BYTES` at a time; returns the rows."""
-    cur.execute(staging_table_ddl(types))
-    statement = load_staging_statement(len(columns))
+def _csv_rows(batch: pa.RecordBatch, columns: Sequence[str]) -> pa.RecordBatch:
+    """The columns as their CSV text should read: booleans as 1/0, binary values as hexadecimal text."""
+    arrays = [sink_array(batch, name) for name in columns]
+    arrays = [a.cast(pa.int8()) if pa.types.is_boolean(a.type) else a for a in arrays]  # "true" -> 1
+    arrays = [_hex(a) if pa.types.is_binary(a.type) or pa.types.is_large_binary(a.type) else a for a in arrays]
+    return pa.RecordBatch.from_arrays(arrays, [f"c{i}" for i in range(len(arrays))])
+
+
+def csv_files(batches: Iterable[pa.RecordBatch], columns: Sequence[str],
+              sort_by: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """The rows as CSV files that Arrow writes (no per-value Python), each of at most :data:`STAGING_FILE_BYTES` of
+    Arrow data: yields (path, rows); a file is removed when the next one is asked for (or the generator closes).
+    ``sort_by``: each file's rows in the order of these columns, stably (the rows of one key stay in load order), so
+    that an index is written in key order, not at random; such a file's rows are held in memory until written."""
     fd, path = tempfile.mkstemp(prefix="airflow_eo_stage_", suffix=".csv")
     os.close(fd)
-    staged = pending_rows = pending_bytes = 0
     writer: pa_csv.CSVWriter | None = None
+    held: list[pa.RecordBatch] = []
+    rows = size = 0
     try:
-        for batch in batches:
-            arrays = [sink_array(batch, name) for name in columns]
-            arrays = [a.cast(pa.int8()) if pa.types.is_boolean(a.type) else a for a in arrays]  # "true" -> 1
-            arrays = [_hex(a) if pa.types.is_binary(a.type) or pa.types.is_large_binary(a.type) else a
-                      for a in arrays]
-            rows = pa.RecordBatch.from_arrays(arrays, [f"c{i}" for i in range(len(arrays))])
-            if writer is None:
-                writer = pa_csv.CSVWriter(path, rows.schema, write_options=_CSV_OPTIONS)
-            writer.write_batch(rows)
-            pending_rows += rows.num_rows
-            pending_bytes += rows.nbytes
-            if pending_bytes >= STAGING_FILE_BYTES:
+        for batch in itertools.chain(batches, [None]):  # None: the end, which writes the last file
+            if batch is not None:
+                rows, size = rows + batch.num_rows, size + batch.nbytes
+                if sort_by:
+                    held.append(batch)
+                else:
+                    out = _csv_rows(batch, columns)
+                    writer = writer or pa_csv.CSVWriter(path, out.schema, write_options=_CSV_OPTIONS)
+                    writer.write_batch(out)
+            if rows and (batch is None or size >= STAGING_FILE_BYTES):
+                if held:
+                    chunk = pa.concat_batches(held)
+                    chunk = chunk.take(pc.sort_indices(chunk, [(name, "ascending") for name in sort_by]))
+                    out = _csv_rows(chunk, columns)
+                    writer = pa_csv.CSVWriter(path, out.schema, write_options=_CSV_OPTIONS)
+                    writer.write_batch(out)
+                    held = []
+                assert writer is not None
                 writer.close()
                 writer = None
-                staged += _load(cur, statement, path, pending_rows)
-                pending_rows = pending_bytes = 0
-        if writer is not None:
-            writer.close()
-            staged += _load(cur, statement, path, pending_rows)
+                yield path, rows
+                rows = size = 0
     finally:
         if writer is not None:
             writer.close()
         os.unlink(path)
-    return staged
 
 
-def _load(cur: Any, statement: str, path: str, rows: int) -> int:
+def stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], types: Sequence[str]) -> int:
+    """Loads the partition's rows into the session's staging table with ``LOAD DATA LOCAL INFILE`` of
+    :func:`csv_files`; returns the rows."""
+    cur.execute(staging_table_ddl(types))
+    statement = load_staging_statement(len(columns))
+    return sum(_load(cur, statement, path, rows) for path, rows in csv_files(batches, columns))
+
+
+def load_replacing(cur: Any, files: Iterable[tuple[str, int]], table: str, columns: Sequence[str],
+                   hex_positions: frozenset[int]) -> int:
+    """Loads :func:`csv_files` straight into ``table`` with ``LOAD DATA LOCAL INFILE .. REPLACE`` (where that equals
+    the upsert: :func:`~airflow_eo.core.sinks.why_replace_is_not_upsert`), in the caller's transaction; returns the
+    rows. A warning fails it: the caller's transaction (or XA branch) is then never committed."""
+    statement = load_replacing_statement(table, columns, hex_positions)
+    # A value rounded to the column's scale is a note, as in the staging path's INSERT .. SELECT: not recorded, so
+    # that the warnings left are the ones that fail the load.
+    cur.execute("SET SESSION sql_notes = 0")
+    return sum(_load(cur, statement, path, rows, into=table) for path, rows in files)
+
+
+_RECORDS = re.compile(rb"Records: (\d+)")
+
+
+def _load(cur: Any, statement: str, path: str, rows: int, into: str | None = None) -> int:
     # LOCAL turns data errors into warnings: any warning (or a row count off) fails the task, nothing is guessed.
-    with loading_local_file(cur.connection, path):
-        loaded = cur.execute(statement, (path,))
+    advice = "; nothing of this task was written. Set bulk_load=False on the sink to write with statements."
+    target = f"table {into}" if into is not None else "the staging table"
+    try:
+        with loading_local_file(cur.connection, path):
+            loaded = cur.execute(statement, (path,))
+    except pymysql.err.DataError as exc:  # strict mode: a value the table's column cannot take (MariaDB)
+        raise pymysql.err.DataError(f"bulk load of {rows} row(s) into {target} failed: {exc.args[-1]}{advice}") from exc
+    if into is not None:
+        # REPLACE counts a replaced row twice in the affected rows: the server's "Records: N" counts the file's rows.
+        # pymysql keeps that message on the result only (MySQLdb's Connection.info()).
+        match = _RECORDS.search(getattr(cur.connection._result, "message", None) or b"")
+        loaded = int(match[1]) if match else loaded
     cur.execute("SHOW WARNINGS LIMIT 3")
     warnings = cur.fetchall()
     if warnings or loaded != rows:
         raise pymysql.err.DataError(
-            f"bulk load of {rows} row(s) into the staging table loaded {loaded}"
-            + (f", with warnings: {'; '.join(str(w[2]) for w in warnings)}" if warnings else "")
-            + "; nothing of this task was written. Set bulk_load=False on the sink to write with statements.")
+            f"bulk load of {rows} row(s) into {target} loaded {loaded}"
+            + (f", with warnings: {'; '.join(str(w[2]) for w in warnings)}" if warnings else "") + advice)
     return loaded

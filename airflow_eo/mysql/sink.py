@@ -18,6 +18,7 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
+from airflow_eo.core.sinks import TableShape, why_replace_is_not_upsert
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.mysql.bulk_load import staging_types
@@ -69,6 +70,7 @@ class MySqlTableSink:
         self.row_alias = False
         self.bulk_load = False  # asked for, and the server allows LOAD DATA LOCAL (checked in check())
         self.table_columns: list[str] = []
+        self.shape = TableShape(columns=(), unique_keys=())  # read in check()
         self.add_missing_columns = add_missing_columns
 
     # -- checks before any side effect
@@ -98,7 +100,7 @@ class MySqlTableSink:
                     log.info("%s: the server does not allow LOAD DATA LOCAL INFILE (local_infile=OFF); writing with "
                              "multi-row statements", self.name)
                 self.table_columns = self._table_columns(cur)
-                self._check_unique_key(cur)
+                self.shape = self._table_shape(cur, self._check_unique_key(cur))
         finally:
             conn.close()
 
@@ -126,7 +128,32 @@ class MySqlTableSink:
                                      f"{', '.join(missing)}; its columns are {', '.join(columns)}")
         return columns
 
-    def _check_unique_key(self, cur: Any) -> None:
+    def _table_shape(self, cur: Any, unique_keys: tuple[frozenset[str], ...]) -> TableShape:
+        """What decides whether a replacing load equals the upsert (:func:`why_replace_is_not_upsert`); read only.
+        The table's triggers are visible only with the TRIGGER privilege: without it, they are taken to exist."""
+        schema, table = self._split_table()
+        where = "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
+        cur.execute(f"SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE {where} AND EXTRA NOT LIKE "
+                    "'%%GENERATED%%'", (schema, table))
+        columns = tuple(row[0] for row in cur.fetchall())
+        cur.execute(f"SELECT TABLE_TYPE FROM information_schema.TABLES WHERE {where}", (schema, table))
+        row = cur.fetchone()
+        cur.execute(
+            "SELECT (SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
+            "COALESCE(%s, DATABASE()) AND EVENT_OBJECT_TABLE = %s), "
+            "(SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER') + "
+            "(SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER' AND "
+            "COALESCE(%s, DATABASE()) LIKE TABLE_SCHEMA) + "
+            "(SELECT COUNT(*) FROM information_schema.TABLE_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER' AND "
+            f"{where}), "
+            "(SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
+            "COALESCE(%s, DATABASE()) AND REFERENCED_TABLE_NAME = %s)",
+            (schema, table, schema, schema, table, schema, table))
+        triggers, may_see_triggers, referencing = cur.fetchone()
+        return TableShape(columns=columns, unique_keys=unique_keys, has_triggers=bool(triggers or not may_see_triggers),
+                          referenced=bool(referencing), plain=bool(row and row[0] == "BASE TABLE"))
+
+    def _check_unique_key(self, cur: Any) -> tuple[frozenset[str], ...]:
         schema, table = self._split_table()
         cur.execute(
             "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE "
@@ -141,6 +168,7 @@ class MySqlTableSink:
                 f"({', '.join(self.key_columns)}) so that a replayed row overwrites instead of "
                 "duplicating; add one"
             )
+        return tuple(frozenset(columns) for columns in indexes.values())
 
     def check_columns(self, columns: Sequence[str]) -> None:
         unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
@@ -175,6 +203,19 @@ class MySqlTableSink:
         """The fence of this attempt's visible writes; None when they need none."""
         return None
 
+    def replaces_rows(self, columns: Sequence[str]) -> bool:
+        """Whether the bulk load of ``columns`` goes straight into the table with ``LOAD DATA .. REPLACE`` (no staging
+        table, no ``INSERT .. SELECT``): where that leaves what the upsert leaves (logged either way)."""
+        if not self.bulk_load:
+            return False
+        why_not = why_replace_is_not_upsert(self.shape, columns, self.key_columns, self.updates)
+        if why_not is None:
+            log.info("%s: rows are bulk-loaded straight into %s with LOAD DATA .. REPLACE (replacing a row whole "
+                     "equals the upsert here)", self.name, self.table)
+        else:
+            log.info("%s: rows are bulk-loaded into %s through a staging table: %s", self.name, self.table, why_not)
+        return why_not is None
+
     def partition_writer(self, batch: BatchContext, columns: Sequence[str]) -> PartitionWriter:
         self.check_columns(columns)
         return PartitionWriter(
@@ -183,6 +224,7 @@ class MySqlTableSink:
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
+            replace_rows=DELETE_COLUMN not in columns and self.replaces_rows(columns),
         )
 
     def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:

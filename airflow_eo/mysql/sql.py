@@ -64,13 +64,29 @@ def staging_table_ddl(column_types: Sequence[str]) -> str:
             f"{columns}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
 
 
+#: How Arrow writes the bulk load's CSV files: strings quoted with doubled quotes, NULL as the bare word, no escapes.
+_CSV_FILE = ("CHARACTER SET utf8mb4 FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' "
+             "LINES TERMINATED BY '\\n'")
+
+
 def load_staging_statement(columns: int) -> str:
     """``LOAD DATA LOCAL INFILE %s`` of an Arrow-written CSV file (strings quoted with doubled quotes, NULL as the
     bare word ``NULL``, no backslash escapes) into the staging table."""
     names = ", ".join(f"`_eo_c{i}`" for i in range(columns))
-    return (f"LOAD DATA LOCAL INFILE %s INTO TABLE `{STAGING_TABLE}` CHARACTER SET utf8mb4 "
-            "FIELDS TERMINATED BY ',' OPTIONALLY ENCLOSED BY '\"' ESCAPED BY '' LINES TERMINATED BY '\\n' "
-            f"({names})")
+    return f"LOAD DATA LOCAL INFILE %s INTO TABLE `{STAGING_TABLE}` {_CSV_FILE} ({names})"
+
+
+def load_replacing_statement(table: str, columns: Sequence[str], hex_columns: frozenset[int] = frozenset()) -> str:
+    """``LOAD DATA LOCAL INFILE %s REPLACE`` of an Arrow-written CSV file (as :func:`load_staging_statement` reads
+    one) straight into ``table``: a row of a key the table has replaces the old one whole, later rows of the file
+    replace earlier ones. Only where that equals the upsert
+    (:func:`~airflow_eo.core.sinks.why_replace_is_not_upsert`). ``hex_columns``: positions holding hexadecimal text
+    of binary values, read into variables and ``UNHEX``-ed."""
+    quoted = [quote_identifier(c, "column name") for c in columns]
+    fields = [f"@`_eo_h{i}`" if i in hex_columns else q for i, q in enumerate(quoted)]
+    unhex = [f"{quoted[i]} = UNHEX(@`_eo_h{i}`)" for i in sorted(hex_columns)]
+    return (f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE {quote_table(table)} {_CSV_FILE} ({', '.join(fields)})"
+            + (f" SET {', '.join(unhex)}" if unhex else ""))
 
 
 def upsert_from_staging_statement(

@@ -15,7 +15,7 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
-from airflow_eo.mysql.bulk_load import hex_columns, sink_array, stage, staging_types
+from airflow_eo.mysql.bulk_load import csv_files, hex_columns, load_replacing, sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.sql import (
     delete_statement,
@@ -51,6 +51,9 @@ class PartitionWriter:
     fence: EpochFence | None = None
     #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
     bulk_load: bool = False
+    #: the bulk load goes straight into the table with LOAD DATA .. REPLACE, no staging table (the sink decided that
+    #: replacing a row whole equals its upsert: ``core.sinks.why_replace_is_not_upsert``)
+    replace_rows: bool = False
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
@@ -72,17 +75,26 @@ class PartitionWriter:
                 self._rollback_earlier_attempts(xa, xid)
             with conn.cursor() as cur:
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
-                staged = 0
-                if types is not None:
+                hexed = hex_columns(types) if types is not None else frozenset()
+                write: Callable[[bool], int]
+                if types is None:
+                    def write(commit: bool) -> int:
+                        return self._write(conn, cur, _rows(stream, self.columns))
+                elif self.replace_rows and "FLOAT" not in types:
+                    # (A float32's shortest text means another number in a DOUBLE column: staged as FLOAT, it does not.)
+                    def write(commit: bool) -> int:
+                        return self._load_replacing(conn, cur, stream, hexed, commit)
+                else:
                     # Before XA START: session-private rows that belong to no branch and no transaction.
                     staged = stage(cur, stream, self.columns, types)
                     if DELETE_COLUMN in self.columns:
                         cur.execute(tombstones_table_ddl(self.columns, self.key_columns))
                     conn.commit()
-                hexed = hex_columns(types) if types is not None else frozenset()
+
+                    def write(commit: bool) -> int:
+                        return self._write_staged(conn, cur, staged, hexed, commit)
                 if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
-                    clean, written = write_while_voting(
-                        agreed, lambda: self._write_staged(conn, cur, staged, hexed, commit=False))
+                    clean, written = write_while_voting(agreed, lambda: write(False))
                     if not clean:
                         conn.rollback()  # another partition found a bad record: nothing of this one is visible
                         return None, 0
@@ -90,8 +102,7 @@ class PartitionWriter:
                     return None, written
                 if xa is not None:
                     xa.start(xid)
-                written = (self._write_staged(conn, cur, staged, hexed) if types is not None
-                           else self._write(conn, cur, _rows(stream, self.columns)))
+                written = write(True)
                 if xa is not None:
                     xa.prepare(xid)
                     return xid.encode(), written
@@ -106,6 +117,20 @@ class PartitionWriter:
             if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
                     xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
                 xa.rollback(other)
+
+    def _load_replacing(self, conn: pymysql.connections.Connection, cur: Any, batches: Iterable[pa.RecordBatch],
+                        hexed: frozenset[int], commit: bool = True) -> int:
+        """The rows straight into the table with ``LOAD DATA .. REPLACE``, each file in key order (in the branch, or
+        one fenced transaction, committed here unless ``commit`` is False)."""
+        if self.fence is not None:
+            self.fence.check(cur, "share")
+        written = load_replacing(cur, csv_files(batches, self.columns, sort_by=self.key_columns), self.table,
+                                 self.columns, hexed)
+        # The write is in flight (not committed or prepared yet) whichever writer fires this first.
+        failpoint("during_write")
+        if not self.xa and commit:
+            conn.commit()
+        return written
 
     def _write_staged(self, conn: pymysql.connections.Connection, cur: Any, staged: int,
                       hexed: frozenset[int], commit: bool = True) -> int:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -371,11 +372,14 @@ class SparkBatchEngine:
             assert ctx is not None, "mapInArrow runs this inside a Spark task"
             seen = {"records": 0, "bad": 0}
             verdict: list[bool] = []
+            counted = threading.Event()  # every record of the partition has gone by good_batches
 
             def agreed() -> bool:
-                """Every task of the barrier stage calls this once, when it has counted its bad records."""
+                """Every task of the barrier stage calls this once; it votes when the task has counted its bad
+                records (a writer may call it from another thread while it still reads its rows)."""
                 if not verdict:
                     assert isinstance(ctx, BarrierTaskContext)
+                    counted.wait()
                     verdict.append(sum(int(bad) for bad in ctx.allGather(str(seen["bad"]))) == 0)
                 return verdict[0]
 
@@ -392,6 +396,7 @@ class SparkBatchEngine:
                             spill.add(batch.filter(bad))
                         batch = batch.filter(pc.invert(bad)).drop_columns(extra)
                     yield batch
+                counted.set()
 
             rows_in = good_batches()
             xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(),

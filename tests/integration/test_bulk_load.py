@@ -1,6 +1,8 @@
-"""The bulk-load writer (LOAD DATA LOCAL INFILE into a staging table + INSERT .. SELECT) against the real MariaDB:
-it writes exactly what the multi-row statements write, for hostile text and every staged type, keeps the statements'
-last-row-wins and ``add`` semantics, leaves an XA branch invisible until commit, and fails loudly on a bad value."""
+"""The bulk-load writer against the real MariaDB, on both of its paths (LOAD DATA LOCAL INFILE into a staging table +
+INSERT .. SELECT; LOAD DATA .. REPLACE straight into the table where that equals the upsert): it writes exactly what
+the multi-row statements write, for hostile text and every staged type, keeps the statements' last-row-wins and
+``add`` semantics, leaves an XA branch invisible until commit, and fails loudly on a bad value. The sink reads the
+table's shape and takes the replacing path only where replacing a row whole equals the upsert."""
 
 from __future__ import annotations
 
@@ -73,13 +75,35 @@ def writer(mysql_kwargs: dict[str, Any], table: str, bulk_load: bool, **changes:
     return dataclasses.replace(base, **changes)
 
 
+def spy_loads(monkeypatch) -> list[str]:
+    """The LOAD DATA statements the writers run from now on (the test's own process: the writers run here)."""
+    import airflow_eo.mysql.bulk_load as bulk_load
+
+    statements: list[str] = []
+    real = bulk_load._load
+
+    def load(cur: Any, statement: str, *args: Any, **kwargs: Any) -> int:
+        statements.append(statement)
+        return real(cur, statement, *args, **kwargs)
+
+    monkeypatch.setattr(bulk_load, "_load", load)
+    return statements
+
+
 def contents(mysql, table: str) -> list[tuple]:
     with mysql.cursor() as cur:
         cur.execute(f"SELECT * FROM `{table}` ORDER BY 1")
         return list(cur.fetchall())
 
 
-def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwargs, tables, monkeypatch):
+#: The bulk load's two paths, as the writer's options. A float32 column goes through the staging table on both (its
+#: shortest text would read as another DOUBLE): the replacing path's rows leave it out.
+PATHS: dict[str, dict[str, Any]] = {
+    "staging": {}, "replace": {"replace_rows": True, "columns": tuple(c for c in COLUMNS if c != "f32")}}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_bulk_load_writes_exactly_what_the_statements_write(path, mysql, mysql_kwargs, tables, monkeypatch):
     import airflow_eo.mysql.bulk_load as bulk_load
 
     monkeypatch.setattr(bulk_load, "STAGING_FILE_BYTES", 4096)  # several staging files per partition
@@ -87,8 +111,13 @@ def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwa
     rows = hostile_rows(600)
     batches = [batch(rows[i:i + 64]) for i in range(0, len(rows), 64)]
     load, stmt = tables
-    assert writer(mysql_kwargs, load, True)(batches, 0, 0, 0) == (None, 600)
-    assert writer(mysql_kwargs, stmt, False)(batches, 0, 0, 0) == (None, 600)
+    loads = spy_loads(monkeypatch)
+    assert writer(mysql_kwargs, load, True, **PATHS[path])(batches, 0, 0, 0) == (None, 600)
+    into = f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE `{load}`" if path == "replace" else \
+        "LOAD DATA LOCAL INFILE %s INTO TABLE `_airflow_eo_stage`"
+    assert len(loads) > 1 and all(statement.startswith(into) for statement in loads)
+    columns = PATHS[path].get("columns", COLUMNS)
+    assert writer(mysql_kwargs, stmt, False, columns=columns)(batches, 0, 0, 0) == (None, 600)
     loaded, written = contents(mysql, load), contents(mysql, stmt)
     assert len(loaded) == 600
     assert loaded == written
@@ -98,14 +127,25 @@ def test_the_bulk_load_writes_exactly_what_the_statements_write(mysql, mysql_kwa
     assert by_id[39][1] == "l1\nl2", "a newline inside a value is part of it"
 
 
-def test_later_rows_of_a_key_win_and_a_rerun_rewrites_the_same_rows(mysql, mysql_kwargs, tables):
+@pytest.mark.parametrize("path", PATHS)
+def test_later_rows_of_a_key_win_and_a_rerun_rewrites_the_same_rows(path, mysql, mysql_kwargs, tables, monkeypatch):
+    import airflow_eo.mysql.bulk_load as bulk_load
+
     load, stmt = tables
-    rows = hostile_rows(50) + [{**r, "s": f"second {r['id']}"} for r in hostile_rows(50)[::2]]
+    # Later rows of a key in the same Arrow batch and in a later one, out of key order.
+    rows = hostile_rows(50) + [{**r, "s": f"second {r['id']}"} for r in hostile_rows(50)[::-2]]
+    rows += [{**r, "s": f"third {r['id']}"} for r in hostile_rows(50)[::-5]]
+    batches = [batch(rows[:70]), batch(rows[70:])]
+    monkeypatch.setattr(bulk_load, "STAGING_FILE_BYTES", 2048)  # the rows of a key in different files too
+    columns = PATHS[path].get("columns", COLUMNS)
     for table, bulk in ((load, True), (stmt, False)):
         for _ in range(2):
-            writer(mysql_kwargs, table, bulk)([batch(rows)], 0, 0, 0)
+            writer(mysql_kwargs, table, bulk, **{**PATHS[path], "columns": columns})(batches, 0, 0, 0)
     assert contents(mysql, load) == contents(mysql, stmt)
-    assert contents(mysql, load)[0][1] == "second 0"
+    first = hostile_rows(3)
+    assert [r[1] for r in contents(mysql, load)[:5]] == [first[0]["s"], "second 1", first[2]["s"], "second 3",
+                                                         "third 4"]
+    assert contents(mysql, load)[9][1] == "third 9", "the last of three rows of a key wins"
 
 
 def test_an_xa_branch_of_bulk_loaded_rows_adds_and_stays_invisible_until_commit(mysql, mysql_kwargs):
@@ -129,16 +169,22 @@ def test_an_xa_branch_of_bulk_loaded_rows_adds_and_stays_invisible_until_commit(
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
 
 
-def test_a_value_the_staging_table_cannot_read_fails_the_task_and_writes_nothing(mysql, mysql_kwargs, tables):
+@pytest.mark.parametrize("path", PATHS)
+def test_a_value_the_staging_table_cannot_read_fails_the_task_and_writes_nothing(path, mysql, mysql_kwargs, tables):
     load, _ = tables
     rows = hostile_rows(20)
     rows[9]["f"] = float("nan")  # Arrow writes "nan": not a number to MariaDB
-    with pytest.raises(pymysql.err.DataError, match="bulk load of 20 row.*nothing of this task was written"):
-        writer(mysql_kwargs, load, True)([batch(rows)], 0, 0, 0)
-    assert contents(mysql, load) == []
+    for xa in (False, True):  # the fenced transaction's or the branch's rows: none is left
+        with pytest.raises(pymysql.err.DataError, match="bulk load of 20 row.*nothing of this task was written"):
+            writer(mysql_kwargs, load, True, xa=xa, **PATHS[path])([batch(rows)], 0, 0, 0)
+        assert contents(mysql, load) == []
+    with mysql.cursor() as cur:
+        cur.execute("XA RECOVER")
+        assert cur.fetchall() == (), "no branch is left prepared"
 
 
-def test_binary_columns_are_staged_as_hex_byte_for_byte_and_other_types_go_through_the_statements(mysql,
+@pytest.mark.parametrize("path", PATHS)
+def test_binary_columns_are_staged_as_hex_byte_for_byte_and_other_types_go_through_the_statements(path, mysql,
                                                                                                    mysql_kwargs):
     table = f"bulk_{uuid.uuid4().hex[:8]}_bin"
     with mysql.cursor() as cur:
@@ -148,7 +194,7 @@ def test_binary_columns_are_staged_as_hex_byte_for_byte_and_other_types_go_throu
         values = [b"\xff\x00,\"\n", None, b"", b"NULL", b"\\N", every_byte, every_byte * 3000]
         rows = pa.RecordBatch.from_pylist([{"id": i, "raw": v, "other": v and v[:64]} for i, v in enumerate(values)])
         assert staging_types(rows.schema, ("id", "raw", "other")) is not None
-        w = dataclasses.replace(writer(mysql_kwargs, table, True), columns=("id", "raw", "other"))
+        w = dataclasses.replace(writer(mysql_kwargs, table, True, **PATHS[path]), columns=("id", "raw", "other"))
         assert w([rows.slice(0, 3), rows.slice(3)], 0, 0, 0) == (None, len(values))
         assert contents(mysql, table) == [(i, v, v and v[:64]) for i, v in enumerate(values)]
         # Replayed: the same rows overwrite (UNHEX in the update too), not the hexadecimal text.
@@ -159,4 +205,59 @@ def test_binary_columns_are_staged_as_hex_byte_for_byte_and_other_types_go_throu
         assert staging_types(nested.schema, ("id", "raw")) is None  # a list: the statements' business
     finally:
         with mysql.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+
+
+def test_a_float32_column_goes_through_the_staging_table_even_where_rows_are_replaced(mysql, mysql_kwargs, tables,
+                                                                                      monkeypatch):
+    load, _ = tables
+    loads = spy_loads(monkeypatch)
+    rows = hostile_rows(40)
+    assert writer(mysql_kwargs, load, True, replace_rows=True)([batch(rows)], 0, 0, 0) == (None, 40)
+    assert loads and all("`_airflow_eo_stage`" in statement for statement in loads)
+    assert contents(mysql, load)[1][4] == pytest.approx(float(pa.scalar(1 / 7, pa.float32()).as_py()), abs=0), \
+        "the float32 1/7 as it is, not its shortest text read as a DOUBLE"
+
+
+#: A table's shape: (more columns or keys, after its DDL, statements after it ({t}: its name), replaced).
+SHAPES: dict[str, tuple[str, str, str, bool]] = {
+    "plain": ("", "", "", True),
+    "a column the output leaves out": (", extra INT NULL DEFAULT 7", "", "", False),
+    "a generated column": (", g BIGINT AS (n * 2) VIRTUAL", "", "", True),
+    "a second unique key": (", UNIQUE KEY (n)", "", "", False),
+    "a trigger": ("", "", "CREATE TRIGGER `{t}_tr` BEFORE DELETE ON `{t}` FOR EACH ROW SET @eo_test = 1", False),
+    "a foreign key referring to it": ("", "", "CREATE TABLE `{t}_child` (id BIGINT PRIMARY KEY, parent BIGINT, "
+                                      "FOREIGN KEY (parent) REFERENCES `{t}` (id) ON DELETE CASCADE)", False),
+    "system versioning": ("", " WITH SYSTEM VERSIONING", "", False),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_sink_reads_the_tables_shape_and_replaces_rows_only_where_that_is_the_upsert(shape, mysql, mysql_kwargs):
+    from airflow_eo.mysql.sink import MySqlUpsertAdapter, MySqlXaAdapter
+
+    table = f"bulk_{uuid.uuid4().hex[:8]}_shape"
+    more, suffix, after, expected = SHAPES[shape]
+    try:
+        with mysql.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s TEXT NULL, n BIGINT NULL{more}){suffix}")
+            if after:
+                cur.execute(after.format(t=table))
+        options: dict[str, Any] = dict(name="sink", table=table, key_columns=("id",), updates={},
+                                       rows_per_statement=100, dead_letter_table="eo_dead_letter", bulk_load=True)
+        for sink in (MySqlUpsertAdapter(mysql_kwargs, **options), MySqlXaAdapter(mysql_kwargs, **options)):
+            sink.check()
+            assert sink.replaces_rows(("id", "s", "n")) is expected
+            assert not sink.replaces_rows(("id", "s")), "a column left out keeps its value in an upsert"
+        added = MySqlXaAdapter(mysql_kwargs, **{**options, "updates": {"n": "add"}})
+        added.check()
+        assert not added.replaces_rows(("id", "s", "n"))
+        no_bulk = MySqlUpsertAdapter(mysql_kwargs, **{**options, "bulk_load": False})
+        no_bulk.check()
+        assert not no_bulk.replaces_rows(("id", "s", "n"))
+    finally:
+        with mysql.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS `{table}_child`")
+            if suffix:
+                cur.execute(f"ALTER TABLE `{table}` DROP SYSTEM VERSIONING")
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
