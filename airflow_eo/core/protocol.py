@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -218,6 +219,10 @@ class WritePlan:
         """Run ``writer`` on every partition of the output, or of its projection to ``columns`` (output columns)."""
         return self.runner.run_partitions(self, writer, columns)
 
+    def to_driver(self, columns: Sequence[str]) -> AbstractContextManager[DriverStream]:
+        """The output's ``columns`` streamed to the driver, computed once (:meth:`PartitionRunner.to_driver`)."""
+        return self.runner.to_driver(self, columns)
+
 
 @dataclass
 class ExecutionResult:
@@ -383,13 +388,30 @@ class PartitionWriter(Protocol):
         """
 
 
+@dataclass
+class DriverStream:
+    """A plan's output as a driver-side sink reads it (:meth:`PartitionRunner.to_driver`)."""
+
+    #: the output's rows as Arrow record batches of the asked columns, in partition order; the driver holds one
+    #: partition of them at a time, whatever the batch's size
+    batches: Iterator[Any]
+    #: ``(records, bad records)`` of the batch, counted by the job that computed the output; None when it could not
+    #: be counted there (the engine then counts in a pass of its own)
+    counted: tuple[int, int] | None
+
+
 class PartitionRunner(Protocol):
-    """The engine's service to sinks that write from the executors: run a writer on every partition."""
+    """The engine's service to sinks: run a writer on every partition, or bring the output to the driver."""
 
     def run_partitions(self, plan: WritePlan, writer: PartitionWriter, columns: Sequence[str] | None = None
                        ) -> WriteResult:
         """Run ``writer`` on every partition of ``plan.output`` (projected to ``columns``), as the plan says: counting
         the bad records and holding the vote when it asks so."""
+
+    def to_driver(self, plan: WritePlan, columns: Sequence[str]) -> AbstractContextManager[DriverStream]:
+        """While inside, ``plan.output`` projected to ``columns`` streams to the driver: one Spark job computes it
+        (reading, parsing and transforming the batch once, counting its records on the way) and keeps it where it
+        was computed; the driver then reads it a partition at a time. Released on exit."""
 
 
 class Sink(Protocol):
