@@ -392,8 +392,8 @@ class PartitionWriter(Protocol):
 class DriverStream:
     """A plan's output as a driver-side sink reads it (:meth:`PartitionRunner.to_driver`)."""
 
-    #: the output's rows as Arrow record batches of the asked columns, in partition order; the driver holds one
-    #: partition of them at a time, whatever the batch's size
+    #: the output's rows as Arrow record batches of the asked columns, in partition order; the driver holds two
+    #: partitions of them at most (the one read and the next), whatever the batch's size
     batches: Iterator[Any]
     #: ``(records, bad records)`` of the batch, counted by the job that computed the output; None when it could not
     #: be counted there (the engine then counts in a pass of its own)
@@ -411,7 +411,7 @@ class PartitionRunner(Protocol):
     def to_driver(self, plan: WritePlan, columns: Sequence[str]) -> AbstractContextManager[DriverStream]:
         """While inside, ``plan.output`` projected to ``columns`` streams to the driver: one Spark job computes it
         (reading, parsing and transforming the batch once, counting its records on the way) and keeps it where it
-        was computed; the driver then reads it a partition at a time. Released on exit."""
+        was computed; the driver then reads it partition by partition. Released on exit."""
 
 
 class Sink(Protocol):
