@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from datetime import datetime, timezone
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from airflow_eo.core.errors import BadRecordError
 from airflow_eo.kafka.sink import group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
@@ -158,3 +160,55 @@ def test_transaction_timeout_beyond_the_brokers_maximum_is_refused(bootstrap, to
     with pytest.raises(Exception, match="transaction.max.timeout.ms=900000"):
         adapter.check()
     assert group_id("p") == "airflow_eo.p"
+
+
+def test_the_batch_is_read_once_and_a_bad_record_found_on_the_way_aborts_the_transaction(bootstrap, mysql_kwargs,
+                                                                                       topic_name):
+    """The job that computes the output for the driver's producer also counts the batch's records (no second read,
+    no ``count`` phase); a bad record counted there (a value that is not UTF-8) fails the batch after the output was
+    produced into the open transaction, which is aborted: a read_committed consumer sees none of it."""
+    source, out = create_topic(bootstrap, topic_name, 2), create_topic(bootstrap, f"{topic_name}_out", 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(30):
+        producer.produce(source, value=f"line {i}".encode(), partition=i % 2)
+    producer.flush(30)
+    op = KafkaMicroBatchOperator(task_id="counted", pipeline_id=f"p_{topic_name}", topics=[source],
+                                 value_format="string", transform="SELECT value AS key, value FROM kafka_batch",
+                                 sink=KafkaTransactionalSink(topic=out))
+    summary = run(op)
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (30, 30, 0)
+    assert "count" not in summary["seconds"], summary["seconds"]  # counted by the job that computed the output
+    assert len(read_topic(bootstrap, out)[0]) == 30
+
+    for i in range(10):
+        producer.produce(source, value=f"more {i}".encode(), partition=i % 2)
+    producer.produce(source, value=b"\xff\xfe not UTF-8", partition=1)
+    producer.flush(30)
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*not valid UTF-8.*Nothing was committed"):
+        run(op)
+    assert len(read_topic(bootstrap, out)[0]) == 30, "the aborted transaction's records are not visible"
+    assert len(read_topic(bootstrap, out, "read_uncommitted")[0]) == 40, "they were produced, then aborted"
+    assert group_positions(bootstrap, op.pipeline_id, source) == {(source, 0): 15, (source, 1): 15}
+    assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id",
+                (op.pipeline_id,)) == [("committed",), ("planned",)]
+
+
+def test_without_a_transform_the_parsed_records_are_produced_and_counted_in_one_job(bootstrap, mysql_kwargs,
+                                                                                    topic_name):
+    """No transform: the good parsed records go to the producer and the same job counts them and the bad ones
+    (the plan's unfiltered records); a bad record fails the batch and its transaction is aborted."""
+    source, out = create_topic(bootstrap, topic_name, 2), create_topic(bootstrap, f"{topic_name}_out", 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(20):
+        producer.produce(source, value=json.dumps({"key": f"k{i}", "value": f"v{i}"}).encode(), partition=i % 2)
+    producer.flush(30)
+    op = KafkaMicroBatchOperator(task_id="plain", pipeline_id=f"p_{topic_name}", topics=[source],
+                                 schema="key STRING, value STRING", sink=KafkaTransactionalSink(topic=out))
+    summary = run(op)
+    assert (summary["records_in"], summary["rows_out"]) == (20, 20) and "count" not in summary["seconds"]
+    assert sorted(read_topic(bootstrap, out)[0]) == sorted((f"k{i}".encode(), f"v{i}".encode()) for i in range(20))
+    producer.produce(source, value=b"{not json", partition=0)
+    producer.flush(30)
+    with pytest.raises(BadRecordError, match=r"1 bad record\(s\).*malformed JSON"):
+        run(op)
+    assert len(read_topic(bootstrap, out)[0]) == 20
