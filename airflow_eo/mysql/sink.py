@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 
 
 
+#: The dead-letter table's key, and the column the server stamps with the time a dead letter was written.
+DEAD_LETTER_KEY = ("pipeline_id", "topic", "kafka_partition", "kafka_offset")
+DEAD_LETTER_STAMPED = "created_at"
+
+
 class MySqlTableSink:
     """What both MySQL sinks share: the checks of the target table and server, and the partition writers.
 
@@ -128,10 +133,11 @@ class MySqlTableSink:
                                      f"{', '.join(missing)}; its columns are {', '.join(columns)}")
         return columns
 
-    def _table_shape(self, cur: Any, unique_keys: tuple[frozenset[str], ...]) -> TableShape:
-        """What decides whether a replacing load equals the upsert (:func:`why_replace_is_not_upsert`); read only.
-        The table's triggers are visible only with the TRIGGER privilege: without it, they are taken to exist."""
-        schema, table = self._split_table()
+    def _table_shape(self, cur: Any, unique_keys: tuple[frozenset[str], ...], name: str | None = None) -> TableShape:
+        """What decides whether a replacing load of table ``name`` (the sink's by default) equals the upsert
+        (:func:`why_replace_is_not_upsert`); read only. The table's triggers are visible only with the TRIGGER
+        privilege: without it, they are taken to exist."""
+        schema, table = _split(name or self.table)
         where = "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
         cur.execute(f"SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE {where} AND EXTRA NOT LIKE "
                     "'%%GENERATED%%'", (schema, table))
@@ -153,8 +159,9 @@ class MySqlTableSink:
         return TableShape(columns=columns, unique_keys=unique_keys, has_triggers=bool(triggers or not may_see_triggers),
                           referenced=bool(referencing), plain=bool(row and row[0] == "BASE TABLE"))
 
-    def _check_unique_key(self, cur: Any) -> tuple[frozenset[str], ...]:
-        schema, table = self._split_table()
+    def _unique_keys(self, cur: Any, name: str | None = None) -> dict[str, set[str]]:
+        """The columns of each PRIMARY KEY / UNIQUE index of table ``name`` (the sink's by default), by index."""
+        schema, table = _split(name or self.table)
         cur.execute(
             "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE "
             "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s AND NON_UNIQUE = 0", (schema, table),
@@ -162,6 +169,10 @@ class MySqlTableSink:
         indexes: dict[str, set[str]] = {}
         for index, column in cur.fetchall():
             indexes.setdefault(index, set()).add(column)
+        return indexes
+
+    def _check_unique_key(self, cur: Any) -> tuple[frozenset[str], ...]:
+        indexes = self._unique_keys(cur)
         if set(self.key_columns) not in indexes.values():
             raise ConfigurationError(
                 f"{self.name}: table {self.table!r} needs a PRIMARY KEY or UNIQUE index on exactly "
@@ -246,14 +257,21 @@ class MySqlTableSink:
                 else:
                     have = {c.lower() for c in self._upgrade_dead_letter_table(cur, columns)}
                     written = tuple(c for c in DEAD_LETTER_COLUMNS if c.lower() in have)
+                # A replacing load sets created_at to its own time, as the column's default does for a new row (a
+                # replayed dead letter of the upsert sink gets the replay's time; the XA sink's never existed).
+                shape = self._table_shape(cur, tuple(frozenset(k) for k in self._unique_keys(
+                    cur, self.dead_letter_table).values()), self.dead_letter_table)
+                replace = self.bulk_load and why_replace_is_not_upsert(
+                    shape, (*written, DEAD_LETTER_STAMPED), DEAD_LETTER_KEY, {}) is None
         finally:
             conn.close()
         return PartitionWriter(
             connect_kwargs=self.connect_kwargs, table=self.dead_letter_table, columns=written,
-            key_columns=("pipeline_id", "topic", "kafka_partition", "kafka_offset"), updates={},
+            key_columns=DEAD_LETTER_KEY, updates={},
             row_alias=self.row_alias, rows_per_statement=self.rows_per_statement, xa=self.two_phase,
             pipeline_key=pipeline_key(batch.pipeline_id), batch_id=batch.batch_id, epoch=batch.epoch,
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
+            replace_rows=replace, stamped=(DEAD_LETTER_STAMPED,) if replace else (),
         )
 
     def _upgrade_dead_letter_table(self, cur: Any, columns: Sequence[str]) -> list[str]:

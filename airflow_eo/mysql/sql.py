@@ -76,15 +76,18 @@ def load_staging_statement(columns: int) -> str:
     return f"LOAD DATA LOCAL INFILE %s INTO TABLE `{STAGING_TABLE}` {_CSV_FILE} ({names})"
 
 
-def load_replacing_statement(table: str, columns: Sequence[str], hex_columns: frozenset[int] = frozenset()) -> str:
+def load_replacing_statement(table: str, columns: Sequence[str], hex_columns: frozenset[int] = frozenset(),
+                             stamped: Sequence[str] = ()) -> str:
     """``LOAD DATA LOCAL INFILE %s REPLACE`` of an Arrow-written CSV file (as :func:`load_staging_statement` reads
     one) straight into ``table``: a row of a key the table has replaces the old one whole, later rows of the file
     replace earlier ones. Only where that equals the upsert
     (:func:`~airflow_eo.core.sinks.why_replace_is_not_upsert`). ``hex_columns``: positions holding hexadecimal text
-    of binary values, read into variables and ``UNHEX``-ed."""
+    of binary values, read into variables and ``UNHEX``-ed. ``stamped``: columns the server sets to the load's time
+    (``CURRENT_TIMESTAMP(3)``, what their default would have given a new row)."""
     quoted = [quote_identifier(c, "column name") for c in columns]
     fields = [f"@`_eo_h{i}`" if i in hex_columns else q for i, q in enumerate(quoted)]
     unhex = [f"{quoted[i]} = UNHEX(@`_eo_h{i}`)" for i in sorted(hex_columns)]
+    unhex += [f"{quote_identifier(c, 'column name')} = CURRENT_TIMESTAMP(3)" for c in stamped]
     return (f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE {quote_table(table)} {_CSV_FILE} ({', '.join(fields)})"
             + (f" SET {', '.join(unhex)}" if unhex else ""))
 

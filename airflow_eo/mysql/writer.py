@@ -54,6 +54,8 @@ class PartitionWriter:
     #: the bulk load goes straight into the table with LOAD DATA .. REPLACE, no staging table (the sink decided that
     #: replacing a row whole equals its upsert: ``core.sinks.why_replace_is_not_upsert``)
     replace_rows: bool = False
+    #: columns the replacing load sets to the load's time (the dead-letter table's ``created_at``)
+    stamped: tuple[str, ...] = ()
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
@@ -125,7 +127,7 @@ class PartitionWriter:
         if self.fence is not None:
             self.fence.check(cur, "share")
         written = load_replacing(cur, csv_files(batches, self.columns, sort_by=self.key_columns), self.table,
-                                 self.columns, hexed)
+                                 self.columns, hexed, self.stamped)
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
         if not self.xa and commit:

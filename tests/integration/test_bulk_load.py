@@ -261,3 +261,47 @@ def test_the_sink_reads_the_tables_shape_and_replaces_rows_only_where_that_is_th
             if suffix:
                 cur.execute(f"ALTER TABLE `{table}` DROP SYSTEM VERSIONING")
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+
+
+def test_the_dead_letter_table_is_loaded_straight_in_and_stamped_by_the_server(mysql, mysql_kwargs, monkeypatch):
+    """A dead-letter table as the sink makes it takes the replacing load, its ``created_at`` set by the server at
+    the load (the column's default for a new row); one with a column of the user's (here on a table of an older
+    release, which gets ``kafka_headers`` first) keeps the staging table: a replace would reset that column."""
+    from airflow_eo.core.protocol import DEAD_LETTER_FIELDS, BatchContext
+    from airflow_eo.mysql.sink import MySqlXaAdapter
+    from tests.integration.test_bad_input import V1_DEAD_LETTER_DDL
+
+    events, dead, old = (f"bulk_{uuid.uuid4().hex[:8]}_{k}" for k in ("ev", "dl", "old"))
+    with mysql.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{events}` (id BIGINT PRIMARY KEY)")
+        cur.execute(V1_DEAD_LETTER_DDL.format(name=old))
+        cur.execute(f"ALTER TABLE `{old}` ADD COLUMN triaged_by VARCHAR(64) NULL")
+    loads = spy_loads(monkeypatch)
+    try:
+        batch = BatchContext("dl-pipeline", 7, "run", 1, ())
+        letters = pa.RecordBatch.from_arrays(
+            [pa.array(["dl-pipeline"] * 3), pa.array(["t"] * 3), pa.array([0, 1, 1], pa.int32()),
+             pa.array([5, 6, 7], pa.int64()), pa.array([7] * 3, pa.int64()), pa.array([b"k\x00", None, b""]),
+             pa.array([b"{bad", b"\xff", None]), pa.array(["malformed JSON", "not UTF-8", "value is null"]),
+             pa.array(["[]"] * 3)], names=list(DEAD_LETTER_FIELDS))
+        for table, replaced in ((dead, True), (old, False)):
+            sink = MySqlXaAdapter(mysql_kwargs, name="sink", table=events, key_columns=("id",), updates={},
+                                  rows_per_statement=100, dead_letter_table=table, bulk_load=True)
+            sink.check()
+            loads.clear()
+            xid, written = sink.dead_letter_writer(batch)([letters], -2, 0, 0)
+            assert written == 3 and XaFacade(mysql).commit(Xid.decode(xid))
+            into = f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE `{table}`" if replaced else \
+                "LOAD DATA LOCAL INFILE %s INTO TABLE `_airflow_eo_stage`"
+            assert loads and all(statement.startswith(into) for statement in loads), loads
+            with mysql.cursor() as cur:
+                cur.execute(f"SELECT kafka_offset, record_key, raw_value, error, TIMESTAMPDIFF(SECOND, created_at, "
+                            f"CURRENT_TIMESTAMP(3)) FROM `{table}` ORDER BY kafka_offset")
+                found = cur.fetchall()
+            assert [r[:4] for r in found] == [(5, b"k\x00", b"{bad", "malformed JSON"), (6, None, b"\xff", "not UTF-8"),
+                                              (7, b"", None, "value is null")]
+            assert all(0 <= r[4] < 60 for r in found), "created_at is the time of the load"
+    finally:
+        with mysql.cursor() as cur:
+            for table in (events, dead, old):
+                cur.execute(f"DROP TABLE IF EXISTS `{table}`")
