@@ -602,6 +602,9 @@ def _observed_counts(observation: Any) -> tuple[int, int] | None:
         metrics = observation.get  # Spark Connect: set by the action's response, else an error
     except PySparkAssertionError:
         return None
+    if "records" not in metrics or "bad" not in metrics:
+        # Spark Connect answers a write command (to_driver's noop write) without the observed metrics: not counted.
+        return None
     return int(metrics["records"]), int(metrics["bad"])
 
 
