@@ -185,6 +185,13 @@ class Supervisor:
                     return
             self._stop.wait(0.1)
 
+    def wait_for_restart(self, timeout: float = 120) -> None:
+        """Until the service was started again once (or the time is up): an attempt may end within the watcher's
+        poll after the kill (seen in CI: a run that committed just before its coordinator died returned at once)."""
+        deadline = time.monotonic() + timeout
+        while self.restarts == 0 and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def __enter__(self) -> Supervisor:
         self._thread.start()
         return self

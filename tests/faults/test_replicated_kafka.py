@@ -73,6 +73,8 @@ def kill_node_at(stack: ModuleType, faults: Faults, point: str, node: int, op: K
             run(op, run_id)
         except Exception as exc:  # may fail; the next attempts must leave the sink exact
             print(f"{point} with node {node} killed: the attempt failed: {exc!r}"[:400])
+        if gone(pid):
+            supervisor.wait_for_restart()
     assert gone(pid) and supervisor.restarts == 1, f"{point}: node {node} was not killed and restarted"
 
 
