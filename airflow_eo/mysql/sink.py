@@ -159,7 +159,7 @@ class MySqlTableSink:
         return TableShape(columns=columns, unique_keys=unique_keys, has_triggers=bool(triggers or not may_see_triggers),
                           referenced=bool(referencing), plain=bool(row and row[0] == "BASE TABLE"))
 
-    def _unique_keys(self, cur: Any, name: str | None = None) -> dict[str, set[str]]:
+    def _unique_keys(self, cur: Any, name: str | None = None) -> tuple[frozenset[str], ...]:
         """The columns of each PRIMARY KEY / UNIQUE index of table ``name`` (the sink's by default), by index."""
         schema, table = _split(name or self.table)
         cur.execute(
@@ -169,17 +169,17 @@ class MySqlTableSink:
         indexes: dict[str, set[str]] = {}
         for index, column in cur.fetchall():
             indexes.setdefault(index, set()).add(column)
-        return indexes
+        return tuple(frozenset(columns) for columns in indexes.values())
 
     def _check_unique_key(self, cur: Any) -> tuple[frozenset[str], ...]:
         indexes = self._unique_keys(cur)
-        if set(self.key_columns) not in indexes.values():
+        if frozenset(self.key_columns) not in indexes:
             raise ConfigurationError(
                 f"{self.name}: table {self.table!r} needs a PRIMARY KEY or UNIQUE index on exactly "
                 f"({', '.join(self.key_columns)}) so that a replayed row overwrites instead of "
                 "duplicating; add one"
             )
-        return tuple(frozenset(columns) for columns in indexes.values())
+        return indexes
 
     def check_columns(self, columns: Sequence[str]) -> None:
         unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
@@ -259,8 +259,7 @@ class MySqlTableSink:
                     written = tuple(c for c in DEAD_LETTER_COLUMNS if c.lower() in have)
                 # A replacing load sets created_at to its own time, as the column's default does for a new row (a
                 # replayed dead letter of the upsert sink gets the replay's time; the XA sink's never existed).
-                shape = self._table_shape(cur, tuple(frozenset(k) for k in self._unique_keys(
-                    cur, self.dead_letter_table).values()), self.dead_letter_table)
+                shape = self._table_shape(cur, self._unique_keys(cur, self.dead_letter_table), self.dead_letter_table)
                 replace = self.bulk_load and why_replace_is_not_upsert(
                     shape, (*written, DEAD_LETTER_STAMPED), DEAD_LETTER_KEY, {}) is None
         finally:
