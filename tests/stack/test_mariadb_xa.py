@@ -42,3 +42,50 @@ def test_prepared_branch_survives_disconnect_and_is_resolved_from_another_connec
     assert not [x for x in XaFacade(other).recover() if x.pipeline_key == key]
     other.close()
     admin.close()
+
+
+def test_a_branch_still_held_by_the_session_that_prepared_it_is_waited_for_not_taken_as_ended(mysql_kwargs):
+    """MariaDB answers XAER_NOTA ("unknown xid") for a prepared branch whose session has not let go of it yet, as for a
+    moment after an executor closed its connection. A commit then must wait for the branch, not report it ended: the
+    second CI run of stop 27 saw a commit right after the writer's close return False and leave the branch prepared
+    (its locks then held a DROP TABLE until the lock wait timeout)."""
+    import threading
+
+    from airflow_eo.core.errors import UnavailableError
+
+    table = f"xa_{uuid.uuid4().hex[:8]}"
+    other = pymysql.connect(**mysql_kwargs, autocommit=True)
+    with other.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
+    key = uuid.uuid4().hex[:12]
+    try:
+        for row, release in ((1, True), (2, False)):
+            xid = Xid(key, row, 1, 0)
+            holder = pymysql.connect(**mysql_kwargs, autocommit=True)
+            held = XaFacade(holder)
+            held.start(xid)
+            with holder.cursor() as cur:
+                cur.execute(f"INSERT INTO {table} VALUES (%s)", (row,))
+            held.prepare(xid)
+            if release:  # the session closes while the other one is already committing
+                closer = threading.Timer(0.5, holder.close)
+                closer.start()
+                assert XaFacade(other).commit(xid)
+                closer.join()
+            else:  # a session that never lets go: a bounded wait and an error that says what holds the branch
+                try:
+                    XaFacade(other, attached_timeout_s=0.5).commit(xid)
+                    raise AssertionError("a branch held by a live session was reported committed or ended")
+                except UnavailableError as exc:
+                    assert "another session of the sink's server still holds it" in str(exc)
+                assert xid in XaFacade(other).recover()  # still prepared: nothing was changed
+                assert held.rollback(xid)
+                holder.close()
+        with other.cursor() as cur:
+            cur.execute(f"SELECT id FROM {table}")
+            assert [r[0] for r in cur.fetchall()] == [1]
+        assert not [x for x in XaFacade(other).recover() if x.pipeline_key == key]
+    finally:
+        with other.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        other.close()
