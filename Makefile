@@ -93,5 +93,6 @@ lint: venv
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-clean: down spark-cluster-down
-	rm -rf .stack
+# .stack, and the folder under /var/tmp that holds PostgreSQL's data when the clone's folder is closed to others.
+clean: spark-cluster-down
+	@test -x $(PY) && $(PY) scripts/stack.py clean || $(PYTHON) scripts/stack.py clean

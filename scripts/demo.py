@@ -6,7 +6,10 @@ processes and pipelines). In the first round ``page_views_xa`` is killed with SI
 second round, after new request lines, re-runs the two killed DAGs. Two rounds rather than three keep the demo under
 two minutes on two cores: each ``airflow dags test`` starts Airflow and a Spark driver (~15 s alone), and a third
 round added ~45 s. Finally it prints page views per app from MySQL next to the ground truth read straight from
-Kafka, the IP counts against theirs, and ``exactly-once: OK`` or the differences.
+Kafka, the IP counts against theirs, and ``exactly-once: OK`` or the differences. A run that does not end as planned
+(a killed run that died before its own fault fired, a run that failed) is shown with its output, and the demo ends
+with ``exactly-once: NOT CHECKED`` instead of comparing: such a run never did its work, which says nothing of the
+guarantee.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and resets
 
-from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
+from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, fired, register_process
 from airflow_eo.hooks.mysql import EoMySqlHook
 from examples import ip_counts, page_views
 from examples.state import reset_ip_counts, reset_page_views
@@ -30,35 +35,68 @@ from examples.state import reset_ip_counts, reset_page_views
 PIPELINES = ("page_views_xa", "page_view_events_upsert")
 
 
-def start(dag_id: str, when: datetime, fault: str | None = None) -> tuple[subprocess.Popen[str], str, float]:
+@dataclass
+class Run:
+    """One ``airflow dags test`` child and what it was meant to do."""
+
+    dag_id: str
+    when: datetime
+    fault: str | None
+    child: subprocess.Popen[str]
+    began: float
+    failpoints: str | None  # the folder of the armed failpoint's log, when it has one
+
+    @property
+    def label(self) -> str:
+        return f"airflow dags test {self.dag_id} {self.when.isoformat()}" + (
+            f"  [fault: {self.fault}]" if self.fault else "")
+
+    def unplanned(self) -> str | None:
+        """Why the run did not end as planned (None when it did): a killed run must have been killed by its own
+        failpoint (its log says it fired), any other run must succeed."""
+        code = self.child.returncode
+        if self.fault is None:
+            return None if code == 0 else f"failed (exit {code})"
+        fired_here = any(line.split(" ", 2)[1:2] == [f"{self.fault}:"] for line in fired(str(self.failpoints)))
+        if code == -signal.SIGKILL and fired_here:
+            return None
+        if code == -signal.SIGKILL:
+            return f"was SIGKILLed, but not by its planned fault {self.fault}"
+        return f"ended (exit {code}) before its planned fault {self.fault} fired"
+
+
+def start(dag_id: str, when: datetime, fault: str | None = None) -> Run:
     """``airflow dags test dag_id when`` in a child process, armed with ``fault`` (a SIGKILL at that failpoint)."""
     env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
-    if fault:
-        env.update(arm(fault, directory=tempfile.mkdtemp(prefix="eo-demo-")))
+    failpoints = tempfile.mkdtemp(prefix="eo-demo-") if fault else None
+    if fault and failpoints:
+        env.update(arm(fault, directory=failpoints))
     child = subprocess.Popen([sys.executable, "-m", "airflow", "dags", "test", dag_id, when.isoformat()], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if fault:
-        register_process(env[FAILPOINT_DIR_ENV], "driver", child.pid)  # kill(driver) of during_write
-    label = f"airflow dags test {dag_id} {when.isoformat()}" + (f"  [fault: {fault}]" if fault else "")
-    return child, label, time.monotonic()
+    if failpoints:
+        register_process(failpoints, "driver", child.pid)  # kill(driver) of during_write
+    return Run(dag_id, when, fault, child, time.monotonic(), failpoints)
 
 
-def run(*runs: tuple[str, datetime, str | None]) -> list[int]:
+def run(*runs: tuple[str, datetime, str | None]) -> list[str]:
     """Runs of different DAGs side by side (each its own process, Spark driver and pipeline: they share nothing but
-    the servers); their exit codes, in order."""
+    the servers); one line for each run that did not end as planned, with why."""
     started = [start(dag_id, when, fault) for dag_id, when, fault in runs]
-    codes = []
-    for child, label, began in started:
-        stdout, stderr = child.communicate()
-        status = "killed by SIGKILL" if child.returncode == -signal.SIGKILL else f"exit {child.returncode}"
-        print(f"  {label}: {status} ({time.monotonic() - began:.0f}s)")
+    unplanned = []
+    for one in started:
+        stdout, stderr = one.child.communicate()
+        code = one.child.returncode
+        status = "killed by SIGKILL" if code == -signal.SIGKILL else f"exit {code}"
+        print(f"  {one.label}: {status} ({time.monotonic() - one.began:.0f}s)")
         for line in (stdout + stderr).splitlines():
             if "records in" in line and "rows out" in line and "micro_batch" in line:
                 print("    " + line.split("[info     ]", 1)[-1].split("[airflow.task")[0].strip())
-        if child.returncode not in (0, -signal.SIGKILL):
-            print(stdout[-3000:] + stderr[-3000:])
-        codes.append(child.returncode)
-    return codes
+        why = one.unplanned()
+        if why:
+            print(f"    NOT AS PLANNED: this run {why}; its last output:")
+            print(textwrap.indent((stdout[-3000:] + stderr[-3000:]).rstrip(), "    | "))
+            unplanned.append(f"{one.dag_id} {why}")
+    return unplanned
 
 
 def ip_counts_result(bootstrap: str, differences: list[str]) -> None:
@@ -83,21 +121,24 @@ def main() -> int:
     clock = datetime.now(timezone.utc).replace(microsecond=0)
     step = timedelta(minutes=5)
     xa, upsert = PIPELINES
-    expected: list[int] = []
-    codes: list[int] = []
+    unplanned: list[str] = []
 
     page_views.produce_page_views(bootstrap, 4000)
     ip_counts.produce_lines(bootstrap, 3000)
     print("round 1: produced 4000 page views and 3000 request lines; killing page_views_xa while its Spark tasks "
           "write and ip_counts_kafka while it produces its output; page_view_events_upsert runs beside them")
-    codes += run((xa, clock, "during_write"), ("ip_counts_kafka", clock, "mid_produce"), (upsert, clock, None))
-    expected += [-signal.SIGKILL, -signal.SIGKILL, 0]
+    unplanned += run((xa, clock, "during_write"), ("ip_counts_kafka", clock, "mid_produce"), (upsert, clock, None))
 
     ip_counts.produce_lines(bootstrap, 3000)
     print("round 2: produced 3000 request lines; re-running the killed DAGs")
     clock += step
-    codes += run((xa, clock, None), ("ip_counts_kafka", clock, None))
-    expected += [0, 0]
+    unplanned += run((xa, clock, None), ("ip_counts_kafka", clock, None))
+    if unplanned:
+        # The comparison below would blame the guarantee for a run that never got to do its work.
+        print(f"\ndemo took {time.monotonic() - began:.0f}s")
+        print(f"exactly-once: NOT CHECKED: {len(unplanned)} run(s) did not end as planned, for a reason other than "
+              f"the demo's faults ({'; '.join(unplanned)}); see NOT AS PLANNED above")
+        return 1
 
     pv_truth, ids_truth, _ = page_views.ground_truth(bootstrap)
     import pymysql
@@ -122,9 +163,6 @@ def main() -> int:
     if set(ids_sink) != ids_truth or len(ids_sink) != len(set(ids_sink)):
         differences.append("page_view_events")
     ip_counts_result(bootstrap, differences)
-    failures = sum(code != want for code, want in zip(codes, expected, strict=True))
-    if failures:
-        differences.append(f"{failures} DAG run(s) did not end as planned")
     print(f"demo took {time.monotonic() - began:.0f}s")
     print("exactly-once: OK" if not differences else f"exactly-once: DIFFERENCES in {', '.join(differences)}")
     return 0 if not differences else 1

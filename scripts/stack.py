@@ -1,20 +1,22 @@
 """Local stack for airflow_eo: a single-node Kafka (KRaft), a MariaDB and a PostgreSQL, on loopback.
 
-Usage: ``python scripts/stack.py up|down|status``; for fault tests ``kill mariadb|postgres|kafka`` (SIGKILL,
-as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then start it again on the same data) and
-``second-mariadb up|down`` / ``second-postgres up|down`` (another MariaDB / PostgreSQL server on the next port, for
-a store and a sink on two servers).
+Usage: ``python scripts/stack.py up|down|status|clean`` (``postgres up|down``: the PostgreSQL alone); for fault
+tests ``kill mariadb|postgres|kafka`` (SIGKILL, as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then
+start it again on the same data) and ``second-mariadb up|down`` / ``second-postgres up|down`` (another MariaDB /
+PostgreSQL server on the next port, for a store and a sink on two servers).
 
-Everything the stack writes lives under ``.stack/`` in the repo (ignored by git);
-downloaded artifacts (Kafka's jars) are cached under ``~/.cache/airflow-eo`` so a
-second start is fast. A user who has their own Kafka, MySQL or PostgreSQL sets
+Everything the stack writes lives under ``.stack/`` in the repo (ignored by git), with one exception: as root, in a
+repo whose folder (or a parent) is closed to other users, PostgreSQL's data and socket live in a folder of the
+``postgres`` user's under /var/tmp (the server runs as that user and could not reach ``.stack``), linked from
+``.stack/postgres/root`` and removed by ``clean``. Downloaded artifacts (Kafka's jars) are cached under
+``~/.cache/airflow-eo`` so a second start is fast. A user who has their own Kafka, MySQL or PostgreSQL sets
 ``EO_KAFKA_BOOTSTRAP``, ``EO_MYSQL_HOST`` (plus ``EO_MYSQL_PORT``, ``EO_MYSQL_USER``,
 ``EO_MYSQL_PASSWORD``, ``EO_MYSQL_DATABASE``) or ``EO_PG_HOST`` (plus ``EO_PG_PORT``, ``EO_PG_USER``,
 ``EO_PG_PASSWORD``, ``EO_PG_DATABASE``) and the stack starts nothing for that part.
 ``up`` always (re)writes ``.stack/env``, a file to ``source`` that exports the
-Airflow connections and settings the example DAGs use, and migrates the Airflow
-metadata database that file points to (SQLite under ``.stack/airflow``), so
-``airflow dags test`` works right after ``up``.
+Airflow connections and settings the example DAGs use, migrates the Airflow
+metadata database that file points to (SQLite under ``.stack/airflow``) and writes
+the DAG folder into it, so ``airflow dags test`` works right after ``up``, several at once included.
 """
 
 from __future__ import annotations
@@ -371,20 +373,42 @@ def postgres_user() -> dict[str, Any]:
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def postgres_data_dir(home: Path, as_user: dict[str, Any]) -> Path:
-    """``home/data``, or, when the ``postgres`` user cannot reach ``home`` (a parent folder closed to others), a
-    folder under /var/tmp that ``home/data`` links to."""
-    data = home / "data"
-    if not as_user or data.exists():
-        return data
-    closed = [p for p in (home, *home.parents) if p.exists() and not os.stat(p).st_mode & 0o001]
-    if not closed:
-        return data
+def postgres_root(home: Path, as_user: dict[str, Any]) -> Path:
+    """The folder of the server's data directory (``data``) and socket, and its working directory.
+
+    ``home`` itself when the server's OS user can reach it. When it cannot (root's clone in a folder closed to
+    others, like ``/root`` or a ``mktemp -d`` folder: the server runs as ``postgres``), a folder of that user's
+    under /var/tmp, which ``home/root`` links to; every path the server is given is that folder's, never one
+    through ``home``. ``clean`` removes it with the stack.
+    """
+    link = home / "root"
+    if link.is_symlink():
+        return link.resolve()
+    if (home / "data").is_symlink():  # the layout of earlier releases: only the data directory lived elsewhere
+        return (home / "data").resolve().parent
+    if not as_user or reaches(home, as_user):
+        return home
     elsewhere = Path("/var/tmp") / f"airflow-eo-postgres-{uuid.uuid5(uuid.NAMESPACE_URL, str(home)).hex[:12]}"
-    elsewhere.mkdir(parents=True, exist_ok=True)
+    if elsewhere.exists():  # a stack once at this path was removed without `clean`: its data is not ours
+        shutil.rmtree(elsewhere)
+    elsewhere.mkdir(mode=0o700, parents=True)
     os.chown(elsewhere, as_user["user"], as_user["group"])
-    data.symlink_to(elsewhere / "data")
-    return data
+    link.symlink_to(elsewhere)
+    return elsewhere
+
+
+def reaches(folder: Path, as_user: dict[str, Any]) -> bool:
+    """Whether ``as_user`` can enter and write ``folder`` (every parent searchable): asked as that user, so that
+    groups and ACLs count as the kernel counts them."""
+    return subprocess.run(["test", "-x", str(folder), "-a", "-w", str(folder)], **as_user).returncode == 0
+
+
+def postgres_roots() -> list[Path]:
+    """The folders outside ``.stack`` that the stack's PostgreSQL servers keep their data in (see
+    :func:`postgres_root`)."""
+    links = [home / "root" for home in (POSTGRES_HOME, SECOND_POSTGRES)] + [
+        home / "data" for home in (POSTGRES_HOME, SECOND_POSTGRES)]
+    return [link.resolve() if link.name == "root" else link.resolve().parent for link in links if link.is_symlink()]
 
 
 def wait_until_reaped(postmaster_pid: Path, socket_lock: Path, log: Path, timeout: float = 30) -> None:
@@ -439,33 +463,36 @@ def postgres_up(home: Path | None = None, port: int = POSTGRES_PORT) -> dict:
         die(f"port {port} is taken by another process; set EO_STACK_PG_PORT, or EO_PG_HOST to use that server")
     bin_dir, as_user = postgres_bin_dir(), postgres_user()
     home.mkdir(parents=True, exist_ok=True)
-    wait_until_reaped(home / "data" / "postmaster.pid", home / f".s.PGSQL.{port}.lock", log)
     if as_user:
         os.chown(home, as_user["user"], as_user["group"])
-    data = postgres_data_dir(home, as_user)
+    # The server's OS user gets only paths under ``root`` (its working directory included); our own files (the
+    # pid file, the log the server writes through an inherited descriptor) stay in ``home``.
+    root = postgres_root(home, as_user)
+    data = root / "data"
+    wait_until_reaped(data / "postmaster.pid", root / f".s.PGSQL.{port}.lock", log)
     fresh = not (data / "PG_VERSION").exists()
     if fresh:
         done = subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
                                "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
-                              capture_output=True, text=True, cwd=home, **as_user)
+                              capture_output=True, text=True, cwd=root, **as_user)
         if done.returncode != 0:
             die(f"initdb failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    server = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(home)]
+    server = [str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root)]
     for name, value in POSTGRES_SETTINGS.items():
         server += ["-c", f"{name}={value}"]
-    spawn(server, log, pid_file, cwd=home, **as_user)
-    psql = [str(bin_dir / "psql"), "-h", str(home), "-p", str(port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
+    spawn(server, log, pid_file, cwd=root, **as_user)
+    psql = [str(bin_dir / "psql"), "-h", str(root), "-p", str(port), "-U", "postgres", "-v", "ON_ERROR_STOP=1"]
     def answers() -> bool:
         if not pid_alive(pid_file):
             die(f"PostgreSQL exited while starting; last log lines:\n{log.read_text(errors='replace')[-3000:]}")
-        return subprocess.run([*psql, "-c", "SELECT 1"], capture_output=True, **as_user).returncode == 0
+        return subprocess.run([*psql, "-c", "SELECT 1"], capture_output=True, cwd=root, **as_user).returncode == 0
 
     wait_for("PostgreSQL", answers, 120, log)
     if fresh:
         sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER PASSWORD '{DB_PASSWORD}';"
                f"CREATE DATABASE {DB_NAME} OWNER {DB_USER};")
         for statement in sql.split(";")[:-1]:
-            done = subprocess.run([*psql, "-c", statement], capture_output=True, text=True, **as_user)
+            done = subprocess.run([*psql, "-c", statement], capture_output=True, text=True, cwd=root, **as_user)
             if done.returncode != 0:
                 die(f"could not set up PostgreSQL ({statement.split(' PASSWORD')[0]}): {done.stderr}")
     wait_for("PostgreSQL", lambda: postgres_ready(settings), 60, log)
@@ -523,6 +550,23 @@ def airflow_db_migrate(lines: dict[str, str]) -> None:
     print(f"stack: Airflow metadata database migrated (AIRFLOW_HOME={lines['AIRFLOW_HOME']})")
 
 
+def airflow_dags_reserialize(lines: dict[str, str]) -> None:
+    """``airflow dags reserialize``: write every DAG of the DAG folder into the metadata database once, now.
+
+    Each ``airflow dags test`` (and ``dag.test()``) writes the whole folder's DAGs before its run. On a database
+    that has never seen them, runs started side by side insert the same rows and all but one die with an
+    IntegrityError before their batch starts (seen in a fresh clone's first ``make demo``); once the rows exist,
+    a run only compares them. A few seconds.
+    """
+    env = {**os.environ, **lines}
+    done = subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize"], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", (done.stdout + done.stderr)[-3000:])
+        die(f"airflow dags reserialize failed (exit {done.returncode}); last output:\n{tail}")
+    print(f"stack: the DAGs of {lines['AIRFLOW__CORE__DAGS_FOLDER']} written to the metadata database")
+
+
 # --------------------------------------------------------------------------- commands
 
 def up() -> None:
@@ -533,6 +577,7 @@ def up() -> None:
     lines = stack_env(bootstrap, mysql, postgres)
     env_file = write_env(lines)
     airflow_db_migrate(lines)
+    airflow_dags_reserialize(lines)
     print(f"stack: up; connections in {env_file} (source it)")
 
 
@@ -558,6 +603,15 @@ def down() -> None:
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for every client to disconnect).
     stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
     stop("second PostgreSQL", SECOND_POSTGRES / "postgres.pid", signal.SIGINT)
+
+
+def clean() -> None:
+    """``down``, then remove ``.stack`` and the folders outside it that the stack's PostgreSQL kept its data in."""
+    down()
+    for root in postgres_roots():
+        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(STACK, ignore_errors=True)
+    print(f"stack: removed {STACK}")
 
 
 def status() -> None:
@@ -703,7 +757,7 @@ def kafka_cluster_down() -> None:
 
 
 if __name__ == "__main__":
-    commands = {"up": up, "down": down, "status": status}
+    commands = {"up": up, "down": down, "status": status, "clean": clean}
     services = ("mariadb", "postgres", "kafka")
     args = sys.argv[1:]
     if len(args) == 1 and args[0] in commands:
@@ -713,10 +767,12 @@ if __name__ == "__main__":
         print(f"stack: {args[1]} {args[0]}ed")
     elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
         second_mariadb_up() if args[1] == "up" else second_mariadb_down()
+    elif args in (["postgres", "up"], ["postgres", "down"]):  # the stack's PostgreSQL alone
+        postgres_up() if args[1] == "up" else stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
     elif args in (["second-postgres", "up"], ["second-postgres", "down"]):
         second_postgres_up() if args[1] == "up" else second_postgres_down()
     elif args in (["kafka-cluster", "up"], ["kafka-cluster", "down"]):
         kafka_cluster_up() if args[1] == "up" else kafka_cluster_down()
     else:
-        die("usage: stack.py up|down|status | kill|restart mariadb|postgres|kafka | second-mariadb up|down "
-            "| second-postgres up|down | kafka-cluster up|down")
+        die("usage: stack.py up|down|status|clean | kill|restart mariadb|postgres|kafka | postgres up|down "
+            "| second-mariadb up|down | second-postgres up|down | kafka-cluster up|down")

@@ -7,7 +7,6 @@ from wherever the step runs: the driver, or a Python worker of a Spark task.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 import time
@@ -28,17 +27,9 @@ from examples.topics import read_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import assert_contiguous
 from tests.support.kafka_group import group_positions
+from tests.support.stack import load_stack
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load_stack() -> ModuleType:
-    """``scripts/stack.py`` as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("eo_stack", REPO / "scripts" / "stack.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

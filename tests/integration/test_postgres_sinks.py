@@ -11,11 +11,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -32,7 +30,6 @@ from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
 from tests.conftest import create_topic
-from tests.faults.conftest import load_stack
 from tests.integration.operator_harness import operator, rows, run
 from tests.integration.page_views import assert_contiguous, hour, hours_truth, produce_hours, run_child
 from tests.integration.test_bad_input import (
@@ -41,6 +38,7 @@ from tests.integration.test_bad_input import (
     assert_headers_kept,
     run_with_driver_dead_letters,
 )
+from tests.support.stack import load_stack, server_folder
 
 PG_STORE = "eo_pg_store"
 MYSQL_STORE = "eo_offset_store"
@@ -186,9 +184,7 @@ def server_without_two_phase(monkeypatch) -> Iterator[str]:
     start), as Airflow connection ``pg_zero``."""
     stack = load_stack()
     bin_dir, as_user = stack.postgres_bin_dir(), stack.postgres_user()
-    home = Path(tempfile.mkdtemp(prefix="eo-pg-zero-"))
-    if as_user:
-        os.chown(home, as_user["user"], as_user["group"])
+    home = server_folder("eo-pg-zero-", as_user)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

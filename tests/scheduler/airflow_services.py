@@ -57,6 +57,8 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 
+from tests.support.stack import server_folder
+
 T = TypeVar("T")
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
@@ -172,9 +174,7 @@ class LocalPostgres:
 
     def start(self, timeout: float = 60.0) -> None:
         """initdb, start ``postgres`` in its own process group, create the ``airflow`` database."""
-        self.dir = Path(tempfile.mkdtemp(prefix="airflow-services-pg-"))
-        if self._user:
-            os.chown(self.dir, self._user["user"], self._user["group"])
+        self.dir = server_folder("airflow-services-pg-", self._user)
         data = self.dir / "data"
         done = self._run(
             "initdb", "-D", str(data), "-U", "airflow", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"
