@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.session import connect_url, get_session
+from airflow_eo.spark.session import connect_url, get_session, spellings
 
 
 class SparkSessionHook(BaseHook):
@@ -47,6 +48,9 @@ class SparkSessionHook(BaseHook):
         if conn.conn_type == "spark_connect":
             # The Spark provider's fields (login = user id, password = token, extra use_ssl), encoded so that any
             # token works: the provider leaves a token's "/" as is, which pyspark refuses, echoing the token.
+            # Airflow masks the token as stored; its encoded spellings are masked too, wherever they surface.
+            for spelling in spellings(conn.password or ""):
+                mask_secret(spelling)
             return {"remote": connect_url(conn.host or "localhost", conn.port, conn.login, conn.password,
                                           extra.get("use_ssl")), "conf": conf}
         deploy_mode = extra.get("deploy-mode") or extra.get("deploy_mode") or "client"

@@ -236,48 +236,68 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     from pyspark.sql import SparkSession
 
     merged = session_conf(conf, remote=remote is not None)
-    if not remote:
-        merged.update(executor_env())  # crash tests only: armed failpoints reach a cluster's executors
-    builder = SparkSession.builder.appName(app_name)
-    local = not remote and (master or "local").startswith("local")
     if remote:
-        builder = builder.remote(remote)
+        refuse_master_for_connect(merged)
     else:
-        builder = builder.master(master or "local[*]")
-        if local:
-            # Local executors run this very Python (with airflow_eo installed), bound to loopback.
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        elif "spark.pyspark.python" in merged:
-            # A classic session started from a running Python tells executors PYSPARK_PYTHON, never
-            # the conf (which only spark-submit's launcher reads): the cluster's Python must go there.
-            os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
-            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    for key, value in merged.items():
-        builder = builder.config(key, value)
+        merged.update(executor_env())  # crash tests only: armed failpoints reach a cluster's executors
+    local = not remote and (master or "local").startswith("local")
+    # Every builder call is inside the try: pyspark validates the URL at remote() and at each config(), and its
+    # errors echo the URL, token included (percent-encoded: a spelling Airflow's masker does not know).
     try:
+        builder = SparkSession.builder.appName(app_name)
+        if remote:
+            builder = builder.remote(remote)
+        else:
+            builder = builder.master(master or "local[*]")
+            if local:
+                # Local executors run this very Python (with airflow_eo installed), bound to loopback.
+                os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            elif "spark.pyspark.python" in merged:
+                # A classic session started from a running Python tells executors PYSPARK_PYTHON, never
+                # the conf (which only spark-submit's launcher reads): the cluster's Python must go there.
+                os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
+                builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+                    "spark.driver.host", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        for key, value in merged.items():
+            builder = builder.config(key, value)
         session = builder.getOrCreate()
         if remote:
             session.version  # noqa: B018 - one round trip: a wrong URL or token fails here, not mid-batch
     except Exception as exc:  # surface a message that says what to fix
-        if "spark-sql-kafka" in str(exc) or "unresolved dependency" in str(exc):
-            raise ConfigurationError(
-                f"could not resolve Spark's Kafka connector {kafka_connector_coordinates()} from Maven "
-                "Central; install a pyspark version whose connector is published, or put the connector "
-                "jar in spark.jars"
-            ) from exc
         if remote:
             # Never chained (``from None``): pyspark's errors may echo the URL, its token percent-encoded, a form
             # Airflow's secret masker does not know.
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigurationError(f"cannot open a Spark Connect session at {_without_secrets(remote)}: "
                                      f"{_redacted(said, remote)}") from None
+        if "spark-sql-kafka" in str(exc) or "unresolved dependency" in str(exc):
+            raise ConfigurationError(
+                f"could not resolve Spark's Kafka connector {kafka_connector_coordinates()} from Maven "
+                "Central; install a pyspark version whose connector is published, or put the connector "
+                "jar in spark.jars"
+            ) from exc
         raise
     if not local:
         ship_package(session, remote=remote is not None)
     log.info("Spark session on %s (%s)", _without_secrets(remote) if remote else master or "local[*]",
              "Spark Connect" if remote else "classic, client mode")
     return session
+
+
+def refuse_master_for_connect(conf: Mapping[str, str]) -> None:
+    """A Spark Connect session runs on the server's master: a ``spark.master`` in the conf, or ``MASTER`` in this
+    process's environment, makes pyspark refuse it with an error that quotes the URL, token included. Refused here
+    first, saying what to remove."""
+    if "spark.master" in conf:
+        raise ConfigurationError(
+            "spark.master is set in the Spark conf of a Spark Connect session (the connection's extra 'conf' or the "
+            "operator's spark_conf): the Spark Connect server decides where the work runs; remove spark.master, "
+            "or use a 'spark' connection (its host is the master URL) to run the driver here")
+    if "MASTER" in os.environ:
+        raise ConfigurationError(
+            "the MASTER environment variable is set in this worker, and pyspark refuses a Spark Connect session "
+            "then: unset MASTER in the worker's environment, or use a 'spark' connection to run the driver here")
 
 
 def connect_url(host: str, port: int | None = None, user_id: str | None = None, token: str | None = None,
@@ -309,6 +329,12 @@ def _without_secrets(url: str) -> str:
     return url.split(";", 1)[0]
 
 
+def spellings(secret: str) -> set[str]:
+    """The forms a secret takes in a Spark Connect URL and in pyspark's errors: as is and percent-encoded (ours
+    encodes every character, the Spark provider's leaves ``/``, a form may use ``+`` for a blank)."""
+    return {secret, quote(secret), quote(secret, safe=""), quote_plus(secret)} - {""}
+
+
 def _redacted(text: str, url: str) -> str:
     """``text`` without the URL's parameter values in any spelling, nor anything after a ``;`` up to a blank or
     quote (a URL's parameters)."""
@@ -316,9 +342,7 @@ def _redacted(text: str, url: str) -> str:
         name, _, given = param.partition("=")
         if name == "use_ssl":  # "true" is no secret, and blanking it would blank ordinary words
             continue
-        value = unquote(given)
-        for form in sorted({value, quote(value), quote(value, safe=""), quote_plus(value), given}, key=len,
-                           reverse=True):
+        for form in sorted(spellings(unquote(given)) | {given}, key=len, reverse=True):
             if form:
                 text = text.replace(form, "***")
     return re.sub(r";[^\s'\"]+", ";***", text)
