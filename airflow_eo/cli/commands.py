@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -236,15 +237,29 @@ def _show(output: str, document: Any, sections: Sequence[tuple[str, Rows]], note
         console.print_as_yaml(document)
         return
     for title, rows in sections:
-        console.print(escape(title), style="bold")
+        console.print(escape(visible(title)), style="bold")
         if rows:
-            # Cells are data, not rich markup (a pipeline id or an error may hold brackets).
-            console.print_as([{k: escape(str(v)) for k, v in r.items()} for r in rows] if output == "table" else rows,
+            # Cells are data, not rich markup (a pipeline id or an error may hold brackets), nor terminal controls.
+            shown = [{k: visible(str(v)) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+            console.print_as([{k: escape(str(v)) for k, v in r.items()} for r in shown] if output == "table" else shown,
                              output)
         else:
             console.print("  (none)")
     for note in notes:
-        console.print(escape(f"note: {note}"), soft_wrap=True)
+        console.print(escape(visible(f"note: {note}")), soft_wrap=True)
+
+
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a record's bytes (a dead letter's key,
+# value, topic or error) may carry terminal escapes (OSC 52 writes the clipboard, CSI moves the cursor) or text
+# that reads in another order than it is stored.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character shown as its escape (``\\x1b``, ``\\u202e``): printed, it can
+    only be read, never obeyed by the terminal. JSON and YAML output escape them already."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                         else f"\\u{ord(m.group()):04x}", text)
 
 
 def _branches(branches: Rows) -> Rows:

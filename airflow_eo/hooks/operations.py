@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import getpass
+import os
+import pwd
 import socket
 
 from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
@@ -51,11 +52,17 @@ class AirflowConnections:
 
 
 def local_actor() -> str:
-    """Who runs a command on this machine (``user@host``), for the audit log."""
+    """Who runs a command on this machine, for the audit log: the name of the process's real uid (not ``$USER`` or
+    ``$LOGNAME``, which anyone sets), with sudo's caller where sudo set it, and the host: ``alice@host``,
+    ``root (sudo from alice)@host``. Advisory: whoever can write the store can write any audit row."""
+    uid = os.getuid()
     try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
-        user = "unknown"
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:  # no passwd entry (a container's arbitrary uid)
+        user = f"uid {uid}"
+    caller = os.environ.get("SUDO_USER")
+    if caller and caller != user:
+        user = f"{user} (sudo from {caller})"
     return f"{user}@{socket.gethostname()}"
 
 
