@@ -68,7 +68,7 @@ def local_actor() -> str:
 
 def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
                         mysql_conn_id: str | None = None, actor: str | None = None,
-                        read_only: bool = False) -> PipelineOperations:
+                        read_only: bool = False, error_details: bool = True) -> PipelineOperations:
     """Operations over Airflow connections (what ``airflow eo`` and the UI tab run).
 
     :param offset_store_conn_id: ``mysql`` connection of the offset store (None: ``[eo] offset_store_conn_id``,
@@ -78,10 +78,12 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
     :param mysql_conn_id: ``mysql`` connection of a MySQL sink (None: the recorded one, else ``mysql_default``).
     :param actor: who runs them (default: the OS user and host).
     :param read_only: only reads (the UI): the store is never migrated; a schema behind is refused.
+    :param error_details: notes quote a dependency's error (False, the UI: its kind and a logged reference only).
     """
     from airflow.configuration import conf
 
     store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
                                              fallback=DEFAULT_OFFSET_STORE_CONN_ID)
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
-    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id, read_only), actor or local_actor())
+    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id, read_only), actor or local_actor(),
+                              error_details)

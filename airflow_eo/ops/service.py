@@ -12,6 +12,7 @@ imports nothing of Airflow: where the connections come from is :class:`Connectio
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -180,11 +181,16 @@ class PipelineOperations:
 
     :param connections: the store, the source cluster and the sinks.
     :param actor: who runs the operations (recorded in ``eo_audit``): an OS user, an Airflow user.
+    :param error_details: whether a note about a dependency that could not be read (a sink database, Kafka)
+        quotes the error's text (the CLI: its user holds the connections) or gives only its kind and a reference
+        to the full text in this process's log (the UI tab: every reader of the DAG sees the notes, and an error's
+        text names hosts and users).
     """
 
-    def __init__(self, connections: Connections, actor: str) -> None:
+    def __init__(self, connections: Connections, actor: str, error_details: bool = True) -> None:
         self.connections = connections
         self.actor = actor
+        self.error_details = error_details
         self.store = connections.store()
         self._source: KafkaOffsetSource | None = None
 
@@ -304,7 +310,7 @@ class PipelineOperations:
             try:
                 dead_letters = self.dead_letters(pipeline_id, limit=limit)
             except Exception as exc:  # a sink database that is down must not hide the store's view
-                status.notes.append(f"dead letters unknown: {exc}")
+                status.notes.append(f"dead letters unknown: {self._said(exc, 'dead letters of ' + pipeline_id)}")
         return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id)
 
     # ------------------------------------------------------------------ repairs
@@ -427,6 +433,15 @@ class PipelineOperations:
 
     # ------------------------------------------------------------------ helpers
 
+    def _said(self, exc: Exception, what: str) -> str:
+        """What a note says of an error: its text, or (without ``error_details``) its kind and the reference under
+        which its text was logged here."""
+        if self.error_details:
+            return str(exc)
+        reference = uuid.uuid4().hex[:8]
+        log.warning("%s could not be read (reference %s)", what, reference, exc_info=exc)
+        return f"{type(exc).__name__}; the details are in the log (reference {reference})"
+
     def _broker_offsets(self, topics: Sequence[str]) -> tuple[dict[TopicPartition, PartitionOffsets] | None,
                                                                str | None]:
         """Log-start and last stable offsets of the topics' partitions; (None, why) when Kafka cannot tell."""
@@ -435,7 +450,7 @@ class PipelineOperations:
         try:
             source = self.source()
         except Exception as exc:
-            return None, f"Kafka offsets unknown: {exc}"
+            return None, f"Kafka offsets unknown: {self._said(exc, 'Kafka offsets')}"
         found: dict[TopicPartition, PartitionOffsets] = {}
         missing = []
         for topic in topics:  # one topic at a time: a deleted topic must not hide the others
@@ -444,7 +459,7 @@ class PipelineOperations:
             except ConfigurationError:
                 missing.append(topic)
             except Exception as exc:
-                return None, f"Kafka offsets unknown: {exc}"
+                return None, f"Kafka offsets unknown: {self._said(exc, 'Kafka offsets of ' + topic)}"
         return found, (f"topic(s) {', '.join(missing)} not found on the broker" if missing else None)
 
     def _require_broker(self, topics: Sequence[str]) -> dict[TopicPartition, PartitionOffsets]:
@@ -472,7 +487,8 @@ class PipelineOperations:
             try:
                 committed = group.committed_batches(batches)
             except Exception as exc:
-                notes.append(f"the Kafka sink's group offsets are unknown ({exc}): a batch it committed would be "
+                notes.append(f"the Kafka sink's group offsets are unknown ({self._said(exc, 'group offsets')}): a "
+                             "batch it committed would be "
                              "rolled forward by recovery, not aborted")
         when = {b.record.batch_id: b.updated_at
                 for b in self.store.batch_history(info.pipeline_id, len(batches), [b.batch_id for b in batches])}

@@ -85,7 +85,8 @@ def _read_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[
         from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
 
         # Connections from [eo], as the CLI's defaults; a GET never migrates the store (reads must not write).
-        ops = pipeline_operations(actor="airflow-ui", read_only=True)
+        # Notes give a failed read's kind and a reference, never its text (hosts, users): any DAG reader sees them.
+        ops = pipeline_operations(actor="airflow-ui", read_only=True, error_details=False)
         owned = ops.pipelines_of_dag(dag_id, task_ids)
         return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
     except Exception as exc:

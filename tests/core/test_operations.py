@@ -197,3 +197,34 @@ def test_a_rewind_is_refused_while_a_batch_is_unfinished_in_interval_mode_and_in
         check_rewind(back, Mode.CONTINUOUS, [batch(4, BatchState.PREPARED)], UPSERT, True)
     with pytest.raises(OperationError, match="interval mode"):
         check_rewind(back, Mode.INTERVAL, [], UPSERT, True)
+
+
+# --------------------------------------------------------------------------- what notes say of errors
+
+
+class _UnreachableKafka:
+    """No store needed; a Kafka whose error names a host and a user."""
+
+    def store(self):
+        return None
+
+    def offset_source(self):
+        raise ConnectionError("cannot reach broker-7.internal.example:9093 as sasl user alice")
+
+    def sink(self, pipeline_id, record):
+        raise AssertionError("not used")
+
+
+def test_a_dependencys_error_text_reaches_the_cli_notes_but_only_its_kind_and_a_reference_reach_the_tab(caplog):
+    from airflow_eo.ops.service import PipelineOperations
+
+    _, cli = PipelineOperations(_UnreachableKafka(), "tester")._broker_offsets([T])
+    assert cli is not None and "broker-7.internal.example" in cli
+
+    with caplog.at_level("WARNING", logger="airflow_eo.ops.service"):
+        _, tab = PipelineOperations(_UnreachableKafka(), "airflow-ui", error_details=False)._broker_offsets([T])
+    assert tab is not None and tab.startswith("Kafka offsets unknown: ConnectionError") and "reference" in tab
+    assert "internal.example" not in tab and "alice" not in tab
+    reference = tab.rsplit("reference ", 1)[1].rstrip(")")
+    logged = [r for r in caplog.records if reference in r.getMessage()]
+    assert logged and "broker-7.internal.example" in str(logged[0].exc_info[1])  # the text is in the log
