@@ -142,9 +142,9 @@ def mysql_kwargs() -> dict[str, Any]:
 
 
 def sql(statement: str, args: Sequence[Any] = ()) -> list[tuple]:
-    import pymysql
+    from airflow_eo.mysql.connection import connect as mysql_connect
 
-    conn = pymysql.connect(**mysql_kwargs(), autocommit=True)
+    conn = mysql_connect(mysql_kwargs(), autocommit=True)
     try:
         with conn.cursor() as cur:
             cur.execute(statement, args)
@@ -286,10 +286,10 @@ def warm_python_workers(spark: Any, parallelism: int) -> None:
 
 
 def _insert_rows(args: tuple[dict[str, Any], str, list[tuple]]) -> int:
-    import pymysql
+    from airflow_eo.mysql.connection import connect as mysql_connect
 
     connect, table, rows = args
-    conn = pymysql.connect(**connect, autocommit=False)
+    conn = mysql_connect(connect, autocommit=False)
     try:
         with conn.cursor() as cur:
             full = f"INSERT INTO `{table}` ({', '.join(EVENT_COLUMNS)}) VALUES " + ", ".join(
@@ -307,12 +307,14 @@ def _insert_rows(args: tuple[dict[str, Any], str, list[tuple]]) -> int:
 
 
 def _load_file(args: tuple[dict[str, Any], str, str]) -> int:
-    import pymysql
+    # The project's connection: the server may read this one file, while it is loaded, and no other.
+    from airflow_eo.mysql.connection import connect as mysql_connect
+    from airflow_eo.mysql.connection import loading_local_file
 
     connect, table, path = args
-    conn = pymysql.connect(**connect, autocommit=True, local_infile=True)
+    conn = mysql_connect(connect, autocommit=True, local_infile=True)
     try:
-        with conn.cursor() as cur:
+        with loading_local_file(conn, path), conn.cursor() as cur:
             return cur.execute(f"LOAD DATA LOCAL INFILE %s INTO TABLE `{table}` FIELDS TERMINATED BY '\\t' "
                                f"({', '.join(EVENT_COLUMNS)})", (path,))
     finally:
