@@ -10,16 +10,20 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pymysql
-from pymysql.constants import COMMAND, ER
+from pymysql.constants import COMMAND, CR, ER
 from pymysql.protocol import LoadLocalPacketWrapper
 
-from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.connections import ConnectionInfo, warn_unverified_tls
 
 # Seconds, overridable in the connection's extra: connecting; waiting for one statement's answer
 # (longer than innodb_lock_wait_timeout and than the largest multi-row statement); sending one.
 TIMEOUTS = {"connect_timeout": 10, "read_timeout": 600, "write_timeout": 600}
 
 _preferred_tls: ssl.SSLContext | None = None
+
+#: Authentication plugins to which pymysql sends the password as it is: ``dialog`` (PAM) answers its "Password: "
+#: prompt with it.
+CLEARTEXT_PLUGINS = (b"mysql_clear_password", b"dialog")
 
 
 class _Result(pymysql.connections.MySQLResult):
@@ -66,6 +70,24 @@ class _Connection(pymysql.connections.Connection):
 
     #: The one local file the server may read now (set by :func:`loading_local_file`); None: no file at all.
     local_file: str | None = None
+
+    def __init__(self, *args: Any, enable_cleartext_plugin: bool = False, **kwargs: Any) -> None:
+        # Set before pymysql's __init__, which connects (and authenticates) at once.
+        self.enable_cleartext_plugin = enable_cleartext_plugin
+        super().__init__(*args, **kwargs)
+
+    def _process_auth(self, plugin_name: bytes, auth_packet: Any, handler: Any = None) -> Any:
+        # pymysql answers a server's switch to these plugins with the password itself; a server, or anyone posing
+        # as it, asks for it that way to read it. Refused unless the connection opts in, as MySQL's own client
+        # (--enable-cleartext-plugin) does.
+        if plugin_name in CLEARTEXT_PLUGINS and handler is None and not self.enable_cleartext_plugin:
+            raise pymysql.err.OperationalError(
+                CR.CR_AUTH_PLUGIN_CANNOT_LOAD,
+                f"the server at {self.host}:{self.port} asked for the password in clear text (authentication plugin "
+                f"{plugin_name.decode(errors='replace')!r}); refused, the password was not sent. If the server "
+                "really authenticates this way (PAM, LDAP), reach it over verified TLS and set "
+                '"enable_cleartext_plugin": true in the connection\'s extra')
+        return super()._process_auth(plugin_name, auth_packet, handler)  # type: ignore[misc]  # not in the stubs
 
     def _read_query_result(self, unbuffered: bool = False) -> int | None:
         # pymysql's, with the result that refuses other local files (see _Result)
@@ -141,4 +163,21 @@ def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
         # A dict of pymysql's TLS options, e.g. {"ca": "/path/ca.pem"}: verified TLS, never plaintext (without it
         # pymysql tries TLS unverified and falls back to plaintext); also a JSON text, as Airflow's MySQL hook takes.
         kwargs["ssl"] = json.loads(tls) if isinstance(tls, str) else dict(tls)
+    if not verified_tls(kwargs.get("ssl")):
+        warn_unverified_tls(info, "MySQL", 'put {"ssl": {"ca": "/path/to/ca.pem"}} in its extra (README, "Security")')
+    if _true(extra.get("enable_cleartext_plugin")):
+        kwargs["enable_cleartext_plugin"] = True
     return kwargs
+
+
+def verified_tls(tls: Mapping[str, Any] | None) -> bool:
+    """Whether pymysql's TLS options make it verify the server (as its ``_create_ssl_ctx`` reads them): a CA to check
+    the certificate against, and ``verify_mode`` not lowered."""
+    if not tls or (tls.get("ca") is None and tls.get("capath") is None):
+        return False
+    mode = tls.get("verify_mode")
+    return mode is None or mode is True or str(mode).lower() in ("required", "2")
+
+
+def _true(value: Any) -> bool:
+    return value is True or str(value).lower() in ("true", "1", "yes")
