@@ -16,6 +16,7 @@ import pymysql
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
+from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.sinks import TableShape, why_replace_is_not_upsert
@@ -27,6 +28,7 @@ from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.dead_letters import read_dead_letters
 from airflow_eo.mysql.sql import (
     DEAD_LETTER_COLUMNS,
+    dead_letter_collation_upgrade,
     dead_letter_ddl,
     dead_letter_upgrades,
     keeps_prepared_xa,
@@ -248,13 +250,15 @@ class MySqlTableSink:
         try:
             with conn.cursor() as cur:
                 # Looked up first: DDL on an existing table would still wait for other pipelines' prepared branches.
-                cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE "
+                cur.execute("SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS WHERE "
                             "TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s", (schema, table))
-                columns = [row[0] for row in cur.fetchall()]
+                collations = dict(cur.fetchall())
+                columns = list(collations)
                 if not columns:
                     cur.execute(dead_letter_ddl(self.dead_letter_table))
                     written: tuple[str, ...] = DEAD_LETTER_COLUMNS
                 else:
+                    self._convert_dead_letter_table(cur, batch, collations)
                     have = {c.lower() for c in self._upgrade_dead_letter_table(cur, columns)}
                     written = tuple(c for c in DEAD_LETTER_COLUMNS if c.lower() in have)
                 # A replacing load sets created_at to its own time, as the column's default does for a new row (a
@@ -272,6 +276,39 @@ class MySqlTableSink:
             fence=self.epoch_fence(batch), bulk_load=self.bulk_load,
             replace_rows=replace, stamped=(DEAD_LETTER_STAMPED,) if replace else (),
         )
+
+    def _convert_dead_letter_table(self, cur: Any, batch: BatchContext, collations: Mapping[str, str | None]) -> None:
+        """Once per table an older release made in a case-insensitive collation: converted to byte-for-byte ids and
+        topics (:data:`~airflow_eo.mysql.sql.DEAD_LETTER_COLLATION`). When it cannot be yet (another pipeline's
+        prepared branch holds the table, no ALTER privilege), the batch goes on only if no two keys of it can meet:
+        no other pipeline id in the table equal to ours but for case, and no two of the batch's topics alike but
+        for case; else it is refused with the statement to run (the dead letters would overwrite each other)."""
+        statement = dead_letter_collation_upgrade(self.dead_letter_table, collations)
+        if statement is None:
+            return
+        cur.execute("SET SESSION lock_wait_timeout = %s", (DEAD_LETTER_UPGRADE_WAIT_S,))
+        try:
+            cur.execute(statement)
+            log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
+            return
+        except pymysql.err.MySQLError as exc:
+            why = exc.args[-1]
+        topics = sorted({r.topic for r in batch.ranges})
+        alike_topics = [t for t in topics if sum(t.lower() == u.lower() for u in topics) > 1]
+        cur.execute(f"SELECT DISTINCT pipeline_id FROM {quote_table(self.dead_letter_table)} WHERE pipeline_id = %s",
+                    (batch.pipeline_id,))
+        alike_pipelines = sorted(p for (p,) in cur.fetchall() if p != batch.pipeline_id)
+        if alike_topics or alike_pipelines:
+            meeting = (f"pipelines {alike_pipelines} and {batch.pipeline_id!r}" if alike_pipelines
+                       else f"topics {alike_topics}")
+            raise ConfigurationError(
+                f"{self.name}: the dead-letter table {self.dead_letter_table} compares ids and topics without case "
+                f"(an older release made it so), where {meeting} would overwrite each other's dead letters, and it "
+                f"could not be converted now ({why}). Run, as a user with the ALTER privilege, once no prepared XA "
+                f"branch holds the table (airflow eo status shows them): {statement}")
+        log.warning("%s: dead-letter table %s compares ids and topics without case and could not be converted now "
+                    "(%s); nothing of this batch can meet another key there, so it goes on. Run, as a user with the "
+                    "ALTER privilege: %s", self.name, self.dead_letter_table, why, statement)
 
     def _upgrade_dead_letter_table(self, cur: Any, columns: Sequence[str]) -> list[str]:
         """Once per table made by an older release: the columns it has afterwards. The ALTER waits a few seconds at

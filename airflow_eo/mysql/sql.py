@@ -204,6 +204,21 @@ def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[tuple[str, 
             if column not in have]
 
 
+#: Version 3 of the dead-letter table: ids and topics compared byte for byte. Releases before it made the table in
+#: the server's default collation (latin1_swedish_ci on MariaDB, utf8mb4_0900_ai_ci on MySQL 8: case-insensitive),
+#: where pipelines "p" and "P", or topics "Orders" and "orders", share a primary key.
+DEAD_LETTER_COLLATION = "utf8mb4_bin"
+
+
+def dead_letter_collation_upgrade(table: str, collations: Mapping[str, str | None]) -> str | None:
+    """The statement that converts a dead-letter table whose ``pipeline_id`` or ``topic`` column (``collations``:
+    column → collation, from information_schema) is not byte for byte; None when both are."""
+    keyed = {c.lower(): collation for c, collation in collations.items()}
+    if all(keyed.get(column) == DEAD_LETTER_COLLATION for column in ("pipeline_id", "topic")):
+        return None
+    return f"ALTER TABLE {quote_table(table)} CONVERT TO CHARACTER SET utf8mb4 COLLATE {DEAD_LETTER_COLLATION}"
+
+
 def dead_letter_ddl(table: str) -> str:
     return (
         f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
@@ -214,7 +229,7 @@ def dead_letter_ddl(table: str) -> str:
         "created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
         "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
         # Ids and topics byte for byte, as in the offset store: "Orders" and "orders" are two topics.
-        "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        f"DEFAULT CHARSET=utf8mb4 COLLATE={DEAD_LETTER_COLLATION}"
     )
 
 

@@ -203,13 +203,13 @@ def test_a_bad_record_behind_a_transform_fails_the_xa_batch_after_its_one_pass_a
                 (op.pipeline_id,)) == [("committed",), ("planned",)]
 
 
-#: A MySQL dead-letter table as releases before ``kafka_headers`` made it.
+#: A MySQL dead-letter table as releases before ``kafka_headers`` made it (``dead_letter_ddl`` before f8c030a): in
+#: the server's default character set and collation (latin1_swedish_ci on the stack's MariaDB: case-insensitive).
 V1_DEAD_LETTER_DDL = (
     "CREATE TABLE {name} (pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT "
     "NULL, kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, raw_value LONGBLOB NULL, "
     "error TEXT NOT NULL, created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
-    "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
-    "DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+    "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB")
 
 
 def test_dead_letters_through_the_driver_keep_their_headers_in_a_table_an_older_release_made(
