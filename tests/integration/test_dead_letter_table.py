@@ -89,11 +89,16 @@ def test_an_older_releases_case_insensitive_table_is_converted_before_a_batch_wr
             cur.execute(f"DROP TABLE {table}")
 
 
-def test_a_table_that_cannot_be_converted_yet_refuses_only_a_batch_whose_keys_could_meet(mysql_kwargs, mysql):
+def test_a_table_that_cannot_be_converted_yet_refuses_only_a_batch_whose_keys_could_meet(mysql_kwargs, mysql,
+                                                                                         monkeypatch):
     """Another pipeline's prepared XA branch holds the older table: the conversion waits a few seconds and gives up.
     A pipeline whose ids and topics meet no other key goes on; one whose id equals another's but for case is refused,
     with the statement to run."""
     import pymysql
+
+    from airflow_eo.mysql import sink as mysql_sink
+
+    monkeypatch.setattr(mysql_sink, "DEAD_LETTER_UPGRADE_WAIT_S", 1)  # each give-up after 1 s, not 5
 
     table = f"eo_dl_{uuid.uuid4().hex[:8]}"
     with mysql.cursor() as cur:
