@@ -79,3 +79,12 @@ def airflow_db() -> None:
     _env("AIRFLOW_HOME")
     done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """py4j says "Closing down clientserver connection" (INFO) from a finalizer at interpreter exit, after pytest has
+    closed the stream its log handler writes to: "--- Logging error --- ValueError: I/O operation on closed file"
+    would follow every run that used Spark. Nothing is lost by not saying it."""
+    import logging
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
