@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
@@ -64,6 +64,12 @@ def parse_starting_offsets(value: str | int) -> str | int:
     raise ConfigurationError(
         f"starting_offsets={value!r}: use 'earliest', 'latest' or a timestamp in epoch milliseconds"
     )
+
+
+def group_id(pipeline_id: str) -> str:
+    """The pipeline's Kafka consumer group: the Kafka sink commits its transactions' offsets there, and every other
+    sink's committed offsets are mirrored there after each batch, for lag tools (never read back)."""
+    return f"airflow_eo.{pipeline_id}"
 
 
 class KafkaOffsetSource:
@@ -153,6 +159,28 @@ class KafkaOffsetSource:
         return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k],
                                 high_watermark=high[k], log_append_time=append_time[tp.topic])
                 for tp in tps for k in [(tp.topic, tp.partition)]]
+
+    def mirror_group_offsets(self, pipeline_id: str, positions: Mapping[tuple[str, int], int]) -> None:
+        """Commit ``positions`` (the store's committed offsets) to the pipeline's group :func:`group_id`, for lag tools
+        only. Every partition is committed each time, moved or not: a group without members keeps an offset for
+        ``offsets.retention.minutes`` after its last commit (7 days by default), so each run renews them all.
+
+        :param pipeline_id: the pipeline.
+        :param positions: the next offset to read per ``(topic, partition)``.
+        """
+        if not positions:
+            return
+        request = ConsumerGroupTopicPartitions(
+            group_id(pipeline_id), [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
+
+        def commit() -> None:
+            futures = self._admin.alter_consumer_group_offsets([request], request_timeout=ADMIN_TIMEOUT_S)
+            for future in futures.values():
+                for answered in future.result().topic_partitions or []:
+                    if answered.error is not None:  # the first partition's error, as the broker said it
+                        raise KafkaException(answered.error)
+
+        retry_transient(f"committing the offsets of group {group_id(pipeline_id)}", commit, refresh=self._new_client)
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)

@@ -23,6 +23,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
+from airflow_eo.kafka.offsets import group_id
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ _NOT_FOR_CLIENTS = ("group.id", "transactional.id", "enable.auto.commit", "auto.
 
 
 def transactional_id(pipeline_id: str) -> str:
-    return f"airflow_eo.{pipeline_id}"
-
-
-def group_id(pipeline_id: str) -> str:
     return f"airflow_eo.{pipeline_id}"
 
 

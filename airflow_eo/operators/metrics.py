@@ -9,6 +9,9 @@ Every metric is tagged ``pipeline_id`` (backends without tags drop them):
   ``write``, ``dead_letters``, ``execute``, ``commit``, ``finalize``); a batch read, parsed and written in one
   Spark job has no ``read_transform``: its ``write`` holds all three.
 
+- ``airflow_eo.group_mirror.failed``: a counter, +1 when a batch's offsets could not be mirrored into the
+  consumer group ``airflow_eo.<pipeline_id>`` (the batch itself is committed; the next run moves the group).
+
 A run that had already committed (a clear) did nothing and emits nothing.
 """
 
@@ -56,3 +59,10 @@ def emit_batch_metrics(summary: BatchSummary, lag: Mapping[str, int] | None, sta
         # A phase name becomes part of the metric name: keep it to the characters StatsD allows.
         stats.timing(f"{PREFIX}.batch.seconds.{re.sub(r'[^A-Za-z0-9_]', '_', phase)}", timedelta(seconds=seconds),
                      tags=tags)
+
+
+def emit_group_mirror_failure(pipeline_id: str, stats: Any = None) -> None:
+    """Count a consumer-group mirror that failed (see the module docstring)."""
+    stats = stats or airflow_stats()
+    if stats is not None:
+        stats.incr(f"{PREFIX}.group_mirror.failed", 1, tags={"pipeline_id": pipeline_id})

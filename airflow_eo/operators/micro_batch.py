@@ -24,14 +24,15 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
+from airflow_eo.core.sinks import capabilities_of
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.kafka.offsets import parse_starting_offsets
-from airflow_eo.operators.metrics import emit_batch_metrics
+from airflow_eo.kafka.offsets import group_id, parse_starting_offsets
+from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.engine import SparkBatchEngine
 from airflow_eo.spark.kafka_security import secret_values, spark_kafka_options
@@ -269,6 +270,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
         )
         self._emit_metrics(summary, store, kafka_hook)
+        self._mirror_group(summary, store, kafka_hook)
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
@@ -305,6 +307,21 @@ class KafkaMicroBatchOperator(BaseOperator):
             emit_batch_metrics(summary, lag)
         except Exception:  # the batch is committed: a metrics hiccup must not turn it into a failed task
             self.log.warning("could not emit the batch's metrics", exc_info=True)
+
+    def _mirror_group(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
+        """The store's committed offsets into the consumer group ``airflow_eo.<pipeline_id>``, where lag tools
+        (kafka-consumer-groups, Burrow, exporters) look; never read back, and never fails a committed batch."""
+        capabilities = capabilities_of(self.sink.record())
+        if self.mode is Mode.INTERVAL or (capabilities is not None and capabilities.consumer_group):
+            return  # an interval has no position to show; the Kafka sink commits the group in its own transaction
+        try:
+            kafka_hook.get_offset_source().mirror_group_offsets(summary.pipeline_id,
+                                                                store.committed_offsets(summary.pipeline_id))
+        except Exception:
+            self.log.warning("the consumer group %s still shows the offsets before this batch (lag tools read it; the "
+                             "offset store, which is the truth, has the batch): the next run moves it",
+                             group_id(summary.pipeline_id), exc_info=True)
+            emit_group_mirror_failure(summary.pipeline_id)
 
     def _data_interval(self, context: Context) -> Interval:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")

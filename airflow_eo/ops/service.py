@@ -29,7 +29,7 @@ from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, Re
 from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
-from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +429,16 @@ class PipelineOperations:
                     log.exception("could not move the Kafka group of %s back to the store's offsets: run the rewind "
                                   "again, or `airflow eo recover` before the pipeline's next run", pipeline_id)
             raise
-        return RewindReport(plan, True, epoch=epoch)
+        notes = []
+        if group is None:
+            # Every other sink's offsets are mirrored into the same group for lag tools: it follows the rewind now
+            # rather than at the next run (best effort: the store is the truth and already moved).
+            try:
+                self.source().mirror_group_offsets(pipeline_id, self.store.committed_offsets(pipeline_id))
+            except Exception as exc:
+                notes.append(f"the consumer group {group_id(pipeline_id)} still shows the old offsets "
+                             f"({self._said(exc, 'group mirror')}); the next run moves it")
+        return RewindReport(plan, True, epoch=epoch, notes=notes)
 
     # ------------------------------------------------------------------ helpers
 

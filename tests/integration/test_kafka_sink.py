@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from airflow_eo.core.errors import BadRecordError
-from airflow_eo.kafka.sink import group_id
+from airflow_eo.kafka.offsets import group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
 from examples import ip_counts
