@@ -536,17 +536,19 @@ def shell_quote(value: str) -> str:
 
 # --------------------------------------------------------------------------- Airflow
 
-def airflow_db_migrate(lines: dict[str, str]) -> None:
-    """``airflow db migrate`` with the environment of ``.stack/env`` (idempotent: a no-op when migrated).
-
-    Its output (which names the database URL) is shown only on failure, with any password masked.
-    """
-    env = {**os.environ, **lines}
-    done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env,
+def airflow_cli(lines: dict[str, str], *args: str) -> None:
+    """``airflow *args`` with the environment of ``.stack/env``; its output (which may name the database URL) is
+    shown only on failure, with any password masked."""
+    done = subprocess.run([sys.executable, "-m", "airflow", *args], env={**os.environ, **lines},
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         tail = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", (done.stdout + done.stderr)[-3000:])
-        die(f"airflow db migrate failed (exit {done.returncode}); last output:\n{tail}")
+        die(f"airflow {' '.join(args)} failed (exit {done.returncode}); last output:\n{tail}")
+
+
+def airflow_db_migrate(lines: dict[str, str]) -> None:
+    """``airflow db migrate`` (idempotent: a no-op when migrated)."""
+    airflow_cli(lines, "db", "migrate")
     print(f"stack: Airflow metadata database migrated (AIRFLOW_HOME={lines['AIRFLOW_HOME']})")
 
 
@@ -558,12 +560,7 @@ def airflow_dags_reserialize(lines: dict[str, str]) -> None:
     IntegrityError before their batch starts (seen in a fresh clone's first ``make demo``); once the rows exist,
     a run only compares them. A few seconds.
     """
-    env = {**os.environ, **lines}
-    done = subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize"], env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        tail = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", (done.stdout + done.stderr)[-3000:])
-        die(f"airflow dags reserialize failed (exit {done.returncode}); last output:\n{tail}")
+    airflow_cli(lines, "dags", "reserialize")
     print(f"stack: the DAGs of {lines['AIRFLOW__CORE__DAGS_FOLDER']} written to the metadata database")
 
 
