@@ -23,7 +23,8 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 
 if TYPE_CHECKING:
-    from airflow_eo.core.protocol import BatchRecord, Sink
+    from airflow_eo.core.batch import BatchRecord
+    from airflow_eo.core.protocol import Sink
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.log import mask_secret
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.config import (
     BadRecordPolicy,
     Framing,
@@ -23,7 +24,7 @@ from airflow_eo.core.config import (
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook

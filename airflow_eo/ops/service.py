@@ -18,11 +18,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
+from airflow_eo.core.protocol import Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
