@@ -42,6 +42,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
 from airflow_eo.spark.session import is_connect
@@ -153,20 +154,21 @@ class SparkBatchEngine:
         spark.addTag(self._job_tag)
         try:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
-            # One pass when the bad records can ride along to the partition writers (no transform in between)
-            # and finding one after the write still commits nothing: the sink's writes stay invisible until the
-            # commit point, or bad records are not fatal (dead letters), or the writers hold their partitions
-            # until every task has counted its bad records (a barrier stage).
-            one_pass = not sink.writes_visible_before_commit or \
-                self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER
-            if self.transform is None:
-                if one_pass:
-                    return self._write_then_validate(parsed, payload, batch, sink, vote=False)
-                if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*named_columns(payload))):
-                    return self._write_then_validate(parsed, payload, batch, sink, vote=True)
-            elif one_pass:
+            # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
+            # (lazily, in this order) only when the decision needs them.
+            strategy = choose_write_strategy(
+                writes_visible_before_commit=sink.writes_visible_before_commit,
+                dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
+                transform=self.transform is not None,
+                barrier_possible=lambda: self._barrier_possible(spark),
+                can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))))
+            if strategy is WriteStrategy.ONE_PASS:
+                return self._write_then_validate(parsed, payload, batch, sink, vote=False)
+            if strategy is WriteStrategy.VOTE:
+                return self._write_then_validate(parsed, payload, batch, sink, vote=True)
+            if strategy is WriteStrategy.ONE_PASS_TRANSFORMED:
                 return self._transform_then_validate(spark, parsed, payload, batch, sink)
-            return self._validate_then_write(spark, parsed, payload, batch, sink)
+            return self._validate_then_write(spark, parsed, payload, batch, sink)  # WriteStrategy.TWO_PASS
         finally:
             spark.removeTag(self._job_tag)
 
