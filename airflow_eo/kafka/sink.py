@@ -237,7 +237,9 @@ class KafkaTransactionalAdapter:
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         # check_pipeline refuses on_bad_record='dead_letter' with this sink when the DAG is parsed.
-        assert next(records, None) is None, f"{self.name} keeps no dead letters"
+        if next(records, None) is not None:  # not an assert: python -O would drop the bad records silently
+            raise ConfigurationError(f"{self.name} keeps no dead letters: on_bad_record='dead_letter' cannot run with "
+                                     "it (the batch is not committed)")
         return []
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
