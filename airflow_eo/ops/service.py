@@ -52,7 +52,8 @@ class Connections(Protocol):
 
 @dataclass(frozen=True)
 class InDoubtBranch:
-    """A prepared XA branch of the pipeline, and what recovery does with it."""
+    """A prepared branch of the pipeline (an XA branch, a PostgreSQL prepared transaction), and what recovery does
+    with it."""
 
     decision: BranchDecision
     age_seconds: float | None  # since its batch row was last written by the attempt that prepared it
