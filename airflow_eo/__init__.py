@@ -1,4 +1,4 @@
-"""airflow_eo: exactly-once Kafka → Spark → MySQL/Kafka micro-batches for Apache Airflow."""
+"""airflow_eo: exactly-once Kafka → Spark → MySQL/MariaDB, PostgreSQL or Kafka micro-batches for Apache Airflow."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-eo",
         "name": "airflow_eo",
-        "description": "Exactly-once batch-streaming from Kafka through Spark into MySQL or Kafka.",
+        "description": "Exactly-once batch-streaming from Kafka through Spark into MySQL/MariaDB, PostgreSQL or "
+                       "Kafka.",
         "versions": [__version__],
         "integrations": [
             {"integration-name": "airflow_eo", "external-doc-url": "https://pypi.org/project/airflow-eo/",
@@ -48,7 +49,8 @@ def get_provider_info() -> dict[str, Any]:
                                                     DEFAULT_OFFSET_STORE_CONN_ID),
                     "kafka_conn_id": _option("kafka connection of the source cluster, for lag.", "kafka_default"),
                     "in_doubt_warning_seconds": _option(
-                        "The tab highlights an in-doubt XA branch older than this.", "300", "float"),
+                        "The tab highlights an in-doubt branch (XA, or a PostgreSQL prepared transaction) older than "
+                        "this.", "300", "float"),
                     "ui_batch_limit": _option("Batches, audit rows and dead letters the tab shows per pipeline.",
                                               "20", "integer"),
                     "ui_timeout_seconds": _option(

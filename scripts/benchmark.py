@@ -54,8 +54,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and ground truths
 
+from airflow_eo.core.batch import BatchContext, RunRequest, WritePlan
 from airflow_eo.core.config import BadRecordPolicy, Framing, ParseConfig, ValueFormat
-from airflow_eo.core.protocol import BatchContext, RunRequest, WritePlan, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook

@@ -20,15 +20,16 @@ DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
 
 ARG_PIPELINE = Arg(("pipeline_id",), help="The pipeline's id in the offset store (`airflow eo pipelines` lists them)")
 ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default=None,
-                            help="Airflow mysql connection of the offset store (default: [eo] offset_store_conn_id, "
-                                 "else eo_offset_store)")
+                            help="Airflow mysql (MySQL / MariaDB) or postgres (PostgreSQL) connection of the offset "
+                                 "store (default: [eo] offset_store_conn_id, else eo_offset_store)")
 ARG_KAFKA_CONN = Arg(("--kafka-conn-id",), default=None,
                      help="Airflow kafka connection of the source cluster (default: [eo] kafka_conn_id, "
                           "else kafka_default)")
 ARG_MYSQL_CONN = Arg(("--mysql-conn-id",), default=None,
-                     help="Airflow mysql connection of the sink's database, for XA branches and dead letters "
-                          "(default: the connection the pipeline's sink declared, as recorded in the store; "
-                          "mysql_default when none is recorded)")
+                     help="Airflow mysql connection of a MySQL / MariaDB sink's database, for XA branches and dead "
+                          "letters (default: the connection the pipeline's sink declared, as recorded in the store; "
+                          "mysql_default when none is recorded). A PostgreSQL or Kafka sink uses the connection it "
+                          "declared")
 ARG_HISTORY_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=20,
                         help="Show at most this many batches and audit entries (default: 20)")
 ARG_DEAD_LETTER_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=100,
@@ -54,8 +55,8 @@ ARG_APPLY = Arg(("--apply",), action="store_true",
                      "and what will be reprocessed or skipped, and changes nothing")
 ARG_REWIND_DRY_RUN = Arg(("--dry-run",), action="store_true", help="Show the plan only (the default)")
 ARG_DOUBLE_COUNT = Arg((DOUBLE_COUNT_FLAG,), action="store_true", dest="allow_double_count",
-                       help="Rewind a pipeline whose sink accumulates (XA sink with 'add' updates, Kafka sink) "
-                            "although reprocessing counts the rewound records twice")
+                       help="Rewind a pipeline whose sink accumulates (XA or two-phase sink with 'add' updates, "
+                            "Kafka sink) although reprocessing counts the rewound records twice")
 
 CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_MYSQL_CONN)
 COMMANDS_PATH = "airflow_eo.cli.commands"
@@ -71,9 +72,10 @@ EO_COMMANDS = (
     ),
     ActionCommand(
         name="status",
-        help="Show a pipeline's partitions, unfinished batch and in-doubt XA branches",
+        help="Show a pipeline's partitions, unfinished batch and in-doubt branches",
         description="Per partition: committed offset, last stable offset, log-start offset and lag. The unfinished "
-                    "batch, if any, and the pipeline's in-doubt (prepared) XA branches with their age and what "
+                    "batch, if any, and the pipeline's in-doubt (prepared) branches, MySQL XA branches or "
+                    "PostgreSQL prepared transactions, with their age and what "
                     "recovery does with each: commit or roll back, and why.",
         func=lazy_load_command(f"{COMMANDS_PATH}.status"),
         args=(ARG_PIPELINE, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
@@ -91,7 +93,8 @@ EO_COMMANDS = (
         name="recover",
         help="Resolve a pipeline's in-doubt branches and unfinished batches now (a dry run unless --apply)",
         description="Does now, exactly, what the pipeline's next task attempt does first: takes the pipeline's "
-                    "epoch (fencing any running attempt), commits the XA branches of committed batches, rolls back "
+                    "epoch (fencing any running attempt), commits the prepared branches (XA, PostgreSQL prepared "
+                    "transactions) of committed batches, rolls back "
                     "the others, rolls forward batches a Kafka sink committed and aborts every other unfinished "
                     "batch. A DRY RUN unless --apply, which needs --reason; the audit row is written with the epoch "
                     "take, before anything changes, and completed with what recovery did.",
@@ -106,7 +109,7 @@ EO_COMMANDS = (
                     "the next run reprocesses (moved back) or skips (moved forward) records. A DRY RUN unless "
                     "--apply: it shows old -> new per partition and what will be reprocessed or skipped. --apply "
                     "needs --reason, takes the pipeline's epoch (fencing any running attempt), refuses while a "
-                    "batch is unfinished and, when it reprocesses, for sinks that accumulate (XA 'add' updates, "
+                    "batch is unfinished and, when it reprocesses, for sinks that accumulate ('add' updates, "
                     f"Kafka appends) unless {DOUBLE_COUNT_FLAG}; it is recorded in the audit log.",
         func=lazy_load_command(f"{COMMANDS_PATH}.rewind"),
         args=(ARG_PIPELINE, ARG_TO_EARLIEST, ARG_TO_LATEST, ARG_TO_DATETIME, ARG_TO_OFFSETS, ARG_APPLY,
@@ -127,7 +130,8 @@ EO_CLI_COMMANDS = [
         name="eo",
         help="Operate airflow_eo pipelines (offsets, batches, recovery)",
         description="Inspect and repair the exactly-once Kafka micro-batch pipelines of airflow_eo: their "
-                    "offsets and lag, batches, in-doubt XA transactions, recovery, rewinds and dead letters.",
+                    "offsets and lag, batches, in-doubt XA branches and PostgreSQL prepared transactions, recovery, "
+                    "rewinds and dead letters.",
         subcommands=EO_COMMANDS,
     ),
 ]

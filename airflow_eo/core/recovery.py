@@ -12,14 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
-
-if TYPE_CHECKING:  # the protocol applies these decisions: it imports this module
-    from airflow_eo.core.protocol import BatchRecord
 
 # --------------------------------------------------------------------------- in-doubt XA branches
 

@@ -10,10 +10,10 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.sinks import capabilities_of
 

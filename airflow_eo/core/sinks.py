@@ -23,7 +23,8 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 
 if TYPE_CHECKING:
-    from airflow_eo.core.protocol import BatchRecord, Sink
+    from airflow_eo.core.batch import BatchRecord
+    from airflow_eo.core.protocol import Sink
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,26 @@ def _json_value(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- what operations ask of an adapter
-# ``airflow eo`` and the DAG tab ask a recorded sink's capabilities first, then use the matching role of its adapter.
+# ``airflow eo`` and the DAG tab ask a recorded sink's capabilities first, then use the matching role of its adapter
+# (after an explicit check, never an ``assert``, which ``python -O`` removes: :func:`lacks_role`).
+
+
+def lacks_role(kind: str, capability: str, role: type, adapter: object) -> ConfigurationError:
+    """The error of a sink kind that declares ``capability`` while the adapter its factory built lacks the role
+    that goes with it (``role``, one of the protocols below): the kind's registration and its adapter disagree.
+
+    :param kind: the registered kind's name (what the store recorded).
+    :param capability: the :class:`SinkCapabilities` field the kind declares.
+    :param role: the protocol an adapter of such a kind implements.
+    :param adapter: what the kind's factory built.
+    """
+    missing = sorted(name for name in vars(role) if not name.startswith("_") and not hasattr(adapter, name))
+    lacking = f" (it has no {', '.join(missing)})" if missing else ""
+    return ConfigurationError(
+        f"sink kind {kind!r} declares the {capability!r} capability, but its adapter "
+        f"{type(adapter).__module__}.{type(adapter).__qualname__} does not implement {role.__name__}{lacking}: "
+        f"the kind's factory must build an adapter with that role, or its registration must not declare "
+        f"{capability!r}")
 
 
 @runtime_checkable

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from airflow_eo.core.batch import BatchRecord, Owner
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord, Owner
 from airflow_eo.core.ranges import TopicPartition
 
 # --------------------------------------------------------------------------- what the store holds

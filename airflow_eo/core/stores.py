@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.protocol import BatchRecord, OffsetStore
+from airflow_eo.core.protocol import OffsetStore
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo

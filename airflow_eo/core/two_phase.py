@@ -14,7 +14,7 @@ from airflow_eo.core.recovery import BranchAction, BranchDecision, decide_branch
 from airflow_eo.core.xid import Xid
 
 if TYPE_CHECKING:
-    from airflow_eo.core.protocol import BatchContext, BatchRecord
+    from airflow_eo.core.batch import BatchContext, BatchRecord
 
 log = logging.getLogger(__name__)
 

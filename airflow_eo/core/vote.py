@@ -1,4 +1,4 @@
-"""A held write and its vote, side by side (the ``agreed`` of :class:`~airflow_eo.core.protocol.PartitionWriter`).
+"""A held write and its vote, side by side (the ``agreed`` of :class:`~airflow_eo.core.batch.PartitionWriter`).
 
 An upsert writer that must hold its partition until every task has counted no bad record could wait for the vote and
 then write. Spark's barrier answers no sooner than about a second (its task polls the answer once a second), so the

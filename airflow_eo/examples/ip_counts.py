@@ -16,7 +16,7 @@ from airflow_eo.examples.topics import ensure_topic
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from airflow_eo.core.protocol import BatchContext
+    from airflow_eo.core.batch import BatchContext
 
 SOURCE, SINK = "ip_count_source", "ip_count_sink"
 TIME_FORMAT = "%Y-%m-%d_%H:%M:%S"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from airflow_eo.core.protocol import BatchContext
+    from airflow_eo.core.batch import BatchContext
 
 TOPIC = "page_views"
 PARTITIONS = 3

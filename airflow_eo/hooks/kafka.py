@@ -42,7 +42,7 @@ class KafkaClusterHook(KafkaBaseHook):
         """Unprocessed offsets per ``"topic[partition]"``: the broker's last stable offset minus ``committed``.
 
         Read ``committed`` before calling this (:meth:`OffsetStoreHook.committed_offsets
-        <airflow_eo.hooks.mysql.OffsetStoreHook.committed_offsets>`): a committed offset never
+        <airflow_eo.hooks.offset_store.OffsetStoreHook.committed_offsets>`): a committed offset never
         exceeds a last stable offset read after it, while one read after the broker could be beyond it.
 
         :param topics: the pipeline's topics.

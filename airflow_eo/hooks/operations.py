@@ -21,10 +21,12 @@ from airflow_eo.sinks import sink_kind, spec_from_record
 class AirflowConnections:
     """The store, the source cluster and the sinks through Airflow connections, as the operator finds them.
 
-    :param offset_store_conn_id: ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store.
     :param kafka_conn_id: ``kafka`` connection of the source cluster.
-    :param mysql_conn_id: ``mysql`` connection of a MySQL sink's database (XA branches, dead letters); None:
-        the connection the pipeline's sink declared (recorded in the store).
+    :param mysql_conn_id: ``mysql`` connection of a MySQL / MariaDB sink's database (XA branches, dead letters);
+        None: the connection the pipeline's sink declared (recorded in the store). A PostgreSQL or Kafka sink always
+        uses the connection it declared.
     """
 
     def __init__(self, offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
@@ -71,8 +73,8 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
                         read_only: bool = False, error_details: bool = True) -> PipelineOperations:
     """Operations over Airflow connections (what ``airflow eo`` and the UI tab run).
 
-    :param offset_store_conn_id: ``mysql`` connection of the offset store (None: ``[eo] offset_store_conn_id``,
-        else ``eo_offset_store``, the operator's default).
+    :param offset_store_conn_id: ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store (None: ``[eo] offset_store_conn_id``, else ``eo_offset_store``, the operator's default).
     :param kafka_conn_id: ``kafka`` connection of the source cluster (None: ``[eo] kafka_conn_id``, else
         ``kafka_default``).
     :param mysql_conn_id: ``mysql`` connection of a MySQL sink (None: the recorded one, else ``mysql_default``).

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
@@ -234,7 +234,9 @@ class KafkaTransactionalAdapter:
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         # check_pipeline refuses on_bad_record='dead_letter' with this sink when the DAG is parsed.
-        assert next(records, None) is None, f"{self.name} keeps no dead letters"
+        if next(records, None) is not None:  # not an assert: python -O would drop the bad records silently
+            raise ConfigurationError(f"{self.name} keeps no dead letters: on_bad_record='dead_letter' cannot run with "
+                                     "it (the batch is not committed)")
         return []
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:

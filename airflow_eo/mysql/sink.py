@@ -14,10 +14,10 @@ from typing import Any
 
 import pymysql
 
+from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.protocol import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.sinks import TableShape, why_replace_is_not_upsert
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from airflow_eo.core.batch import DEAD_LETTER_FIELDS
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
-from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
 
 
 def upsert_statement(

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from airflow_eo.core.protocol import BatchSummary
+from airflow_eo.core.batch import BatchSummary
 
 PREFIX = "airflow_eo"
 

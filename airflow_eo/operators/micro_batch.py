@@ -10,6 +10,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.log import mask_secret
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.config import (
     BadRecordPolicy,
     Framing,
@@ -23,7 +24,7 @@ from airflow_eo.core.config import (
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.sinks import capabilities_of
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
@@ -58,8 +59,10 @@ class KafkaMicroBatchOperator(BaseOperator):
     records in, rows out, dead letters and seconds per phase.
 
     :param topics: Kafka topics to read. (templated)
-    :param sink: a sink spec: :class:`~airflow_eo.sinks.MySqlUpsertSink`,
-        :class:`~airflow_eo.sinks.MySqlXaSink` or :class:`~airflow_eo.sinks.KafkaTransactionalSink`.
+    :param sink: a sink spec: :class:`~airflow_eo.sinks.MySqlUpsertSink` or :class:`~airflow_eo.sinks.MySqlXaSink`
+        (MySQL / MariaDB), :class:`~airflow_eo.sinks.PostgresUpsertSink` or
+        :class:`~airflow_eo.sinks.PostgresTwoPhaseSink` (PostgreSQL), or
+        :class:`~airflow_eo.sinks.KafkaTransactionalSink` (a Kafka topic).
     :param pipeline_id: stable id of the pipeline in the offset store; default
         ``<dag_id>.<task_id>``, and ``<dag_id>.<task_id>.<topics>`` for a mapped task instance.
         One pipeline id belongs to one task: a second DAG or task declaring it is refused. At most 190
@@ -102,21 +105,23 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param on_bad_record: ``fail`` (default) or ``dead_letter``.
     :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
-        with ``offsets_for_times``; backfills and clears replay intervals, so only
-        :class:`~airflow_eo.sinks.MySqlUpsertSink` with overwriting updates is allowed).
+        with ``offsets_for_times``; backfills and clears replay intervals, so only the upsert sinks,
+        :class:`~airflow_eo.sinks.MySqlUpsertSink` and :class:`~airflow_eo.sinks.PostgresUpsertSink`, with
+        overwriting updates are allowed).
     :param idle_partition_timeout: interval mode: how long after an interval's end a partition
         with no record at or after the end is taken as idle, its end closed at its last stable
         offset (``timedelta`` or seconds). Needs topics with ``message.timestamp.type=LogAppendTime``
         (later records are then stamped after the end); with producer timestamps such a partition
         keeps the interval waiting. None (default): every partition must move past the end.
     :param kafka_conn_id: Airflow ``kafka`` connection.
-    :param offset_store_conn_id: Airflow ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: Airflow ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of
+        the offset store (its type chooses the database the store runs on).
     :param spark_conn_id: ``spark`` connection (host = master: ``spark://``, ``yarn``, ``k8s://``; client
         deploy mode) or ``spark_connect`` connection (a Spark Connect server); None or ``""`` runs
         ``local[*]`` inside the task. (templated: e.g. ``"{{ params.spark_conn_id }}"`` lets a run's conf
         choose the cluster)
     :param spark_conf: extra Spark conf.
-    :param write_partitions: Spark tasks (connections, XA branches) writing the output.
+    :param write_partitions: Spark tasks (connections, XA branches or prepared transactions) writing the output.
 
     In continuous mode ``max_active_tis_per_dag`` defaults to 1: the scheduler then never runs
     two instances of the task at once, whatever their run types (``max_active_runs`` counts

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord, Sink, recover_pipeline
+from airflow_eo.core.protocol import Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
-from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of
+from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of, lacks_role
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
@@ -51,7 +52,8 @@ class Connections(Protocol):
 
 @dataclass(frozen=True)
 class InDoubtBranch:
-    """A prepared XA branch of the pipeline, and what recovery does with it."""
+    """A prepared branch of the pipeline (an XA branch, a PostgreSQL prepared transaction), and what recovery does
+    with it."""
 
     decision: BranchDecision
     age_seconds: float | None  # since its batch row was last written by the attempt that prepared it
@@ -274,7 +276,8 @@ class PipelineOperations:
             raise OperationError(f"pipeline {pipeline_id!r} writes through {info.sink.kind}, which keeps no dead "
                                  "letters (its bad records fail the batch)")
         sink = self.connections.sink(pipeline_id, info.sink)
-        assert isinstance(sink, DeadLetterSink), f"{info.sink.kind} keeps dead letters: its adapter reads them"
+        if not isinstance(sink, DeadLetterSink):  # the kind keeps dead letters: its adapter must read them
+            raise lacks_role(info.sink.kind, "dead_letters", DeadLetterSink, sink)
         return [_dead_letter(row) for row in sink.dead_letters(pipeline_id, batch_id, limit) or []]
 
     def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
@@ -388,7 +391,8 @@ class PipelineOperations:
         broker = self._require_broker(topics)
         at_time = None
         if target.kind is RewindKind.DATETIME:
-            assert target.at is not None
+            if target.at is None:
+                raise OperationError("a rewind to a datetime needs the datetime (RewindTarget.at is None)")
             source = self.source()
             at_time = source.offsets_for_time(source.partitions(topics), int(target.at.timestamp() * 1000))
         plan = plan_rewind(pipeline_id, target, list(broker.values()), committed, at_time)
@@ -482,7 +486,8 @@ class PipelineOperations:
         if info.sink is None or capabilities is None or not capabilities.consumer_group:
             return None
         sink = self.connections.sink(pipeline_id, info.sink)
-        assert isinstance(sink, ConsumerGroupSink), f"{info.sink.kind} keeps a consumer group: its adapter reads it"
+        if not isinstance(sink, ConsumerGroupSink):  # the kind keeps a consumer group: its adapter must read it
+            raise lacks_role(info.sink.kind, "consumer_group", ConsumerGroupSink, sink)
         return sink
 
     def _unfinished(self, info: PipelineInfo, notes: list[str]) -> list[UnfinishedBatch]:
@@ -509,7 +514,8 @@ class PipelineOperations:
         if info.sink is None or capabilities is None or not capabilities.in_doubt_branches:
             return []  # only two-phase sinks prepare branches
         sink = self.connections.sink(info.pipeline_id, info.sink)
-        assert isinstance(sink, InDoubtSink), f"{info.sink.kind} prepares branches: its adapter lists them"
+        if not isinstance(sink, InDoubtSink):  # the kind prepares branches: its adapter must list them
+            raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
         xids = sink.in_doubt(info.pipeline_id)
         batch_ids = sorted({x.batch_id for x in xids})
         found = {b.record.batch_id: b for b in self.store.batch_history(info.pipeline_id, len(batch_ids), batch_ids)}

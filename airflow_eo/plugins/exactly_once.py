@@ -2,7 +2,8 @@
 
 A FastAPI app mounted by the api-server (``fastapi_apps``) renders, for one DAG, every pipeline its
 tasks own: lag per partition, a chart of the recent batches, the batch history with ranges, in-doubt
-XA branches with their age, dead letters and the audit trail (rewinds, recoveries). An
+branches (XA, PostgreSQL prepared transactions) with their age, dead letters and the audit trail (rewinds,
+recoveries). An
 ``external_views`` entry with ``destination: "dag"`` shows it as a tab of every DAG page (Airflow has
 no per-DAG condition: a DAG without micro-batch tasks gets a page that says so). Every endpoint is
 guarded by Airflow's own ``requires_access_dag("GET")``: the browser's session cookie identifies the

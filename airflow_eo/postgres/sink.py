@@ -16,16 +16,9 @@ from typing import Any
 
 import psycopg
 
+from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
-from airflow_eo.core.protocol import (
-    DEAD_LETTER_FIELDS,
-    BatchContext,
-    BatchRecord,
-    DeadLetter,
-    WritePlan,
-    WriteResult,
-)
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key

@@ -64,7 +64,8 @@ class KafkaBacklogSensor(_DeferrableSensor):
     :param per_partition: compare per partition instead of the total.
     :param starting_offsets: where a partition without a committed offset starts (the operator's).
     :param kafka_conn_id: the ``kafka`` connection of the topics.
-    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: the ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store.
     :param deferrable: hand the wait to the triggerer (frees the worker slot); defaults to
         ``[operators] default_deferrable``.
     :param poll_interval: seconds between looks when deferred (``poke_interval`` otherwise).
@@ -118,7 +119,8 @@ class BatchCommittedSensor(_DeferrableSensor):
     :param pipeline_id: the pipeline to watch. (templated)
     :param after_batch_id: wait for a committed batch id greater than this; -1 = any. (templated)
     :param for_data_interval: wait for the interval-mode batch of this run's data interval.
-    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: the ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store.
     :param deferrable: hand the wait to the triggerer; defaults to ``[operators] default_deferrable``.
     :param poll_interval: seconds between looks when deferred (``poke_interval`` otherwise).
     """

@@ -6,7 +6,7 @@ malformed JSON, wrong types, missing required fields) instead of dropping them;
 ``on_bad_record`` decides whether the batch fails or dead-letters them. The sink's
 :class:`PartitionWriter` runs inside ``mapInArrow`` so each Spark task writes its
 partition from Arrow batches and reports ``(xid, rows)`` to the driver: the engine is the
-sinks' :class:`~airflow_eo.core.protocol.PartitionRunner`.
+sinks' :class:`~airflow_eo.core.batch.PartitionRunner`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.errors import BadRecordError, ConfigurationError
-from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
-from airflow_eo.core.protocol import (
+from airflow_eo.core.batch import (
     DEAD_LETTER_FIELDS,
     BatchContext,
     DeadLetter,
@@ -36,12 +32,17 @@ from airflow_eo.core.protocol import (
     DriverStream,
     ExecutionResult,
     PartitionWriter,
-    Sink,
     WritePlan,
     WriteResult,
     dead_letter_partition,
 )
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig
+from airflow_eo.core.errors import BadRecordError, ConfigurationError
+from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
+from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
 from airflow_eo.spark.session import is_connect
@@ -83,7 +84,7 @@ def resolve_transform(transform: Transform | str | None) -> Transform | str | No
 
 @dataclass
 class SparkBatchEngine:
-    """Implements ``core.protocol.Engine`` (and ``PartitionRunner``) on a Spark session.
+    """Implements ``core.protocol.Engine`` (and ``core.batch.PartitionRunner``) on a Spark session.
 
     :param session_factory: returns the SparkSession to use.
     :param kafka_config: librdkafka config of the Kafka connection (bootstrap servers, security).
@@ -153,20 +154,21 @@ class SparkBatchEngine:
         spark.addTag(self._job_tag)
         try:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
-            # One pass when the bad records can ride along to the partition writers (no transform in between)
-            # and finding one after the write still commits nothing: the sink's writes stay invisible until the
-            # commit point, or bad records are not fatal (dead letters), or the writers hold their partitions
-            # until every task has counted its bad records (a barrier stage).
-            one_pass = not sink.writes_visible_before_commit or \
-                self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER
-            if self.transform is None:
-                if one_pass:
-                    return self._write_then_validate(parsed, payload, batch, sink, vote=False)
-                if self._barrier_possible(spark) and sink.can_hold_writes(parsed.select(*named_columns(payload))):
-                    return self._write_then_validate(parsed, payload, batch, sink, vote=True)
-            elif one_pass:
+            # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
+            # (lazily, in this order) only when the decision needs them.
+            strategy = choose_write_strategy(
+                writes_visible_before_commit=sink.writes_visible_before_commit,
+                dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
+                transform=self.transform is not None,
+                barrier_possible=lambda: self._barrier_possible(spark),
+                can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))))
+            if strategy is WriteStrategy.ONE_PASS:
+                return self._write_then_validate(parsed, payload, batch, sink, vote=False)
+            if strategy is WriteStrategy.VOTE:
+                return self._write_then_validate(parsed, payload, batch, sink, vote=True)
+            if strategy is WriteStrategy.ONE_PASS_TRANSFORMED:
                 return self._transform_then_validate(spark, parsed, payload, batch, sink)
-            return self._validate_then_write(spark, parsed, payload, batch, sink)
+            return self._validate_then_write(spark, parsed, payload, batch, sink)  # WriteStrategy.TWO_PASS
         finally:
             spark.removeTag(self._job_tag)
 
@@ -485,7 +487,7 @@ class SparkBatchEngine:
 class _DeadLetterPartitions:
     """A dead-letter route's writer run as a job's partition writer, on the bad records' ``_DEAD_LETTER_SOURCE``
     columns (made into its batches as a one-pass task makes them, :func:`_dead_letter_batches`): numbered as
-    dead-letter writers are (:func:`~airflow_eo.core.protocol.dead_letter_partition`), so that its branches never
+    dead-letter writers are (:func:`~airflow_eo.core.batch.dead_letter_partition`), so that its branches never
     take the place of (or roll back) the good rows' branches of the same partition numbers."""
 
     route: DeadLetterRoute
@@ -541,7 +543,7 @@ class _Spill:
 
 
 def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator[Any]:
-    """The bad records as the dead-letter writer's batches (:data:`~airflow_eo.core.protocol.DEAD_LETTER_FIELDS`),
+    """The bad records as the dead-letter writer's batches (:data:`~airflow_eo.core.batch.DEAD_LETTER_FIELDS`),
     their headers encoded as the table keeps them (:func:`~airflow_eo.core.headers.encode_headers`)."""
     import pyarrow as pa
 

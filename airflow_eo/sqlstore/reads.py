@@ -12,9 +12,9 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError, UnknownPipelineError
-from airflow_eo.core.protocol import BatchRecord
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
 from airflow_eo.core.states import UNFINISHED

@@ -6,8 +6,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.ranges import ranges_from_json
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import BatchInfo

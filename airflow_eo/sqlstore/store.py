@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -25,7 +26,6 @@ from airflow_eo.core.errors import (
 )
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds

@@ -27,7 +27,8 @@ class KafkaBacklogTrigger(BaseTrigger):
     :param per_partition: compare ``min_records`` with each partition's lag instead of the sum.
     :param starting_offsets: where a partition without a committed offset starts (as the operator's).
     :param kafka_conn_id: the ``kafka`` connection of the topics.
-    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: the ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store.
     :param poll_interval: seconds between two looks.
     """
 
@@ -68,7 +69,8 @@ class BatchCommittedTrigger(BaseTrigger):
 
     :param pipeline_id: the pipeline to watch.
     :param after_batch_id: wait for a committed batch id greater than this; -1 = any.
-    :param offset_store_conn_id: the ``mysql`` connection of the offset store.
+    :param offset_store_conn_id: the ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
+        offset store.
     :param poll_interval: seconds between two looks.
     :param interval: ISO-8601 start and end of the interval-mode batch to wait for; None = continuous mode.
     """

@@ -28,10 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_eo.core.config import SinkRecord
-from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
-from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
-from airflow_eo.core.protocol import (
+from airflow_eo.core.batch import (
     BatchContext,
     BatchRecord,
     BatchSummary,
@@ -41,8 +38,11 @@ from airflow_eo.core.protocol import (
     RunRequest,
     WritePlan,
     WriteResult,
-    run_batch,
 )
+from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.errors import CommitConflictError, ConfigurationError, FencedError, PipelineConflictError
+from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
 from airflow_eo.core.recovery import BranchAction, SinkRecovery, committed_by_kafka, decide_branch
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition

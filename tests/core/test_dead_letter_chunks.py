@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from airflow_eo.core.batch import DEAD_LETTER_FIELDS, DeadLetter, dead_letter_chunks
 from airflow_eo.core.headers import encode_headers
-from airflow_eo.core.protocol import DEAD_LETTER_FIELDS, DeadLetter, dead_letter_chunks
 
 
 def letters(n: int, value_bytes: int) -> list[DeadLetter]:

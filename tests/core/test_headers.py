@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from airflow_eo.core.batch import DEAD_LETTER_FIELDS
 from airflow_eo.core.headers import NO_HEADERS, decode_headers, encode_header_structs, encode_headers
-from airflow_eo.core.protocol import DEAD_LETTER_FIELDS
 from airflow_eo.mysql import sql as mysql_sql
 from airflow_eo.postgres import sql as postgres_sql
 

@@ -11,10 +11,11 @@ import pytest
 import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.core import protocol
+from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.planning import PartitionOffsets
-from airflow_eo.core.protocol import BatchRecord, recover_pipeline
+from airflow_eo.core.protocol import recover_pipeline
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import BatchAction, BranchAction, committed_by_kafka, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindTarget, check_rewind, plan_rewind

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_eo.core import protocol
+from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -32,7 +33,7 @@ from airflow_eo.core.errors import (
     PipelineConflictError,
 )
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_interval_batch
+from airflow_eo.core.protocol import run_interval_batch
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.failpoints import fired
-from airflow_eo.core.protocol import BatchContext
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink

@@ -8,8 +8,8 @@ from typing import Any
 
 import pymysql
 
+from airflow_eo.core.batch import RunRequest
 from airflow_eo.core.config import ParseConfig
-from airflow_eo.core.protocol import RunRequest
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink

@@ -11,10 +11,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from airflow_eo.core.batch import BatchSummary
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
 from airflow_eo.core.headers import decode_headers
-from airflow_eo.core.protocol import BatchSummary, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink

@@ -267,7 +267,7 @@ def test_the_dead_letter_table_is_loaded_straight_in_and_stamped_by_the_server(m
     """A dead-letter table as the sink makes it takes the replacing load, its ``created_at`` set by the server at
     the load (the column's default for a new row); one with a column of the user's (here on a table of an older
     release, which gets ``kafka_headers`` first) keeps the staging table: a replace would reset that column."""
-    from airflow_eo.core.protocol import DEAD_LETTER_FIELDS, BatchContext
+    from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext
     from airflow_eo.mysql.sink import MySqlXaAdapter
     from tests.integration.test_bad_input import V1_DEAD_LETTER_DDL
 

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
+from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.protocol import BatchContext
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.mysql.sql import dead_letter_ddl

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from confluent_kafka import Producer
 
+from airflow_eo.core.batch import BatchSummary, Owner
 from airflow_eo.core.errors import ConfigurationError, FencedError, IntervalNotReadyError, PipelineConflictError
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, Owner
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink

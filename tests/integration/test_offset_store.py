@@ -11,6 +11,7 @@ from importlib import import_module
 
 import pytest
 
+from airflow_eo.core.batch import BatchSummary, ExecutionResult, Owner
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -20,7 +21,6 @@ from airflow_eo.core.errors import (
     UnknownPipelineError,
 )
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.protocol import BatchSummary, ExecutionResult, Owner
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
 from airflow_eo.core.states import BatchState

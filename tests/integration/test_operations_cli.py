@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
-from airflow_eo.core.protocol import BatchSummary, Owner, RunRequest, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations

@@ -20,8 +20,8 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
-from airflow_eo.core.protocol import BatchContext
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations

@@ -11,8 +11,8 @@ import pytest
 from airflow.exceptions import TaskDeferred
 from confluent_kafka import Producer
 
+from airflow_eo.core.batch import BatchSummary
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.protocol import BatchSummary
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sensors import BatchCommittedSensor, KafkaBacklogSensor

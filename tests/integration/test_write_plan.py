@@ -1,4 +1,4 @@
-"""The write plan (``core.protocol.WritePlan``): what the engine hands a sink decides how its writers run, whatever
+"""The write plan (``core.batch.WritePlan``): what the engine hands a sink decides how its writers run, whatever
 DataFrame work the sink does. A sink that writes a projection of the output still takes part in the one pass and
 its barrier vote: under ``on_bad_record="fail"`` nothing of the batch is visible when any record is bad."""
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.batch import BatchContext, WritePlan, WriteResult
 from airflow_eo.core.errors import BadRecordError
-from airflow_eo.core.protocol import BatchContext, WritePlan, WriteResult, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.sinks import MySqlUpsertSink

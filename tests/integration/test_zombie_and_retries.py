@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.batch import BatchSummary
 from airflow_eo.core.errors import FencedError
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV
-from airflow_eo.core.protocol import BatchSummary, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.sinks import MySqlXaSink
 from examples.page_views import count_per_app, produce_page_views
 from tests.conftest import create_topic

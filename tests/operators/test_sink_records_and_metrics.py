@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from airflow_eo import get_provider_info
+from airflow_eo.core.batch import BatchSummary
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.protocol import BatchSummary
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.operators.metrics import airflow_stats, emit_batch_metrics
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink, spec_from_record

@@ -21,8 +21,9 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from airflow_eo.core.batch import Owner, RunRequest
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.protocol import Owner, RunRequest, run_batch
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
