@@ -199,8 +199,28 @@ def decode_batches(blob: bytes, message: str, framed: bool, column: str, what: s
             rows.append(row)
             errors.append(error)
         yield pa.RecordBatch.from_arrays(
-            [*batch.columns, pa.array(rows, type=arrow), pa.array(errors, type=pa.string())],
+            [*batch.columns, _arrow_rows(rows, errors, arrow, what), pa.array(errors, type=pa.string())],
             names=[*batch.schema.names, tag, tag + ERROR_SUFFIX])
+
+
+def _arrow_rows(rows: list[dict[str, Any] | None], errors: list[str | None], arrow: Any, what: str) -> pa.Array:
+    """The decoded rows as one Arrow array; a row Arrow refuses (a value Spark's type cannot hold) becomes a bad
+    record here (its error set, its row NULL) instead of failing the whole task. Tried whole first: one pass in the
+    usual case, one row at a time only for a batch that holds such a row."""
+    import pyarrow as pa
+
+    try:
+        return pa.array(rows, type=arrow)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        pass
+    for i, row in enumerate(rows):
+        if row is None:
+            continue
+        try:
+            pa.array([row], type=arrow)
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+            rows[i], errors[i] = None, f"{what}: a value Spark cannot hold: {type(exc).__name__}: {exc}"
+    return pa.array(rows, type=arrow)
 
 
 class _Bad(Exception):
@@ -219,7 +239,11 @@ def decode_one(cls: Any, value: bytes, framed: bool, what: str) -> tuple[dict[st
         return None, str(exc)
     except (DecodeError, RuntimeError, ValueError) as exc:  # upb raises DecodeError; others RuntimeError for some
         return None, f"{what}: not a {descriptor.full_name} message (truncated or corrupt): {exc}"
-    return _row(parsed), None
+    try:
+        return _row(parsed), None
+    except Exception as exc:  # a value of this one record (a Timestamp beyond year 9999: OverflowError, ...)
+        return None, f"{what}: a {descriptor.full_name} message with a value Spark cannot hold: " \
+                     f"{type(exc).__name__}: {exc}"
 
 
 def _unframe(descriptor: Any, data: bytes, what: str) -> bytes:
@@ -306,4 +330,6 @@ def _single(field: Any, value: Any) -> Any:
         return _row(value)
     if kind in (_UINT64, _FIXED64):
         return Decimal(value)
+    if kind == _STRING and isinstance(value, bytes):  # proto2 does not check UTF-8: upb hands the raw bytes over
+        raise ValueError(f"string field {field.name!r} is not valid UTF-8 ({value[:16]!r})")
     return value
