@@ -229,6 +229,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         spark_kafka_options({}, self.kafka_options)  # a secret in DAG code is refused at parse time
         self._engine: SparkBatchEngine | None = None
         self._lineage: tuple[str, str, str] | None = None  # Kafka namespace, sink namespace, sink name
+        self._run: tuple[str, str, Interval | None] | None = None  # pipeline id, run id, interval of this attempt
+        self._summary: dict[str, Any] | None = None  # the committed batch's summary (the XCom)
         if self.has_dag():  # downstream DAGs schedule on the sink's Asset, added to this alias per batch
             self.outlets = [*self.outlets, sink_asset_alias(self.dag_id, self.task_id)]
 
@@ -266,6 +268,10 @@ class KafkaMicroBatchOperator(BaseOperator):
             owner=Owner(self.dag_id, self.task_id),
             sink=self.sink.record(),  # for `airflow eo`: the sink's kind, whether a rewind double counts
         )
+        sink_asset = sink_asset_of(self.sink)
+        bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
+        self._lineage = (f"kafka://{bootstrap}", sink_asset.namespace, sink_asset.name)
+        self._run = (pipeline_id, context["run_id"], interval)
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()
         summary = run_batch(
             request,
@@ -281,10 +287,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
             " (already committed earlier)" if summary.already_committed else "", dict(summary.seconds),
         )
-        result = summary.to_dict()
-        sink_asset = sink_asset_of(self.sink)
-        bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
-        self._lineage = (f"kafka://{bootstrap}", sink_asset.namespace, sink_asset.name)
+        result = self._summary = summary.to_dict()
         if not summary.already_committed and "outlet_events" in context:
             context["outlet_events"][sink_asset_alias(self.dag_id, self.task_id)].add(
                 Asset(sink_asset.uri), extra={k: result[k] for k in _ASSET_EXTRA_KEYS})
@@ -339,15 +342,33 @@ class KafkaMicroBatchOperator(BaseOperator):
         return Interval(start, end)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage: the input topics and the sink (apache-airflow-providers-openlineage stays optional)."""
-        from airflow.providers.common.compat.openlineage.facet import Dataset
-        from airflow.providers.openlineage.extractors import OperatorLineage
+        """OpenLineage COMPLETE: the topics, the sink with the rows written, the batch (``operators/lineage.py``)."""
+        from airflow_eo.operators import lineage
 
-        if self._lineage is None:
+        if self._lineage is None or self._summary is None:
+            from airflow.providers.openlineage.extractors import OperatorLineage
+
             return OperatorLineage()
-        kafka_namespace, sink_namespace, sink_name = self._lineage
-        return OperatorLineage(inputs=[Dataset(namespace=kafka_namespace, name=t) for t in self.topics],
-                               outputs=[Dataset(namespace=sink_namespace, name=sink_name)])
+        return lineage.completed(self._lineage[0], self.topics, self._lineage[1], self._lineage[2], self._summary)
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage FAIL: where the store holds this run's batch (planned, prepared, aborted, or none)."""
+        from airflow_eo.operators import lineage
+
+        if self._lineage is None or self._run is None:
+            from airflow.providers.openlineage.extractors import OperatorLineage
+
+            return OperatorLineage()
+        pipeline_id, run_id, interval = self._run
+        try:
+            store = OffsetStoreHook(self.offset_store_conn_id).get_store()
+            batch = (store.batch_for_interval(pipeline_id, interval) if interval is not None
+                     else store.batch_for_run(pipeline_id, run_id))
+        except Exception:  # the store may be what failed: the event still goes out, without the batch
+            self.log.warning("OpenLineage: could not read the failed run's batch from the offset store", exc_info=True)
+            batch = None
+        return lineage.failed(self._lineage[0], self.topics, self._lineage[1], self._lineage[2], pipeline_id, run_id,
+                              batch)
 
     def on_kill(self) -> None:
         if self._engine is not None:
