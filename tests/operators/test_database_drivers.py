@@ -91,3 +91,19 @@ def test_the_cli_and_the_hooks_import_no_database_driver():
             assert "import pymysql" not in text and "from pymysql" not in text, path
         if room != "postgres" and room != "examples":
             assert "import psycopg" not in text and "from psycopg" not in text, path
+
+
+@pytest.mark.parametrize(("kind", "given", "deprecated", "expected"), [
+    ("PostgresTwoPhaseSink", "pg_other", None, "pg_other"),  # --sink-conn-id: any kind
+    ("KafkaTransactionalSink", "kafka_other", None, "kafka_other"),
+    ("MySqlXaSink", None, "mysql_other", "mysql_other"),  # --mysql-conn-id: a MySQL sink only
+    ("PostgresTwoPhaseSink", None, "mysql_other", None),
+    ("MySqlXaSink", "given", "mysql_other", "given"),  # --sink-conn-id wins
+])
+def test_the_sink_connection_override_goes_by_the_kinds_registered_connection_type(kind, given, deprecated,
+                                                                                   expected):
+    from airflow_eo.core.sinks import sink_kind
+    from airflow_eo.hooks.operations import AirflowConnections
+
+    connections = AirflowConnections("store", "kafka", given, mysql_conn_id=deprecated)
+    assert connections.sink_conn_override(sink_kind(kind).capabilities.connection_type) == expected
