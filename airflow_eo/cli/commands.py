@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.definition import DOUBLE_COUNT_FLAG
+from airflow_eo.core.drivers import describe_driver_error
 from airflow_eo.core.errors import AirflowEoError, OperationError
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
@@ -40,9 +41,7 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
 
         @functools.wraps(func)
         def wrapper(args: Any) -> None:
-            import pymysql
             from airflow.exceptions import AirflowNotFoundException
-            from confluent_kafka import KafkaException
 
             # An admin command of Airflow's own CLI: connections come from the metadata database too (and env
             # vars, secrets backends), as for `airflow connections get`, which sets the same server context.
@@ -50,12 +49,17 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
             try:
                 if check is not None:
                     check(args)
-                ops = pipeline_operations(args.offset_store_conn_id, args.kafka_conn_id, args.mysql_conn_id)
+                ops = pipeline_operations(args.offset_store_conn_id, args.kafka_conn_id, args.sink_conn_id,
+                                          mysql_conn_id=args.mysql_conn_id)
                 func(args, ops)
-            except (AirflowEoError, AirflowNotFoundException, KafkaException) as exc:
+            except (AirflowEoError, AirflowNotFoundException) as exc:
                 raise SystemExit(f"{command}: {exc}") from None
-            except pymysql.err.MySQLError as exc:
-                raise SystemExit(f"{command}: database error: {exc.args[-1]}") from None
+            except Exception as exc:
+                # A database's or Kafka's error, from any driver a room declared (core/drivers.py): one line.
+                described = describe_driver_error(exc)
+                if described is None:
+                    raise
+                raise SystemExit(f"{command}: {described}") from None
 
         return wrapper  # type: ignore[return-value]
 

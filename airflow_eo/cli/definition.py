@@ -25,11 +25,14 @@ ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default=None,
 ARG_KAFKA_CONN = Arg(("--kafka-conn-id",), default=None,
                      help="Airflow kafka connection of the source cluster (default: [eo] kafka_conn_id, "
                           "else kafka_default)")
+ARG_SINK_CONN = Arg(("--sink-conn-id",), default=None,
+                    help="Airflow connection of the sink's database, for in-doubt branches (MySQL XA, PostgreSQL "
+                         "prepared transactions) and dead letters, whatever the sink's kind: a connection of the type "
+                         "its kind registered (mysql, postgres, kafka). Default: the connection the pipeline's sink "
+                         "declared, as recorded in the store")
 ARG_MYSQL_CONN = Arg(("--mysql-conn-id",), default=None,
-                     help="Airflow mysql connection of a MySQL / MariaDB sink's database, for XA branches and dead "
-                          "letters (default: the connection the pipeline's sink declared, as recorded in the store; "
-                          "mysql_default when none is recorded). A PostgreSQL or Kafka sink uses the connection it "
-                          "declared")
+                     help="Deprecated: use --sink-conn-id (which wins when both are given). The connection of a "
+                          "MySQL / MariaDB sink's database only; other sinks use the connection they declared")
 ARG_HISTORY_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=20,
                         help="Show at most this many batches and audit entries (default: 20)")
 ARG_DEAD_LETTER_LIMIT = Arg(("--limit",), type=positive_int(allow_zero=False), default=100,
@@ -58,7 +61,7 @@ ARG_DOUBLE_COUNT = Arg((DOUBLE_COUNT_FLAG,), action="store_true", dest="allow_do
                        help="Rewind a pipeline whose sink accumulates (XA or two-phase sink with 'add' updates, "
                             "Kafka sink) although reprocessing counts the rewound records twice")
 
-CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_MYSQL_CONN)
+CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_SINK_CONN, ARG_MYSQL_CONN)
 COMMANDS_PATH = "airflow_eo.cli.commands"
 
 EO_COMMANDS = (

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from airflow_eo.core.config import SinkRecord, TombstonePolicy, UpdateMode
 from airflow_eo.core.connections import ConnectionInfo, Connections
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.xid import Xid
 
@@ -199,15 +200,29 @@ _KINDS: dict[str, SinkKind] = {}
 
 
 def register_sink(spec: type[SinkSpec], capabilities: SinkCapabilities, build: SinkFactory) -> SinkKind:
-    """Register a sink kind under its spec's class name (what the offset store records); once per kind."""
+    """Register a sink kind under its spec's class name (what the offset store records); once per kind.
+
+    Its factory first checks that the driver of its ``connection_type`` is installed
+    (:func:`~airflow_eo.core.drivers.require_driver`: a clear error naming the extra to install).
+    """
     name = spec.__name__
     known = _KINDS.get(name)
     if known is not None and known.spec is not spec:
         raise ConfigurationError(f"sink kind {name!r} is registered twice ({known.spec.__module__}, {spec.__module__})")
-    kind = SinkKind(name, spec, capabilities, build)
+    kind = SinkKind(name, spec, capabilities, _with_driver(build, capabilities.connection_type))
     spec.kind = name
     _KINDS[name] = kind
     return kind
+
+
+def _with_driver(build: SinkFactory, conn_type: str) -> SinkFactory:
+    """``build``, after the check that ``conn_type``'s driver is installed."""
+
+    def checked(spec: Any, pipeline_id: str, connections: Connections, store_conn_id: str | None) -> Sink:
+        require_driver(conn_type)
+        return build(spec, pipeline_id, connections, store_conn_id)
+
+    return checked
 
 
 def sink_kind(name: str) -> SinkKind:

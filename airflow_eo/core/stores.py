@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.protocol import OffsetStore
 from airflow_eo.core.ranges import TopicPartition
@@ -50,10 +51,12 @@ def register_store(conn_type: str, build: StoreFactory) -> None:
 
 
 def store_for(connection: ConnectionInfo) -> PipelineLedger:
-    """The offset store on ``connection``, by its connection type."""
+    """The offset store on ``connection``, by its connection type (a clear error when the type's driver is not
+    installed: :func:`~airflow_eo.core.drivers.require_driver`)."""
     build = _STORES.get(connection.conn_type or "")
     if build is None:
         raise ConfigurationError(
             f"the offset store's connection {connection.conn_id!r} has type {connection.conn_type!r}; the offset "
             f"store runs on a connection of type {' or '.join(sorted(_STORES)) or '(none registered)'}")
+    require_driver(connection.conn_type or "")
     return build(connection)

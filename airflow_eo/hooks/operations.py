@@ -24,19 +24,19 @@ class AirflowConnections:
     :param offset_store_conn_id: ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
         offset store.
     :param kafka_conn_id: ``kafka`` connection of the source cluster.
-    :param mysql_conn_id: ``mysql`` connection of a MySQL / MariaDB sink's database (XA branches, dead letters);
-        None: the connection the pipeline's sink declared (recorded in the store). A PostgreSQL or Kafka sink always
-        uses the connection it declared.
+    :param sink_conn_id: another connection of the sink's database (XA branches or prepared transactions, dead
+        letters), whatever the sink's kind; None: the connection the pipeline's sink declared (recorded in the store).
+    :param mysql_conn_id: deprecated (``--mysql-conn-id``): ``sink_conn_id`` for a MySQL / MariaDB sink only.
     """
 
     def __init__(self, offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
-                 kafka_conn_id: str = "kafka_default", mysql_conn_id: str | None = None,
-                 read_only: bool = False) -> None:
+                 kafka_conn_id: str = "kafka_default", sink_conn_id: str | None = None,
+                 read_only: bool = False, mysql_conn_id: str | None = None) -> None:
         self.offset_store_conn_id = offset_store_conn_id
         self.read_only = read_only
         self.kafka_conn_id = kafka_conn_id
-        # Another connection of the sink's database, by connection type (the command line names it).
-        self.sink_conn_ids = {"mysql": mysql_conn_id} if mysql_conn_id else {}
+        self.sink_conn_id = sink_conn_id
+        self.mysql_conn_id = mysql_conn_id
 
     def store(self) -> PipelineLedger:
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()
@@ -49,8 +49,18 @@ class AirflowConnections:
 
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
         kind = sink_kind(record.kind)
-        spec = spec_from_record(record, self.sink_conn_ids.get(kind.capabilities.connection_type))
+        spec = spec_from_record(record, self.sink_conn_override(kind.capabilities.connection_type))
         return kind.build(spec, pipeline_id, AirflowConnectionResolver(), None)
+
+    def sink_conn_override(self, connection_type: str) -> str | None:
+        """The connection given for a sink whose registered kind has ``connection_type`` (None: the recorded one).
+
+        :param connection_type: ``sink_kind(record.kind).capabilities.connection_type``.
+        """
+        if self.sink_conn_id:
+            return self.sink_conn_id
+        # The deprecated --mysql-conn-id overrode a MySQL / MariaDB sink's connection only, as it still does.
+        return self.mysql_conn_id if connection_type == "mysql" else None
 
 
 def local_actor() -> str:
@@ -69,23 +79,25 @@ def local_actor() -> str:
 
 
 def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
-                        mysql_conn_id: str | None = None, actor: str | None = None,
-                        read_only: bool = False, error_details: bool = True) -> PipelineOperations:
+                        sink_conn_id: str | None = None, actor: str | None = None,
+                        read_only: bool = False, error_details: bool = True,
+                        mysql_conn_id: str | None = None) -> PipelineOperations:
     """Operations over Airflow connections (what ``airflow eo`` and the UI tab run).
 
     :param offset_store_conn_id: ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
         offset store (None: ``[eo] offset_store_conn_id``, else ``eo_offset_store``, the operator's default).
     :param kafka_conn_id: ``kafka`` connection of the source cluster (None: ``[eo] kafka_conn_id``, else
         ``kafka_default``).
-    :param mysql_conn_id: ``mysql`` connection of a MySQL sink (None: the recorded one, else ``mysql_default``).
+    :param sink_conn_id: another connection of the sink's database, for any sink kind (None: the recorded one).
     :param actor: who runs them (default: the OS user and host).
     :param read_only: only reads (the UI): the store is never migrated; a schema behind is refused.
     :param error_details: notes quote a dependency's error (False, the UI: its kind and a logged reference only).
+    :param mysql_conn_id: deprecated: ``sink_conn_id`` for a MySQL / MariaDB sink only (``--mysql-conn-id``).
     """
     from airflow.configuration import conf
 
     store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
                                              fallback=DEFAULT_OFFSET_STORE_CONN_ID)
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
-    return PipelineOperations(AirflowConnections(store, kafka, mysql_conn_id, read_only), actor or local_actor(),
-                              error_details)
+    return PipelineOperations(AirflowConnections(store, kafka, sink_conn_id, read_only, mysql_conn_id),
+                              actor or local_actor(), error_details)

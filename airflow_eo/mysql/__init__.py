@@ -1,16 +1,27 @@
 """The mysql integration: its sink kinds (and offset store) registered once, here.
 
-Cheap to import (a DAG file imports it through ``airflow_eo.sinks``): the factories import the adapters when a run
-builds one.
+Cheap to import (a DAG file imports it through ``airflow_eo.sinks``): the factories import the adapters and the
+driver, pymysql (the ``mysql`` extra), when a run builds one.
 """
 
 from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink, build_upsert, build_xa
 
+
+def _describe(exc: BaseException) -> str:
+    """pymysql's error as its message (its args are ``(code, message)``)."""
+    return str(exc.args[-1]) if exc.args else str(exc)
+
+
+# Not imported here: without the driver (``pip install 'airflow-eo[mysql]'``) the kinds still register, and a use
+# of one fails with a clear error.
+register_driver(Driver("mysql", "MySQL / MariaDB", "pymysql", ("err.MySQLError",), extra="mysql",
+                       describe=_describe))
 register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
                                                 connection_type="mysql"),
               build_upsert)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
@@ -84,6 +85,7 @@ class MySqlUpsertSink(SinkSpec):
 
     def asset(self, connections: Connections) -> SinkAsset:
         """``mysql://host:port/database/table``, the scheme of Airflow's MySQL provider."""
+        require_driver('mysql')  # the connection module imports it
         from airflow_eo.mysql.connection import connect_kwargs
 
         db = connect_kwargs(connections.connection(self.conn_id))

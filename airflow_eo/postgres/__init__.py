@@ -1,15 +1,20 @@
 """The postgres integration: its sink kinds and offset store registered once, here.
 
-Cheap to import: the factories import psycopg and the adapters when a run builds one.
+Cheap to import: the factories import the adapters and the driver, psycopg (the ``postgres`` extra), when a run
+builds one.
 """
 
 from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
 
+# Not imported here: without the driver (``pip install 'airflow-eo[postgres]'``) the kinds still register, and a use
+# of one fails with a clear error.
+register_driver(Driver("postgres", "PostgreSQL", "psycopg", ("Error",), extra="postgres"))
 register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
                                                    connection_type="postgres"), build_upsert)
 register_sink(PostgresTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
 from airflow_eo.postgres.sql import split_table, validate_identifier
 
@@ -76,6 +77,7 @@ class PostgresUpsertSink(SinkSpec):
 
     def asset(self, connections: Connections) -> SinkAsset:
         """``postgres://host:port/database/schema/table``, the scheme of Airflow's PostgreSQL provider."""
+        require_driver('postgres')  # the connection module imports it
         from airflow_eo.postgres.connection import connect_kwargs
 
         db = connect_kwargs(connections.connection(self.conn_id))
