@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import sys
 import types
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +17,7 @@ def load_demo() -> types.ModuleType:
     spec = importlib.util.spec_from_file_location("eo_demo", REPO / "scripts" / "demo.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
