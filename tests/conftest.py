@@ -7,7 +7,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -15,7 +14,9 @@ import pytest
 
 from airflow_eo.hooks.mysql import EoMySqlHook
 
-REPO = Path(__file__).resolve().parent.parent
+# The helpers under tests/support assert as the tests do: their failures are explained as a test's are
+# (registered before anything imports them).
+pytest.register_assert_rewrite("tests.support")
 
 # The suite starts some 150 short-lived Spark JVMs (a driver per DAG run): on two cores, C2 compiler threads only
 # compete with the work. C1 only makes each run ~8% faster (20.5-20.9 s -> 18.9-19.0 s for a 1,000-event
@@ -62,15 +63,6 @@ def mysql(mysql_kwargs) -> Iterator[pymysql.connections.Connection]:
 @pytest.fixture
 def topic_name() -> str:
     return f"t_{uuid.uuid4().hex[:10]}"
-
-
-def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
-        future.result()
-    return name
 
 
 @pytest.fixture(scope="session")

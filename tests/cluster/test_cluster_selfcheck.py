@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from tests.cluster.conftest import SPARK_DIR, SparkCluster
-from tests.conftest import create_topic
+from tests.support.kafka import create_topic
 
 # A classic session on the standalone master, configured from the AIRFLOW_CONN_SPARK_CLUSTER connection.
 CLASSIC_JOB = r'''

@@ -34,11 +34,11 @@ from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples import page_views
-from tests.conftest import create_topic
 from tests.faults.conftest import Faults, gone
 from tests.integration.operator_harness import operator, run
 from tests.integration.page_views import assert_contiguous
 from tests.integration.test_postgres_sinks import COUNTS_DDL, EVENTS_DDL, PG_STORE, pg_rows, pg_table, prepared_gids
+from tests.support.kafka import create_topic
 
 # The upsert sink has nothing to do after its commit point: a store killed there is the two-phase chain's case.
 STEPS = {"two_phase": ["during_write", "after_prepare", "in_store_commit", "after_commit_point"],

@@ -8,7 +8,6 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from examples.page_views import page_view, produce_avro_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import (
     batch_rows,
@@ -17,6 +16,7 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
+from tests.support.kafka import create_topic
 
 DAG_ID = PIPELINE = "page_views_avro_xa"
 

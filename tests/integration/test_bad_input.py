@@ -20,9 +20,9 @@ from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import SCHEMA, produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, request, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.support.kafka import create_topic
 
 BAD_VALUES = [
     b"{not json",

@@ -15,10 +15,10 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import events_table, operator, run
 from tests.integration.page_views import committed_offsets
 from tests.integration.test_postgres_sinks import EVENTS_DDL, pg_table
+from tests.support.kafka import create_topic
 
 
 def group_offsets(bootstrap: str, pipeline_id: str, topic: str, partitions: int) -> dict[tuple[str, int], int]:

@@ -11,7 +11,6 @@ import signal
 from datetime import datetime, timezone
 
 from examples.page_views import produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
@@ -26,6 +25,7 @@ from tests.integration.page_views import (
     run_dag,
     sink_state,
 )
+from tests.support.kafka import create_topic
 
 XA_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
              "between_xa_commits"]

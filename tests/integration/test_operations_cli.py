@@ -38,9 +38,9 @@ from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSin
 from examples import page_views
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
-from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.support.kafka import create_topic
 from tests.support.kafka_group import kafka_adapter
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")

@@ -29,7 +29,6 @@ from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import operator, rows, run
 from tests.integration.page_views import assert_contiguous, hour, hours_truth, produce_hours, run_child
 from tests.integration.test_bad_input import (
@@ -38,6 +37,7 @@ from tests.integration.test_bad_input import (
     assert_headers_kept,
     run_with_driver_dead_letters,
 )
+from tests.support.kafka import create_topic
 from tests.support.stack import load_stack, server_folder
 
 PG_STORE = "eo_pg_store"

@@ -19,7 +19,6 @@ import pytest
 
 from airflow_eo.mysql.sink import MySqlUpsertAdapter, MySqlXaAdapter
 from examples.page_views import produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import events_table, rows
 from tests.integration.page_views import (
     assert_contiguous,
@@ -28,6 +27,7 @@ from tests.integration.page_views import (
     our_prepared_branches,
     run_child,
 )
+from tests.support.kafka import create_topic
 
 POINTS = {
     "xa": ["during_write", "after_task_prepare=kill(driver)", "after_prepare", "in_store_commit",

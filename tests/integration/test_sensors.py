@@ -17,7 +17,7 @@ from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sensors import BatchCommittedSensor, KafkaBacklogSensor
 from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
-from tests.conftest import create_topic
+from tests.support.kafka import create_topic
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.sinks import MySqlXaSink
 from examples.page_views import count_per_app, produce_page_views
-from tests.conftest import create_topic
 from tests.integration.operator_harness import adapters, counts_table, request, rows
 from tests.integration.page_views import (
     XA_PIPELINE,
@@ -22,6 +21,7 @@ from tests.integration.page_views import (
     run_dag,
     topic_truth,
 )
+from tests.support.kafka import create_topic
 
 
 class EngineThatOutlivesItsAttempt:

@@ -20,8 +20,9 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.failpoints import arm
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.conftest import REPO, create_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
+from tests.support import REPO
+from tests.support.kafka import create_topic
 
 OLD_ATTEMPT = """
 import sys

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from examples.page_views import produce_page_views
-from tests.conftest import REPO, create_topic
 from tests.integration.operator_harness import events_table, rows
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
@@ -31,6 +30,8 @@ from tests.integration.page_views import (
     reset,
 )
 from tests.scheduler.airflow_services import AirflowServices, from_iso
+from tests.support import REPO
+from tests.support.kafka import create_topic
 
 pytestmark = pytest.mark.timeout(1500)
 

@@ -8,7 +8,7 @@ import uuid
 from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from tests.conftest import create_topic
+from tests.support.kafka import create_topic
 
 
 def consume_all(bootstrap: str, topic: str, isolation: str) -> list[bytes]:

@@ -6,7 +6,7 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
 from airflow_eo.spark.session import get_session
-from tests.conftest import create_topic
+from tests.support.kafka import create_topic
 
 
 def test_batch_read_of_exact_offset_ranges_read_committed(bootstrap, topic_name):
