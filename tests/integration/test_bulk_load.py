@@ -269,7 +269,7 @@ def test_the_dead_letter_table_is_loaded_straight_in_and_stamped_by_the_server(m
     release, which gets ``kafka_headers`` first) keeps the staging table: a replace would reset that column."""
     from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext
     from airflow_eo.mysql.sink import MySqlXaAdapter
-    from tests.integration.test_bad_input import V1_DEAD_LETTER_DDL
+    from tests.support.bad_records import V1_DEAD_LETTER_DDL
 
     events, dead, old = (f"bulk_{uuid.uuid4().hex[:8]}_{k}" for k in ("ev", "dl", "old"))
     with mysql.cursor() as cur:

@@ -14,7 +14,7 @@ from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.mysql.sql import dead_letter_ddl
 from airflow_eo.sinks import MySqlXaSink
-from tests.integration.test_bad_input import V1_DEAD_LETTER_DDL
+from tests.support.bad_records import V1_DEAD_LETTER_DDL
 
 
 def test_dead_letters_of_topics_that_differ_only_in_case_are_two_rows(mysql):

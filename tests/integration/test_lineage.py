@@ -13,8 +13,8 @@ from airflow_eo.core.errors import BadRecordError
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import events_table, operator, run
-from tests.integration.test_bad_input import BAD_VALUES
 from tests.integration.test_postgres_sinks import EVENTS_DDL, pg_table
+from tests.support.bad_records import BAD_VALUES
 from tests.support.kafka import create_topic
 
 

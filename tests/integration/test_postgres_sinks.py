@@ -31,7 +31,7 @@ from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import ground_truth, produce_page_views
 from tests.integration.operator_harness import operator, rows, run
 from tests.integration.page_views import assert_contiguous, hour, hours_truth, produce_hours, run_child
-from tests.integration.test_bad_input import (
+from tests.support.bad_records import (
     BAD_HEADERS,
     BAD_VALUES,
     assert_headers_kept,
