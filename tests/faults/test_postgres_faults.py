@@ -37,8 +37,8 @@ from examples import page_views
 from tests.faults.conftest import Faults, gone
 from tests.integration.operator_harness import operator, run
 from tests.integration.page_views import assert_contiguous
-from tests.integration.test_postgres_sinks import COUNTS_DDL, EVENTS_DDL, PG_STORE, pg_rows, pg_table, prepared_gids
 from tests.support.kafka import create_topic
+from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, PG_STORE, pg_rows, pg_table, prepared_gids
 
 # The upsert sink has nothing to do after its commit point: a store killed there is the two-phase chain's case.
 STEPS = {"two_phase": ["during_write", "after_prepare", "in_store_commit", "after_commit_point"],

@@ -17,8 +17,8 @@ from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import events_table, operator, run
 from tests.integration.page_views import committed_offsets
-from tests.integration.test_postgres_sinks import EVENTS_DDL, pg_table
 from tests.support.kafka import create_topic
+from tests.support.postgres import EVENTS_DDL, pg_table
 
 
 def group_offsets(bootstrap: str, pipeline_id: str, topic: str, partitions: int) -> dict[tuple[str, int], int]:

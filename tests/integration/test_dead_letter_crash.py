@@ -22,9 +22,9 @@ from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
-from tests.integration.test_postgres_sinks import EVENTS_DDL, pg_rows, pg_table, prepared_gids
 from tests.support import REPO
 from tests.support.kafka import create_topic
+from tests.support.postgres import EVENTS_DDL, pg_rows, pg_table, prepared_gids
 
 BAD_VALUES = [b"{not json %d" % i for i in range(40)]
 

@@ -13,8 +13,8 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import operator, rows, run
-from tests.integration.test_postgres_sinks import pg_rows
 from tests.support.kafka import create_topic
+from tests.support.postgres import pg_rows
 
 # The table lacks user_id (STRING) and ts (TIMESTAMP) of the page views' schema.
 DDL = "CREATE TABLE {name} (event_id VARCHAR(64) NOT NULL PRIMARY KEY, app_id VARCHAR(64) NOT NULL)"

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-import psycopg
 import pyarrow as pa
 import pytest
 
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
-from airflow_eo.core.xid import Xid, pipeline_key
+from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.postgres import EoPostgresHook
@@ -38,14 +37,17 @@ from tests.support.bad_records import (
     run_with_driver_dead_letters,
 )
 from tests.support.kafka import create_topic
+from tests.support.postgres import (
+    COUNTS_DDL,
+    EVENTS_DDL,
+    MYSQL_STORE,
+    PG_STORE,
+    pg_rows,
+    pg_table,
+    prepared_gids,
+    store_batches,
+)
 from tests.support.stack import load_stack, server_folder
-
-PG_STORE = "eo_pg_store"
-MYSQL_STORE = "eo_offset_store"
-
-EVENTS_DDL = ("CREATE TABLE {name} (event_id VARCHAR(64) NOT NULL PRIMARY KEY, app_id VARCHAR(64) NOT NULL, "
-              "user_id VARCHAR(64) NULL, ts TIMESTAMP(3) NULL)")
-COUNTS_DDL = "CREATE TABLE {name} (app_id VARCHAR(64) NOT NULL PRIMARY KEY, pv BIGINT NOT NULL)"
 
 # after_plan is before any sink code runs: the MySQL XA chain covers it.
 TWO_PHASE_POINTS = ["during_write", "after_prepare", "in_store_commit", "after_commit_point",
@@ -58,31 +60,6 @@ def pg_store(monkeypatch, postgres_kwargs) -> str:
     """The connection id of an offset store on the stack's PostgreSQL (the sinks' database)."""
     monkeypatch.setenv(f"AIRFLOW_CONN_{PG_STORE.upper()}", os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
     return PG_STORE
-
-
-def pg_rows(postgres_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:
-    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
-        cur = conn.execute(sql, args)
-        return cur.fetchall() if cur.description else []
-
-
-def pg_table(postgres_kwargs: dict[str, Any], ddl: str, prefix: str) -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    pg_rows(postgres_kwargs, ddl.format(name=name))
-    return name
-
-
-def prepared_gids(postgres_kwargs: dict[str, Any], pipeline: str) -> list[str]:
-    """The pipeline's prepared transactions, read straight from pg_prepared_xacts."""
-    return [r[0] for r in pg_rows(postgres_kwargs, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
-                                  (f"eo:{pipeline_key(pipeline)}:%",))]
-
-
-def store_batches(store: str, postgres_kwargs: dict[str, Any], mysql_kwargs: dict[str, Any],
-                  pipeline: str) -> list[dict[str, Any]]:
-    sql = "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id"
-    found = pg_rows(postgres_kwargs, sql, (pipeline,)) if store == PG_STORE else rows(mysql_kwargs, sql, (pipeline,))
-    return [{"batch_id": b, "state": s, "ranges": json.loads(r) if isinstance(r, str) else r} for b, s, r in found]
 
 
 def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres_kwargs: dict[str, Any],
