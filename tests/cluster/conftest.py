@@ -12,29 +12,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.spark_cluster import SPARK_DIR, SparkCluster
+
 REPO = Path(__file__).resolve().parent.parent.parent
-SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
 SCRIPT = REPO / "scripts" / "spark_cluster.py"
 PARTS = ("master", "worker1", "worker2", "connect", "connect-token")
-
-
-@dataclass(frozen=True)
-class SparkCluster:
-    master: str  # spark://127.0.0.1:27077
-    connect: str  # sc://127.0.0.1:25002
-    connect_token_url: str  # sc://localhost:25003 (a token needs the host spelled "localhost": see spark_cluster.py)
-    token: str
-    worker_python: str  # the executors' Python (no airflow_eo, no Airflow)
-    started_here: bool  # this test session started the cluster (and stops it at the end)
-    up_seconds: float
-
-    def token_url(self, token: str | None) -> str:
-        return f"{self.connect_token_url}/;token={token}" if token else self.connect_token_url
 
 
 def _running_parts() -> list[str]:

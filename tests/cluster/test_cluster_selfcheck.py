@@ -14,8 +14,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.cluster.conftest import SPARK_DIR, SparkCluster
 from tests.support.kafka import create_topic
+from tests.support.spark_cluster import SPARK_DIR, SparkCluster
 
 # A classic session on the standalone master, configured from the AIRFLOW_CONN_SPARK_CLUSTER connection.
 CLASSIC_JOB = r'''
