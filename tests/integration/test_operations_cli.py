@@ -40,6 +40,7 @@ from examples.page_views import produce_page_views
 from examples.topics import read_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.support.in_doubt import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import kafka_adapter
 
@@ -67,23 +68,6 @@ def store_state(mysql_kwargs: dict[str, Any], pipeline: str) -> tuple:
             rows(mysql_kwargs, "SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline,)),
             rows(mysql_kwargs, "SELECT batch_id, state FROM eo_batch WHERE pipeline_id = %s ORDER BY 1", (pipeline,)),
             rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_audit WHERE pipeline_id = %s", (pipeline,)))
-
-
-class KilledAfterCommitPoint(BaseException):
-    """The attempt's process dies right after the store's commit point (as SIGKILL would: nothing cleans up)."""
-
-
-class DiesBeforeXaCommit:
-    """The XA sink adapter of an attempt that dies after the commit point, before ``XA COMMIT``."""
-
-    def __init__(self, sink: Any) -> None:
-        self._sink = sink
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sink, name)
-
-    def finalize(self, batch: Any, xids: Any) -> None:
-        raise KilledAfterCommitPoint()
 
 
 class KilledMidRecovery(Exception):

@@ -31,8 +31,8 @@ from examples import page_views
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import adapters, counts_table, events_table, rows
 from tests.integration.page_views import our_prepared_branches
-from tests.integration.test_operations_cli import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.scheduler.airflow_services import AirflowServices
+from tests.support.in_doubt import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.support.kafka import create_topic
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
