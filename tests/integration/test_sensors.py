@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from airflow.exceptions import TaskDeferred
+from airflow.sdk.exceptions import TaskDeferred
 from confluent_kafka import Producer
 
 from airflow_eo.core.batch import BatchSummary
