@@ -30,6 +30,9 @@ from airflow_eo.ops.service import PipelineOperations, audit_dict, batch_dict
 F = TypeVar("F", bound=Callable[..., Any])
 Rows = list[dict[str, Any]]
 
+#: Both two-phase sinks leave these: MySQL's XA branches, PostgreSQL's prepared transactions.
+IN_DOUBT_TITLE = "in-doubt branches (XA branches, PostgreSQL prepared transactions)"
+
 
 def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
     """Run a command with the operations of the connections it was given, after ``check`` of its arguments
@@ -140,10 +143,10 @@ def status(args: Any, ops: PipelineOperations) -> None:
         notes.append("a retry of the batch's own run resumes it; any other run (or `airflow eo recover`) aborts "
                      "or rolls it forward as shown. It may belong to an attempt that is running right now.")
     if doc["in_doubt"]:
-        notes.append(f"in-doubt XA branches hold row locks until resolved: let the next run resolve them, or now: "
+        notes.append(f"in-doubt branches hold row locks until resolved: let the next run resolve them, or now: "
                      f"airflow eo recover {args.pipeline_id} (a dry run), then with --apply --reason TEXT")
     _show(args.output, doc, [("pipeline", head), ("partitions", partitions), ("unfinished batch", unfinished),
-                             ("in-doubt XA branches", _branches(doc["in_doubt"]))], notes)
+                             (IN_DOUBT_TITLE, _branches(doc["in_doubt"]))], notes)
 
 
 @suppress_logs_and_warning
@@ -182,7 +185,7 @@ def recover(args: Any, ops: PipelineOperations) -> None:
         notes = ["nothing to recover: no in-doubt branch, no unfinished batch; nothing was changed"]
     else:
         notes = [f"done under epoch {report.epoch} (any running attempt is fenced); recorded in the audit log"]
-    _show(args.output, doc, [("in-doubt XA branches", _branches(doc["branches"])), ("unfinished batches", batches)],
+    _show(args.output, doc, [(IN_DOUBT_TITLE, _branches(doc["branches"])), ("unfinished batches", batches)],
           notes)
     if report.left:
         raise SystemExit(f"airflow eo recover: branches still in doubt after recovery (prepared meanwhile by a "

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from airflow_eo.cli.commands import IN_DOUBT_TITLE
 from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
@@ -121,7 +122,7 @@ def test_an_in_doubt_xa_batch_is_shown_then_recovered_and_its_accumulating_sink_
     assert len(status["partitions"]) == 2 and status["lag"] == 0
     assert all(p["committed"] == p["last_stable"] and p["log_start"] == 0 for p in status["partitions"])
     human = eo("status", pipeline)
-    assert human.returncode == 0 and "in-doubt XA branches" in human.stdout and prepared[0] in human.stdout
+    assert human.returncode == 0 and IN_DOUBT_TITLE in human.stdout and prepared[0] in human.stdout
     assert f"airflow eo recover {pipeline}" in human.stdout
 
     unchanged = store_state(mysql_kwargs, pipeline)
