@@ -72,6 +72,16 @@ def group_id(pipeline_id: str) -> str:
     return f"airflow_eo.{pipeline_id}"
 
 
+def alter_group_offsets(admin: AdminClient, group: str, positions: Mapping[tuple[str, int], int]) -> None:
+    """Set ``group``'s committed offsets to ``positions`` (per ``(topic, partition)``); a partition the broker refused
+    raises its error."""
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
+    for future in admin.alter_consumer_group_offsets([request], request_timeout=ADMIN_TIMEOUT_S).values():
+        for answered in future.result().topic_partitions or []:
+            if answered.error is not None:  # the first partition's error, as the broker said it
+                raise KafkaException(answered.error)
+
+
 class KafkaOffsetSource:
     """Reads partition metadata and offsets; implements ``core.protocol.OffsetSource``.
 
@@ -170,17 +180,9 @@ class KafkaOffsetSource:
         """
         if not positions:
             return
-        request = ConsumerGroupTopicPartitions(
-            group_id(pipeline_id), [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
-
-        def commit() -> None:
-            futures = self._admin.alter_consumer_group_offsets([request], request_timeout=ADMIN_TIMEOUT_S)
-            for future in futures.values():
-                for answered in future.result().topic_partitions or []:
-                    if answered.error is not None:  # the first partition's error, as the broker said it
-                        raise KafkaException(answered.error)
-
-        retry_transient(f"committing the offsets of group {group_id(pipeline_id)}", commit, refresh=self._new_client)
+        retry_transient(f"committing the offsets of group {group_id(pipeline_id)}",
+                        lambda: alter_group_offsets(self._admin, group_id(pipeline_id), positions),
+                        refresh=self._new_client)
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)

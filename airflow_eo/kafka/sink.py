@@ -23,7 +23,7 @@ from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePl
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
-from airflow_eo.kafka.offsets import group_id
+from airflow_eo.kafka.offsets import alter_group_offsets, group_id
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -161,10 +161,7 @@ class KafkaTransactionalAdapter:
         """
         if not positions:
             return
-        request = ConsumerGroupTopicPartitions(group_id(self.pipeline_id),
-                                               [TopicPartition(t, p, o) for (t, p), o in sorted(positions.items())])
-        for future in self._admin.alter_consumer_group_offsets([request], request_timeout=ADMIN_TIMEOUT_S).values():
-            future.result()
+        alter_group_offsets(self._admin, group_id(self.pipeline_id), positions)
 
     def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
         """Stream the output from Spark into one open transaction (two partitions in driver memory at most).
