@@ -13,12 +13,17 @@ from pathlib import Path
 
 from airflow.dag_processing.dagbag import DagBag
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.children import exit_now  # noqa: E402
+
 
 def main() -> int:
     dag_id = sys.argv[1]
     logical_date = datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else datetime.now(timezone.utc)
     run_conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
-    bag = DagBag(dag_folder=str(Path(__file__).resolve().parent.parent / "dags"))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
     if dag_id not in bag.dags:
         print(f"no DAG {dag_id!r}; import errors: {bag.import_errors}", file=sys.stderr)
         return 2
@@ -29,4 +34,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -10,6 +10,7 @@ import sys
 
 from airflow_eo.sinks import SINK_KINDS
 from tests.integration.operator_harness import operator, run
+from tests.support.children import exit_now
 
 
 def main() -> int:
@@ -24,4 +25,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
