@@ -244,7 +244,8 @@ def test_a_record_claiming_a_huge_length_is_a_dead_letter_not_an_out_of_memory(b
     op = KafkaMicroBatchOperator(
         task_id="avro", pipeline_id=f"p_{topic_name}", topics=topic_name, value_format="avro",
         avro_schema=json.dumps(READER), framing="confluent",
-        writer_schemas={3: json.dumps(READER), KEY_ID: json.dumps(KEY_SCHEMA)}, key_format="avro", key_schema=json.dumps(KEY_SCHEMA), on_bad_record="dead_letter",
+        writer_schemas={3: json.dumps(READER), KEY_ID: json.dumps(KEY_SCHEMA)}, key_format="avro",
+        key_schema=json.dumps(KEY_SCHEMA), on_bad_record="dead_letter",
         transform=FLATTEN.format(region="key.region"), sink=MySqlUpsertSink(table=table, key_columns=["order_id"]))
     summary = run(op)
     jvm = get_session()._jvm  # this process's session, the one that decoded: started with the limits
