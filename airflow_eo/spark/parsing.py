@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.avro import decode_avro
+from airflow_eo.spark.avro import SchemaLookups, decode_avro
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
@@ -44,19 +44,21 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
                   schema_lookup: Callable[[int], str | None] | None = None) -> tuple[DataFrame, list[str]]:
     """Parsed columns + metadata + ``_eo_error`` (NULL for good records); returns payload column names.
 
-    :param schema_lookup: writer schemas of Confluent-framed Avro by id, asked for ids ``parse.writer_schemas`` lacks.
+    :param schema_lookup: writer schemas of Confluent-framed Avro by id, asked for ids ``parse.writer_schemas`` lacks
+        (each at most once in the batch: :class:`~airflow_eo.spark.avro.SchemaLookups`).
     """
     from pyspark.sql import functions as F
 
     df = raw
     framing = parse.framing or Framing.NONE
+    lookups = SchemaLookups(schema_lookup) if schema_lookup is not None else None  # this batch's, keys and values
     if parse.value_format is ValueFormat.JSON:
         df, payload, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, parse.schema or ""), "_eo_v",
                                                "value")
         value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
     elif parse.value_format is ValueFormat.AVRO:
         df, payload, decode_error = decode_avro(spark, df, "kafka_value", parse.avro_schema or "", framing,
-                                                parse.writer_schema_map, schema_lookup, "_eo_v", "value")
+                                                parse.writer_schema_map, lookups, "_eo_v", "value")
         value_error = F.when(F.col("kafka_value").isNull(), F.lit("value is null")).otherwise(decode_error)
         value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
     elif parse.value_format is ValueFormat.PROTOBUF:
@@ -88,7 +90,7 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
                                                 "key")
         elif parse.key_format is KeyFormat.AVRO:
             df, fields, key_error = decode_avro(spark, df, "kafka_key", parse.key_schema or "", framing,
-                                                parse.writer_schema_map, schema_lookup, "_eo_k", "key")
+                                                parse.writer_schema_map, lookups, "_eo_k", "key")
         else:  # the same executor-side decoder as Protobuf values, in a pass of its own over the key column
             descriptors = load_descriptor_set(parse.protobuf_descriptor or "")
             df, fields, key_error = decode_protobuf(df, "kafka_key", descriptors, parse.key_protobuf_message or "",

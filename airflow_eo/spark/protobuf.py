@@ -229,15 +229,13 @@ class _Bad(Exception):
 
 def decode_one(cls: Any, value: bytes, framed: bool, what: str) -> tuple[dict[str, Any] | None, str | None]:
     """One record's message as a row (a dict), or None and why it is a bad record."""
-    from google.protobuf.message import DecodeError
-
     descriptor = cls.DESCRIPTOR
     try:
         payload = _unframe(descriptor, value, what) if framed else value
         parsed = cls.FromString(payload)
     except _Bad as exc:
         return None, str(exc)
-    except (DecodeError, RuntimeError, ValueError) as exc:  # upb raises DecodeError; others RuntimeError for some
+    except Exception as exc:  # upb raises DecodeError, the other backends RuntimeError or ValueError for some
         return None, f"{what}: not a {descriptor.full_name} message (truncated or corrupt): {exc}"
     try:
         return _row(parsed), None

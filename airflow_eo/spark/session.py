@@ -30,6 +30,17 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.memory": "1g",
 }
 
+#: Avro's length limits (Avro 1.12, under spark-avro's ``from_avro``): Java system properties, read once per JVM.
+#: Avro allocates a string, bytes or collection at the length its record claims before reading it, so a corrupt or
+#: hostile record claiming ~2 GiB would exhaust the executor's heap (an ``OutOfMemoryError`` no parse mode catches);
+#: over the limit it is a ``SystemLimitException``, which ``from_avro`` in PERMISSIVE mode makes a bad record.
+AVRO_LIMIT_PROPERTIES = ("org.apache.avro.limits.string.maxLength", "org.apache.avro.limits.bytes.maxLength",
+                         "org.apache.avro.limits.collectionItems.maxLength")
+#: The limit our sessions set, unless the user's ``extraJavaOptions`` name the property: far above any Kafka record
+#: (a topic's ``max.message.bytes`` is 1 MiB by default and bounds a *compressed* batch, so a record may be larger,
+#: but not 64 MiB in practice), far below an executor's heap. One value per JVM: every topic a session reads shares it.
+AVRO_MAX_LENGTH = 64 * 1024 * 1024
+
 
 def kafka_connector_coordinates(pyspark_version: str | None = None) -> str:
     if pyspark_version is None:
@@ -220,7 +231,17 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
             merged["spark.jars"] = ",".join(p for p in (jars, *found) if p)
         else:  # no Maven here: let Spark resolve the package itself
             merged["spark.jars.packages"] = ",".join(p for p in (packages, coordinates()) if p)
+    # The driver's JVM is the executor in local mode; a cluster's executors get theirs. Applied when the session's
+    # JVM starts (pyspark passes the conf to spark-submit): a session already running keeps what it started with.
+    for side in ("driver", "executor"):
+        merged[f"spark.{side}.extraJavaOptions"] = with_avro_limits(merged.get(f"spark.{side}.extraJavaOptions", ""))
     return merged
+
+
+def with_avro_limits(java_options: str, limit: int = AVRO_MAX_LENGTH) -> str:
+    """``java_options`` with ``-D`` of Avro's length limits (:data:`AVRO_LIMIT_PROPERTIES`) it does not set."""
+    added = [f"-D{name}={limit}" for name in AVRO_LIMIT_PROPERTIES if f"-D{name}=" not in java_options]
+    return " ".join(o for o in (java_options.strip(), *added) if o)
 
 
 def get_session(master: str | None = None, remote: str | None = None, conf: Mapping[str, Any] | None = None,

@@ -219,6 +219,48 @@ def test_confluent_framed_avro_of_three_writer_versions_in_one_batch(bootstrap, 
     assert "field 'qty' is not in the writer schema and has no default" in dead[4][3]
 
 
+def _claiming(schema_id: int, length: int, rest: bytes) -> bytes:
+    """A framed Avro record whose first field (a string) claims ``length`` bytes: its zigzag varint, then ``rest``."""
+    zigzag, prefix = length << 1, bytearray()
+    while zigzag > 0x7F:
+        prefix.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    return b"\x00" + struct.pack(">I", schema_id) + bytes([*prefix, zigzag]) + rest
+
+
+def test_a_record_claiming_a_huge_length_is_a_dead_letter_not_an_out_of_memory(bootstrap, mysql_kwargs, topic_name):
+    """A value and a key whose first string claims 2 GiB - 64 bytes (under Java's array limit: without Avro's
+    length limits from_avro allocates it, and the OutOfMemoryError kills the session's JVM, the executor of local
+    mode): each a dead letter, the good records around them committed."""
+    from airflow_eo.spark.session import AVRO_LIMIT_PROPERTIES, AVRO_MAX_LENGTH, get_session
+
+    create_topic(bootstrap, topic_name, 1)
+    huge = 2**31 - 64
+    key = _framed(KEY_ID, KEY_SCHEMA, {"region": "r1"})
+    good = [(key, _framed(3, READER, _record(i, 3)), []) for i in range(8)]
+    poison = [(key, _claiming(3, huge, b"o-huge"), []), (_claiming(KEY_ID, huge, b"r"), good[0][1], [])]
+    _produce(bootstrap, topic_name, good[:4] + poison + good[4:])
+    table = _table(mysql_kwargs, ORDERS_TABLE)
+    op = KafkaMicroBatchOperator(
+        task_id="avro", pipeline_id=f"p_{topic_name}", topics=topic_name, value_format="avro",
+        avro_schema=json.dumps(READER), framing="confluent",
+        writer_schemas={3: json.dumps(READER), KEY_ID: json.dumps(KEY_SCHEMA)}, key_format="avro",
+        key_schema=json.dumps(KEY_SCHEMA), on_bad_record="dead_letter",
+        transform=FLATTEN.format(region="key.region"), sink=MySqlUpsertSink(table=table, key_columns=["order_id"]))
+    summary = run(op)
+    jvm = get_session()._jvm  # this process's session, the one that decoded: started with the limits
+    assert [jvm.java.lang.System.getProperty(p) for p in AVRO_LIMIT_PROPERTIES] == [str(AVRO_MAX_LENGTH)] * 3
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (10, 8, 2)
+    assert {r[0] for r in _orders(mysql_kwargs, table)} == {f"o{i}" for i in range(8)}
+    dead = _dead_letters(mysql_kwargs, op.pipeline_id)
+    assert [(d[0], d[1], d[2]) for d in dead] == [(4, *poison[0][:2]), (5, *poison[1][:2])]
+    assert dead[0][3] == "value: not an Avro record of writer schema id 3 (truncated, corrupt, or claiming a length " \
+                         "beyond Avro's limit)"
+    assert dead[1][3].startswith("key: not an Avro record of writer schema id 100")
+    committed = rows(mysql_kwargs, "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s", (op.pipeline_id,))
+    assert [int(c[0]) for c in committed] == [10]
+
+
 def test_bare_avro_round_trip_then_a_truncated_record_fails_the_batch(bootstrap, mysql_kwargs, topic_name):
     """framing='none': records written with the reader schema; on_bad_record='fail' commits nothing."""
     create_topic(bootstrap, topic_name, 1)
@@ -248,42 +290,62 @@ def test_bare_avro_round_trip_then_a_truncated_record_fails_the_batch(bootstrap,
 def test_sessions_get_spark_avro_at_pyspark_version_without_what_pyspark_ships():
     import pyspark
 
-    from airflow_eo.spark.session import session_conf
+    from airflow_eo.spark.session import AVRO_LIMIT_PROPERTIES, AVRO_MAX_LENGTH, session_conf
 
     avro_jars = [j for j in session_conf({})["spark.jars"].split(",") if "spark-avro_" in j]
     assert [j.rsplit("/", 1)[-1] for j in avro_jars] == [f"spark-avro_2.13-{pyspark.__version__}.jar"]
     own = "/opt/jars/spark-avro_2.13-4.0.0.jar"
     assert [j for j in session_conf({"spark.jars": own})["spark.jars"].split(",") if "spark-avro_" in j] == [own]
+    # Avro's length limits go to both JVMs' options, after the user's; a limit the user set is the user's.
+    mine = "-Dorg.apache.avro.limits.string.maxLength=500000000"
+    conf = session_conf({"spark.executor.extraJavaOptions": f"-Xss4m {mine}"})
+    assert conf["spark.driver.extraJavaOptions"] == " ".join(f"-D{p}={AVRO_MAX_LENGTH}" for p in AVRO_LIMIT_PROPERTIES)
+    assert conf["spark.executor.extraJavaOptions"] == (f"-Xss4m {mine} -D{AVRO_LIMIT_PROPERTIES[1]}={AVRO_MAX_LENGTH} "
+                                                       f"-D{AVRO_LIMIT_PROPERTIES[2]}={AVRO_MAX_LENGTH}")
 
 
 def test_ids_missing_from_writer_schemas_are_asked_of_the_lookup_once_per_batch():
     """The engine's ``schema_lookup`` (what a schema registry connection becomes): asked for the batch's ids that
-    ``writer_schemas`` lacks, and nothing else; an id it does not know either is a bad record."""
+    ``writer_schemas`` lacks, each once for keys and values together, and nothing else; an id it does not know, or
+    refuses (a 4xx about that id), is a bad record saying why, and the rest of the batch decodes."""
     from pyspark.sql import functions as F
 
     from airflow_eo.core.config import ParseConfig
+    from airflow_eo.kafka.schema_registry import refusal_for_id
     from airflow_eo.spark.parsing import parse_records
     from airflow_eo.spark.session import get_session
 
     spark = get_session()
     asked: list[int] = []
+    refused_id = 13
 
     def lookup(schema_id: int) -> str | None:
         asked.append(schema_id)
-        return json.dumps(_order(2)) if schema_id == 2 else None
+        if schema_id == refused_id:
+            raise refusal_for_id(schema_id, 403, "User is denied operation Read on Subject: orders-key") or \
+                AssertionError("403 is about the id")
+        return {2: json.dumps(_order(2)), KEY_ID: json.dumps(KEY_SCHEMA)}.get(schema_id)
 
-    values = [_framed(1, _order(1), _record(1, 1)), _framed(2, _order(2), _record(2, 2)),
-              _framed(2, _order(2), _record(4, 2)), _framed(9, READER, _record(3, 3)), b"\x01\x00\x00\x00\x05"]
+    key = _framed(KEY_ID, KEY_SCHEMA, {"region": "r1"})
+    records = [(key, _framed(1, _order(1), _record(1, 1))), (key, _framed(2, _order(2), _record(2, 2))),
+               (key, _framed(2, _order(2), _record(4, 2))), (_framed(9, KEY_SCHEMA, {"region": "r"}),
+                                                             _framed(9, READER, _record(3, 3))),
+               (None, b"\x01\x00\x00\x00\x05"),
+               (_framed(refused_id, KEY_SCHEMA, {"region": "r"}), _framed(2, _order(2), _record(5, 2)))]
     raw = spark.createDataFrame(
-        [("t", 0, i, None, None, None, v) for i, v in enumerate(values)],
+        [("t", 0, i, None, k, None, v) for i, (k, v) in enumerate(records)],
         "kafka_topic STRING, kafka_partition INT, kafka_offset BIGINT, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
         "kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>, kafka_value BINARY")
     parse = ParseConfig("avro", avro_schema=json.dumps(READER), framing="confluent",
-                        writer_schemas={1: json.dumps(_order(1))})
+                        writer_schemas={1: json.dumps(_order(1))}, key_format="avro", key_schema=json.dumps(KEY_SCHEMA))
     parsed, payload = parse_records(spark, raw, parse, lookup)
-    got = parsed.orderBy("kafka_offset").select("order_id", "qty", "_eo_error").collect()
-    assert sorted(asked) == [2, 9]  # the batch's ids that writer_schemas lacks, each once (id 1 is supplied)
-    assert [tuple(r) for r in got[:3]] == [("o1", 1, None), ("o2", 2**40 + 2, None), ("o4", 2**40 + 4, None)]
+    got = parsed.orderBy("kafka_offset").select("order_id", "qty", "key", "_eo_error").collect()
+    assert sorted(asked) == [2, 9, refused_id, KEY_ID]  # ids writer_schemas lacks, each once (id 1 is supplied)
+    assert [tuple(r) for r in got[:3]] == [("o1", 1, ("r1",), None), ("o2", 2**40 + 2, ("r1",), None),
+                                           ("o4", 2**40 + 4, ("r1",), None)]
     assert got[3]["_eo_error"] == "value: unknown schema id 9 (not in writer_schemas nor the schema registry)"
     assert "not the Confluent magic byte" in got[4]["_eo_error"]
+    assert got[5]["_eo_error"] == (f"key: unknown schema id {refused_id} (not in writer_schemas; the schema registry "
+                                   f"answered HTTP 403 for id {refused_id}: User is denied operation Read on Subject: "
+                                   "orders-key)")
     assert parsed.where(F.col("_eo_error").isNull()).count() == 3 and payload[0] == "order_id"

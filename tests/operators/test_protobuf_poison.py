@@ -6,6 +6,7 @@ as ``mapInArrow`` calls it (no Spark needed: it needs pyspark's types, pyarrow a
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
 from airflow_eo.spark.protobuf import decode_batches, message_class, spark_schema
@@ -25,7 +26,8 @@ def descriptor_blob() -> bytes:
     return out.SerializeToString()
 
 
-def test_values_spark_cannot_hold_make_bad_records_and_the_rest_of_the_batch_decodes():
+@pytest.mark.parametrize("what", ["value", "key"])  # keys (key_format='protobuf') go through the same decoder
+def test_values_spark_cannot_hold_make_bad_records_and_the_rest_of_the_batch_decodes(what):
     blob = descriptor_blob()
     event = message_class(blob, "p2.Event")
     good = event(name="fine")
@@ -37,12 +39,12 @@ def test_values_spark_cannot_hold_make_bad_records_and_the_rest_of_the_batch_dec
     batch = pa.RecordBatch.from_arrays([pa.array(values, type=pa.binary())], names=["value"])
     struct = spark_schema(event.DESCRIPTOR)
 
-    [out] = list(decode_batches(blob, "p2.Event", False, "value", "value", struct.json(), "_pb", iter([batch])))
+    [out] = list(decode_batches(blob, "p2.Event", False, "value", what, struct.json(), "_pb", iter([batch])))
     decoded, errors = out.column("_pb").to_pylist(), out.column("_pb_error").to_pylist()
     assert [d and d["name"] for d in decoded] == ["fine", None, None, None, "fine"]
     assert errors[0] is None and errors[3] is None and errors[4] is None
-    assert "OverflowError" in errors[1] and "value Spark cannot hold" in errors[1]
-    assert "not valid UTF-8" in errors[2] and "'name'" in errors[2]
+    assert errors[1].startswith(f"{what}: ") and "OverflowError" in errors[1] and "value Spark cannot hold" in errors[1]
+    assert errors[2].startswith(f"{what}: ") and "not valid UTF-8" in errors[2] and "'name'" in errors[2]
 
 
 def test_a_row_arrow_refuses_is_isolated_into_a_bad_record():
