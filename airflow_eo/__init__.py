@@ -40,7 +40,7 @@ def get_provider_info() -> dict[str, Any]:
         # `airflow eo ...` (Airflow >= 3.2 loads provider CLI commands from here)
         "cli": ["airflow_eo.cli.definition.get_eo_cli_commands"],
         # The "Exactly-once" tab on the DAG page (FastAPI app + external view, Airflow >= 3.1).
-        "plugins": [{"name": "airflow_eo", "plugin-class": "airflow_eo.plugins.exactly_once.ExactlyOncePlugin"}],
+        "plugins": [{"name": "airflow_eo", "plugin-class": "airflow_eo.plugins.ExactlyOncePlugin"}],
         "config": {
             CONFIG_SECTION: {
                 "description": "Where `airflow eo` and the Exactly-once tab find pipelines, and what the tab shows.",

@@ -30,7 +30,6 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.configuration import conf
 from airflow.models.dagbag import DBDagBag
-from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -40,8 +39,6 @@ from airflow_eo.ops.service import PipelinePage
 
 log = logging.getLogger(__name__)
 
-URL_PREFIX = "/exactly-once"
-TAB_ROUTE = "exactly-once"
 # The phases of a batch as the protocol times them (BatchSummary.seconds), in the order they run; "execute"
 # holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting,
 # dead letters). A one-pass batch has no read_transform: its write is the whole Spark job.
@@ -191,16 +188,3 @@ def create_app() -> FastAPI:
         return HTMLResponse(html, status_code=503 if error else 200)
 
     return app
-
-
-class ExactlyOncePlugin(AirflowPlugin):
-    """Registered through the provider info's ``plugins`` entry."""
-
-    name = "airflow_eo"
-    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "airflow_eo exactly-once"}]
-    external_views = [{
-        "name": "Exactly-once",
-        "href": URL_PREFIX + "/dags/{DAG_ID}",
-        "destination": "dag",
-        "url_route": TAB_ROUTE,
-    }]
