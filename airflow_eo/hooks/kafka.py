@@ -8,7 +8,7 @@ from typing import Any
 from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
-from airflow_eo.core.backlog import backlog
+from airflow_eo.core.backlog import backlog, lag_of, unprocessed_ranges
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.kafka.schema_registry import registry_lookup
 
@@ -51,6 +51,15 @@ class KafkaClusterHook(KafkaBaseHook):
         """
         return backlog(self.get_offset_source().partition_offsets(topics, starting_offsets), committed)
 
+
+    def backlog_and_first_timestamps(self, topics: Sequence[str], committed: Mapping[tuple[str, int], int],
+                                     starting_offsets: str | int = "earliest") -> tuple[dict[str, int], dict[str, int]]:
+        """:meth:`backlog`, and the timestamp (ms) of each partition's first unprocessed record (read from Kafka:
+        one record of each partition that is behind)."""
+        source = self.get_offset_source()
+        ranges = unprocessed_ranges(source.partition_offsets(topics, starting_offsets), committed)
+        first = source.first_timestamps({r.key: r.from_offset for r in ranges if r.size})
+        return lag_of(ranges), {f"{t}[{p}]": ms for (t, p), ms in first.items()}
 
 def schema_registry_lookup(conn_id: str) -> Callable[[int], str | None]:
     """Writer schemas by id from the schema registry of an Airflow connection (any type, ``http`` by default):

@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
@@ -183,6 +190,36 @@ class KafkaOffsetSource:
         retry_transient(f"committing the offsets of group {group_id(pipeline_id)}",
                         lambda: alter_group_offsets(self._admin, group_id(pipeline_id), positions),
                         refresh=self._new_client)
+
+    def first_timestamps(self, positions: Mapping[tuple[str, int], int],
+                         timeout_s: float = ADMIN_TIMEOUT_S) -> dict[tuple[str, int], int]:
+        """The timestamp (ms) of the first committed record at or after each position, read with a
+        read_committed consumer assigned there (no group joined, nothing committed). A partition with no such
+        record within ``timeout_s`` (only aborted records or markers left) is absent."""
+        if not positions:
+            return {}
+        consumer = Consumer({**self.config, "group.id": "airflow_eo.lag-probe", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "enable.partition.eof": True})
+        try:
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            pending, found = set(positions), {}
+            deadline = time.monotonic() + timeout_s
+            while pending and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                key = (message.topic(), message.partition())
+                error = message.error()
+                if error is not None and error.code() != KafkaError._PARTITION_EOF and not error.retriable():
+                    raise KafkaException(error)
+                if key in pending and (error is None or error.code() == KafkaError._PARTITION_EOF):
+                    pending.discard(key)
+                    if error is None:
+                        found[key] = message.timestamp()[1]
+                    consumer.pause([TopicPartition(*key)])
+            return found
+        finally:
+            consumer.close()
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)

@@ -17,11 +17,11 @@ from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
-from airflow_eo.core.backlog import backlog_reached
+from airflow_eo.core.backlog import BacklogThreshold
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger
+from airflow_eo.triggers.pipeline import BatchCommittedTrigger, KafkaBacklogTrigger, backlog_seen
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -52,15 +52,19 @@ class _DeferrableSensor(BaseSensorOperator):
 
 
 class KafkaBacklogSensor(_DeferrableSensor):
-    """Wait until a pipeline has at least ``min_records`` unprocessed records.
+    """Wait until a pipeline has at least ``min_records`` unprocessed records, or (``min_age``) its oldest
+    unprocessed record is that old, whichever comes first: a wait for work, or a lag alert.
 
     Unprocessed = last stable offset (read_committed end) minus the pipeline's committed
-    offset, summed over partitions (or in any one partition with ``per_partition``). The
-    XCom value is the lag seen: ``{"lag": {"topic[p]": n, ...}, "total": n}``.
+    offset, summed over partitions (or in any one partition with ``per_partition``). The age is the newest
+    of now minus the Kafka timestamp of each partition's first unprocessed record. The
+    XCom value is the lag seen: ``{"lag": {"topic[p]": n, ...}, "total": n}``, plus ``"oldest_age_seconds"``
+    (None when nothing is unprocessed) with ``min_age``.
 
     :param pipeline_id: the micro-batch operator's pipeline id. (templated)
     :param topics: its topics. (templated)
-    :param min_records: records to wait for; 1 = any new record.
+    :param min_records: records to wait for; 1 = any new record; None = only ``min_age`` counts.
+    :param min_age: done when the oldest unprocessed record is at least this old (a ``timedelta``).
     :param per_partition: compare per partition instead of the total.
     :param starting_offsets: where a partition without a committed offset starts (the operator's).
     :param kafka_conn_id: the ``kafka`` connection of the topics.
@@ -73,14 +77,15 @@ class KafkaBacklogSensor(_DeferrableSensor):
 
     template_fields: Sequence[str] = ("pipeline_id", "topics")
 
-    def __init__(self, *, pipeline_id: str, topics: Sequence[str] | str, min_records: int = 1,
-                 per_partition: bool = False, starting_offsets: str | int = "earliest",
+    def __init__(self, *, pipeline_id: str, topics: Sequence[str] | str, min_records: int | None = 1,
+                 min_age: timedelta | None = None, per_partition: bool = False,
+                 starting_offsets: str | int = "earliest",
                  kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if min_records < 1:
-            raise ConfigurationError("min_records must be >= 1")
+        self.threshold = BacklogThreshold(min_records, per_partition,
+                                          min_age.total_seconds() if min_age is not None else None)
         self.pipeline_id, self.topics = pipeline_id, [topics] if isinstance(topics, str) else list(topics)
         self.min_records, self.per_partition, self.starting_offsets = min_records, per_partition, starting_offsets
         self.kafka_conn_id, self.offset_store_conn_id = kafka_conn_id, offset_store_conn_id
@@ -96,19 +101,18 @@ class KafkaBacklogSensor(_DeferrableSensor):
 
     def poke(self, context: Context) -> PokeReturnValue:
         committed = self.store_hook.committed_offsets(self.pipeline_id)
-        lag = self.kafka_hook.backlog(self.topics, committed, self.starting_offsets)
-        done = backlog_reached(lag, self.min_records, self.per_partition)
-        self.log.info("pipeline %s: %d unprocessed records (waiting for %d)", self.pipeline_id, sum(lag.values()),
-                      self.min_records)
-        return PokeReturnValue(is_done=done, xcom_value={"lag": lag, "total": sum(lag.values())})
+        lag, age = backlog_seen(self.kafka_hook, self.threshold, self.topics, committed, self.starting_offsets)
+        self.log.info("pipeline %s: %d unprocessed records (waiting for %s)", self.pipeline_id, sum(lag.values()),
+                      self.threshold.describe())
+        return PokeReturnValue(is_done=self.threshold.reached(lag, age), xcom_value=self.threshold.report(lag, age))
 
     def build_trigger(self, context: Context) -> KafkaBacklogTrigger:
         return KafkaBacklogTrigger(self.pipeline_id, self.topics, self.min_records, self.per_partition,
                                    self.starting_offsets, self.kafka_conn_id, self.offset_store_conn_id,
-                                   self.poll_interval)
+                                   self.poll_interval, self.threshold.min_age_seconds)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        return {"lag": event["lag"], "total": event["total"]}
+        return {k: v for k, v in event.items() if k != "status"}
 
 
 class BatchCommittedSensor(_DeferrableSensor):

@@ -7,35 +7,53 @@ blocking, so they run in a thread (``asyncio.to_thread``) off the triggerer's ev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
-from airflow_eo.core.backlog import backlog_reached
+from airflow_eo.core.backlog import BacklogThreshold, oldest_age_seconds
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 
 
+def backlog_seen(kafka_hook: KafkaClusterHook, threshold: BacklogThreshold, topics: Sequence[str],
+                 committed: Mapping[tuple[str, int], int],
+                 starting_offsets: str | int) -> tuple[dict[str, int], float | None]:
+    """One look (blocking): the lag per partition, and the oldest unprocessed record's age when the threshold
+    watches it (Kafka is read for it only then)."""
+    if not threshold.needs_age:
+        return kafka_hook.backlog(topics, committed, starting_offsets), None
+    lag, first = kafka_hook.backlog_and_first_timestamps(topics, committed, starting_offsets)
+    return lag, oldest_age_seconds(first, int(time.time() * 1000))
+
+
 class KafkaBacklogTrigger(BaseTrigger):
-    """Fires when the pipeline's unprocessed records reach ``min_records``.
+    """Fires when the pipeline's unprocessed records reach ``min_records``, or its oldest unprocessed record is
+    ``min_age_seconds`` old, whichever comes first.
 
     :param pipeline_id: pipeline whose committed offsets count as processed.
     :param topics: the pipeline's topics.
-    :param min_records: records to wait for (in total, or in one partition with ``per_partition``).
+    :param min_records: records to wait for (in total, or in one partition with ``per_partition``); None = only
+        the age counts.
     :param per_partition: compare ``min_records`` with each partition's lag instead of the sum.
     :param starting_offsets: where a partition without a committed offset starts (as the operator's).
     :param kafka_conn_id: the ``kafka`` connection of the topics.
     :param offset_store_conn_id: the ``mysql`` (MySQL / MariaDB) or ``postgres`` (PostgreSQL) connection of the
         offset store.
     :param poll_interval: seconds between two looks.
+    :param min_age_seconds: fire when the oldest unprocessed record (by its Kafka timestamp) is this old.
     """
 
-    def __init__(self, pipeline_id: str, topics: Sequence[str], min_records: int = 1, per_partition: bool = False,
-                 starting_offsets: str | int = "earliest", kafka_conn_id: str = "kafka_default",
-                 offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID, poll_interval: float = 10.0) -> None:
+    def __init__(self, pipeline_id: str, topics: Sequence[str], min_records: int | None = 1,
+                 per_partition: bool = False, starting_offsets: str | int = "earliest",
+                 kafka_conn_id: str = "kafka_default", offset_store_conn_id: str = DEFAULT_OFFSET_STORE_CONN_ID,
+                 poll_interval: float = 10.0, min_age_seconds: float | None = None) -> None:
         super().__init__()
+        self.threshold = BacklogThreshold(min_records, per_partition, min_age_seconds)
+        self.min_age_seconds = min_age_seconds
         self.pipeline_id, self.topics, self.min_records = pipeline_id, list(topics), min_records
         self.per_partition, self.starting_offsets = per_partition, starting_offsets
         self.kafka_conn_id, self.offset_store_conn_id = kafka_conn_id, offset_store_conn_id
@@ -48,18 +66,19 @@ class KafkaBacklogTrigger(BaseTrigger):
             "pipeline_id": self.pipeline_id, "topics": self.topics, "min_records": self.min_records,
             "per_partition": self.per_partition, "starting_offsets": self.starting_offsets,
             "kafka_conn_id": self.kafka_conn_id, "offset_store_conn_id": self.offset_store_conn_id,
-            "poll_interval": self.poll_interval,
+            "poll_interval": self.poll_interval, "min_age_seconds": self.min_age_seconds,
         })
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             committed = await asyncio.to_thread(self.store_hook.committed_offsets, self.pipeline_id)
-            lag = await asyncio.to_thread(self.kafka_hook.backlog, self.topics, committed, self.starting_offsets)
-            if backlog_reached(lag, self.min_records, self.per_partition):
-                yield TriggerEvent({"status": "ready", "lag": lag, "total": sum(lag.values())})
+            lag, age = await asyncio.to_thread(backlog_seen, self.kafka_hook, self.threshold, self.topics, committed,
+                                               self.starting_offsets)
+            if self.threshold.reached(lag, age):
+                yield TriggerEvent({"status": "ready", **self.threshold.report(lag, age)})
                 return
-            self.log.info("pipeline %s: %d unprocessed records, waiting for %d", self.pipeline_id,
-                          sum(lag.values()), self.min_records)
+            self.log.info("pipeline %s: %d unprocessed records, waiting for %s", self.pipeline_id,
+                          sum(lag.values()), self.threshold.describe())
             await asyncio.sleep(self.poll_interval)
 
 

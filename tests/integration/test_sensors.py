@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -125,3 +126,37 @@ def test_batch_committed_sensor_waits_for_its_data_interval(store):
     assert event.payload == {"status": "committed", "batch_id": batches[hours[1]][0].batch_id}
     with pytest.raises(ConfigurationError, match="no data interval"):
         sensor.poke({})
+
+
+def test_the_oldest_unprocessed_record_age_fires_a_lag_alert(bootstrap, store, topic_name):
+    """A lag alert by age: records produced with Kafka timestamps two hours back, one partition processed."""
+    create_topic(bootstrap, topic_name, 2)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    two_hours_ago_ms = int(time.time() * 1000) - 2 * 3600 * 1000
+    for i in range(3):
+        producer.produce(topic_name, f"old{i}".encode(), partition=0, timestamp=two_hours_ago_ms + i)
+        producer.produce(topic_name, f"new{i}".encode(), partition=1)  # stamped now
+    producer.flush(30)
+    pipeline = f"p_{topic_name}"
+    alert = KafkaBacklogSensor(task_id="lag", pipeline_id=pipeline, topics=topic_name, min_records=None,
+                               min_age=timedelta(hours=1))
+    fired = alert.poke({})
+    assert fired.is_done and fired.xcom_value["total"] == 6
+    assert 2 * 3600 - 5 <= fired.xcom_value["oldest_age_seconds"] <= 2 * 3600 + 120
+
+    # Partition 0 processed: the oldest unprocessed record is now one of partition 1's, seconds old.
+    epoch = store.take_pipeline(pipeline)
+    commit(store, store.insert_batch(pipeline, epoch, "r1", [OffsetRange(topic_name, 0, 0, 3)], []), epoch)
+    quiet = alert.poke({})
+    assert not quiet.is_done and quiet.xcom_value["total"] == 3 and quiet.xcom_value["oldest_age_seconds"] < 600
+
+    # Deferred, the trigger waits the same way; 2 s of age, then it fires.
+    soon = KafkaBacklogSensor(task_id="lag2", pipeline_id=pipeline, topics=[topic_name], min_records=None,
+                              min_age=timedelta(seconds=quiet.xcom_value["oldest_age_seconds"] + 2),
+                              deferrable=True, poll_interval=0.5, timeout=120)
+    with pytest.raises(TaskDeferred) as deferred:
+        soon.execute({})
+    classpath, kwargs = deferred.value.trigger.serialize()
+    event = asyncio.run(asyncio.wait_for(KafkaBacklogTrigger(**kwargs).run().__anext__(), timeout=60))
+    assert event.payload["status"] == "ready" and event.payload["total"] == 3
+    assert soon.execute_complete({}, event.payload)["oldest_age_seconds"] >= kwargs["min_age_seconds"]
