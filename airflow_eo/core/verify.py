@@ -86,7 +86,7 @@ def audited_moves(audit: Iterable[AuditEntry]) -> list[RewindMove]:
 def audited_batches(audit: Iterable[AuditEntry]) -> set[int]:
     """The batches an audited (completed) recovery rolled forward: committed by ``airflow eo recover``, not by a run
     (the run that planned them died after its sink's commit point)."""
-    found = set()
+    found: set[int] = set()
     for entry in audit:
         if entry.action == "recover" and entry.details.get("completed") is not False:
             found.update(int(b["batch_id"]) for b in entry.details.get("batches", [])

@@ -28,14 +28,29 @@ from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
 from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of, lacks_role
+from airflow_eo.core.states import UNFINISHED, BatchState
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.verify import (
+    Finding,
+    TaskRun,
+    audited_batches,
+    audited_moves,
+    check_branches,
+    check_interval_tiling,
+    check_mirror,
+    check_runs,
+    check_sink_commits,
+    check_tiling,
+)
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 
 log = logging.getLogger(__name__)
 
 #: How many of the newest batch rows a recovery report reads for the batches it names.
 RECENT_BATCHES = 500
+#: "Every row" for the reads of ``verify``, which checks a pipeline's whole history.
+ALL_ROWS = 2**62
 
 
 class Connections(Protocol):
@@ -45,6 +60,13 @@ class Connections(Protocol):
     def offset_source(self) -> KafkaOffsetSource: ...
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
         """The adapter of the recorded sink (its recovery is the one a task attempt runs), built by its kind."""
+
+
+class TaskRuns(Protocol):
+    """Where a pipeline's task ran (Airflow's metadata database, for ``verify``)."""
+
+    def task_runs(self, dag_id: str, task_id: str) -> list[TaskRun]:
+        """Every run of the task, with the task instance's state and the run's data interval."""
 
 
 # --------------------------------------------------------------------------- read models
@@ -175,6 +197,21 @@ class PipelinePage:
                 "audit": [audit_dict(a) for a in self.history.audit], "dead_letters": self.dead_letters}
 
 
+@dataclass(frozen=True)
+class VerifyReport:
+    """``airflow eo verify``: every disagreement between the store, the group, the sink and Airflow (``findings``),
+    and what could not be checked, and why (``unchecked``)."""
+
+    pipeline_id: str
+    checked: list[str]
+    findings: list[Finding]
+    unchecked: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pipeline_id": self.pipeline_id, "checked": list(self.checked),
+                "findings": [f.to_dict() for f in self.findings], "unchecked": list(self.unchecked)}
+
+
 # --------------------------------------------------------------------------- operations
 
 
@@ -183,14 +220,18 @@ class PipelineOperations:
 
     :param connections: the store, the source cluster and the sinks.
     :param actor: who runs the operations (recorded in ``eo_audit``): an OS user, an Airflow user.
+    :param runs: where the pipelines' tasks ran (Airflow's metadata database); None: ``verify`` does not compare
+        the batches with the runs.
     :param error_details: whether a note about a dependency that could not be read (a sink database, Kafka)
         quotes the error's text (the CLI: its user holds the connections) or gives only its kind and a reference
         to the full text in this process's log (the UI tab: every reader of the DAG sees the notes, and an error's
         text names hosts and users).
     """
 
-    def __init__(self, connections: Connections, actor: str, error_details: bool = True) -> None:
+    def __init__(self, connections: Connections, actor: str, error_details: bool = True,
+                 runs: TaskRuns | None = None) -> None:
         self.connections = connections
+        self.runs = runs
         self.actor = actor
         self.error_details = error_details
         self.store = connections.store()
@@ -315,6 +356,75 @@ class PipelineOperations:
             except Exception as exc:  # a sink database that is down must not hide the store's view
                 status.notes.append(f"dead letters unknown: {self._said(exc, 'dead letters of ' + pipeline_id)}")
         return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id)
+
+    def verify(self, pipeline_id: str) -> VerifyReport:
+        """Whether the store, the consumer group, the sink's server and Airflow agree (read-only); each check is
+        :mod:`airflow_eo.core.verify`'s. A check whose dependency cannot be read is listed in ``unchecked``.
+
+        :param pipeline_id: the pipeline.
+        """
+        info = self.store.pipeline(pipeline_id)
+        batches = [b.record for b in self.store.batch_history(pipeline_id, ALL_ROWS)]
+        audit = self.store.audit_log(pipeline_id, ALL_ROWS)
+        committed = self.store.committed_offsets(pipeline_id)
+        findings: list[Finding] = []
+        checked: list[str] = []
+        unchecked: list[str] = []
+        if info.mode is Mode.INTERVAL:
+            findings += check_interval_tiling(batches)
+            checked.append("tiling: committed intervals never overlap, adjacent ones meet")
+            unchecked.append("mirror: interval-mode pipelines have no consumer group (no committed position)")
+        else:
+            findings += check_tiling(batches, committed, audited_moves(audit))
+            checked.append(f"tiling: {sum(b.state is BatchState.COMMITTED for b in batches)} committed batches")
+            group = group_id(pipeline_id)
+            try:
+                findings += check_mirror(group, committed, self.source().group_offsets(pipeline_id, committed))
+                checked.append(f"mirror: group {group}, {len(committed)} partitions")
+            except Exception as exc:
+                unchecked.append(f"mirror: the offsets of group {group} could not be read "
+                                 f"({self._said(exc, 'group offsets')})")
+        by_id = {b.batch_id: b for b in batches}
+        capabilities = capabilities_of(info.sink)
+        if info.sink is None or capabilities is None:
+            unchecked.append("in-doubt: the store does not know the pipeline's sink yet")
+        elif capabilities.in_doubt_branches:
+            try:
+                sink = self.connections.sink(pipeline_id, info.sink)
+                if not isinstance(sink, InDoubtSink):
+                    raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
+                findings += check_branches(sink.in_doubt(pipeline_id), by_id)
+                checked.append(f"in-doubt: prepared branches on {info.sink.kind}'s server")
+            except Exception as exc:
+                unchecked.append(f"in-doubt: the sink's prepared branches could not be read "
+                                 f"({self._said(exc, 'in-doubt branches')})")
+        elif capabilities.consumer_group:
+            unfinished = [b for b in batches if b.state in UNFINISHED]
+            try:
+                group_sink = self._kafka_group(pipeline_id, info)
+                assert group_sink is not None
+                findings += check_sink_commits(unfinished, group_sink.committed_batches(unfinished)
+                                               if unfinished else set())
+                checked.append("in-doubt: no Kafka transaction committed a batch the store has not recorded")
+            except Exception as exc:
+                unchecked.append(f"in-doubt: the Kafka sink's group could not be read "
+                                 f"({self._said(exc, 'group offsets')})")
+        else:
+            checked.append(f"in-doubt: {info.sink.kind} leaves nothing in doubt")
+        owner = info.owned_by
+        if self.runs is None:
+            unchecked.append("runs: Airflow's metadata database is not at hand here")
+        elif owner is None:
+            unchecked.append("runs: the store does not know the pipeline's DAG and task apart (its next run records "
+                             "them)")
+        else:
+            try:
+                runs = self.runs.task_runs(owner.dag_id, owner.task_id)
+                findings += check_runs(runs, batches, audited_batches(audit))
+                checked.append(f"runs: {len(runs)} runs of {owner.dag_id}.{owner.task_id}")
+            except Exception as exc:
+                unchecked.append(f"runs: Airflow's runs could not be read ({self._said(exc, 'Airflow runs')})")
+        return VerifyReport(pipeline_id, checked, findings, unchecked)
 
     # ------------------------------------------------------------------ repairs
 
