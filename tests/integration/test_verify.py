@@ -56,7 +56,7 @@ def mark_success_by_hand(dag_id: str, task_id: str) -> str:
 
 
 def move_group(bootstrap: str, pipeline: str, partition: int, offset: int) -> None:
-    """An operator's hand on the group: ``alter_consumer_group_offsets`` (as ``kafka-consumer-groups --reset-offsets``)."""
+    """An operator's hand on the group: ``alter_consumer_group_offsets`` (``kafka-consumer-groups --reset-offsets``)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     request = [ConsumerGroupTopicPartitions(group_id(pipeline), [TopicPartition(TOPIC, partition, offset)])]
     for future in admin.alter_consumer_group_offsets(request, request_timeout=30).values():
@@ -90,7 +90,8 @@ def test_verify_finds_nothing_on_a_healthy_pipeline_then_each_drift_made_for_rea
     move_group(bootstrap, XA_PIPELINE, 0, 0)
     moved = findings(ops.verify(XA_PIPELINE).to_dict())
     assert list(moved) == [("mirror", f"{TOPIC}[0]")]
-    assert f"has 0, the store {store[0]}: lag tools show a lag too high by {store[0]}" in moved[("mirror", f"{TOPIC}[0]")]
+    assert f"has 0, the store {store[0]}: lag tools show a lag too high by {store[0]}" in moved[
+        ("mirror", f"{TOPIC}[0]")]
 
     by_hand = mark_success_by_hand(DAG_ID, TASK_ID)
     marked = findings(ops.verify(XA_PIPELINE).to_dict())
