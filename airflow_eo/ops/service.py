@@ -183,21 +183,6 @@ class RewindReport:
 
 
 @dataclass(frozen=True)
-class PipelinePage:
-    """Everything the UI tab shows of one pipeline: its status, recent batches and audit, dead letters."""
-
-    status: PipelineStatus
-    history: History
-    dead_letters: list[dict[str, Any]] | None  # None: the sink keeps none (its bad records fail the batch)
-    task_id: str | None = None  # the DAG's task that runs it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.status.to_dict(), "task_id": self.task_id,
-                "batches": [batch_dict(b) for b in self.history.batches],
-                "audit": [audit_dict(a) for a in self.history.audit], "dead_letters": self.dead_letters}
-
-
-@dataclass(frozen=True)
 class VerifyReport:
     """``airflow eo verify``: every disagreement between the store, the group, the sink and Airflow (``findings``),
     and what could not be checked, and why (``unchecked``)."""
@@ -210,6 +195,23 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"pipeline_id": self.pipeline_id, "checked": list(self.checked),
                 "findings": [f.to_dict() for f in self.findings], "unchecked": list(self.unchecked)}
+
+
+@dataclass(frozen=True)
+class PipelinePage:
+    """Everything the UI tab shows of one pipeline: its status, recent batches and audit, dead letters."""
+
+    status: PipelineStatus
+    history: History
+    dead_letters: list[dict[str, Any]] | None  # None: the sink keeps none (its bad records fail the batch)
+    task_id: str | None = None  # the DAG's task that runs it
+    verify: VerifyReport | None = None  # None: not asked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.status.to_dict(), "task_id": self.task_id,
+                "verify": None if self.verify is None else self.verify.to_dict(),
+                "batches": [batch_dict(b) for b in self.history.batches],
+                "audit": [audit_dict(a) for a in self.history.audit], "dead_letters": self.dead_letters}
 
 
 # --------------------------------------------------------------------------- operations
@@ -340,12 +342,14 @@ class PipelineOperations:
                 found[p.pipeline_id] = owners[p.owner]
         return found
 
-    def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None) -> PipelinePage:
+    def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None,
+             verify: bool = False) -> PipelinePage:
         """Status, the newest ``limit`` batches and audit entries, and the newest dead letters of a pipeline.
 
         :param pipeline_id: the pipeline.
         :param limit: at most this many batches, audit entries and dead letters.
         :param task_id: the task that runs it (shown).
+        :param verify: with :meth:`verify`'s report.
         """
         status = self.status(pipeline_id)
         dead_letters = None
@@ -355,7 +359,8 @@ class PipelineOperations:
                 dead_letters = self.dead_letters(pipeline_id, limit=limit)
             except Exception as exc:  # a sink database that is down must not hide the store's view
                 status.notes.append(f"dead letters unknown: {self._said(exc, 'dead letters of ' + pipeline_id)}")
-        return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id)
+        return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id,
+                            self.verify(pipeline_id) if verify else None)
 
     def verify(self, pipeline_id: str) -> VerifyReport:
         """Whether the store, the consumer group, the sink's server and Airflow agree (read-only); each check is
