@@ -198,6 +198,15 @@ class VerifyReport:
 
 
 @dataclass(frozen=True)
+class _Verified:
+    """One check of ``verify``: its findings and what it checked, or why it could not."""
+
+    findings: list[Finding] = field(default_factory=list)
+    checked: str | None = None
+    unchecked: str | None = None
+
+
+@dataclass(frozen=True)
 class PipelinePage:
     """Everything the UI tab shows of one pipeline: its status, recent batches and audit, dead letters."""
 
@@ -372,64 +381,71 @@ class PipelineOperations:
         batches = [b.record for b in self.store.batch_history(pipeline_id, ALL_ROWS)]
         audit = self.store.audit_log(pipeline_id, ALL_ROWS)
         committed = self.store.committed_offsets(pipeline_id)
-        findings: list[Finding] = []
-        checked: list[str] = []
-        unchecked: list[str] = []
+        parts = [self._verify_tiling(info, batches, committed, audit), self._verify_mirror(info, batches, committed),
+                 self._verify_in_doubt(info, batches), self._verify_runs(info, batches, audit)]
+        return VerifyReport(pipeline_id, [p.checked for p in parts if p.checked],
+                            [f for p in parts for f in p.findings], [p.unchecked for p in parts if p.unchecked])
+
+    def _verify_tiling(self, info: PipelineInfo, batches: list[BatchRecord], committed: Mapping[TopicPartition, int],
+                       audit: list[AuditEntry]) -> _Verified:
         if info.mode is Mode.INTERVAL:
-            findings += check_interval_tiling(batches)
-            checked.append("tiling: committed intervals never overlap, adjacent ones meet")
-            unchecked.append("mirror: interval-mode pipelines have no consumer group (no committed position)")
-        else:
-            findings += check_tiling(batches, committed, audited_moves(audit))
-            checked.append(f"tiling: {sum(b.state is BatchState.COMMITTED for b in batches)} committed batches")
-            group = group_id(pipeline_id)
-            try:
-                findings += check_mirror(group, committed, self.source().group_offsets(pipeline_id, committed))
-                checked.append(f"mirror: group {group}, {len(committed)} partitions")
-            except Exception as exc:
-                unchecked.append(f"mirror: the offsets of group {group} could not be read "
-                                 f"({self._said(exc, 'group offsets')})")
-        by_id = {b.batch_id: b for b in batches}
+            return _Verified(check_interval_tiling(batches), "tiling: committed intervals never overlap, adjacent "
+                                                             "ones meet")
+        return _Verified(check_tiling(batches, committed, audited_moves(audit)),
+                         f"tiling: {sum(b.state is BatchState.COMMITTED for b in batches)} committed batches")
+
+    def _verify_mirror(self, info: PipelineInfo, batches: list[BatchRecord],
+                       committed: Mapping[TopicPartition, int]) -> _Verified:
+        if info.mode is Mode.INTERVAL:
+            return _Verified(unchecked="mirror: interval-mode pipelines have no consumer group (no committed "
+                                       "position)")
+        group = group_id(info.pipeline_id)
+        capabilities = capabilities_of(info.sink)
+        read = {r.key for b in batches if b.state is BatchState.COMMITTED for r in b.ranges if r.size}
+        without_records = ({k for k in committed if k not in read}
+                           if capabilities is not None and capabilities.consumer_group else set())
+        try:
+            offsets = self.source().group_offsets(info.pipeline_id, committed)
+        except Exception as exc:
+            return _Verified(unchecked=f"mirror: the offsets of group {group} could not be read "
+                                       f"({self._said(exc, 'group offsets')})")
+        return _Verified(check_mirror(group, committed, offsets, without_records),
+                         f"mirror: group {group}, {len(committed)} partitions")
+
+    def _verify_in_doubt(self, info: PipelineInfo, batches: list[BatchRecord]) -> _Verified:
         capabilities = capabilities_of(info.sink)
         if info.sink is None or capabilities is None:
-            unchecked.append("in-doubt: the store does not know the pipeline's sink yet")
-        elif capabilities.in_doubt_branches:
-            try:
-                sink = self.connections.sink(pipeline_id, info.sink)
+            return _Verified(unchecked="in-doubt: the store does not know the pipeline's sink yet")
+        if not capabilities.in_doubt_branches and not capabilities.consumer_group:
+            return _Verified(checked=f"in-doubt: {info.sink.kind} leaves nothing in doubt")
+        try:
+            if capabilities.in_doubt_branches:
+                sink = self.connections.sink(info.pipeline_id, info.sink)
                 if not isinstance(sink, InDoubtSink):
                     raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
-                findings += check_branches(sink.in_doubt(pipeline_id), by_id)
-                checked.append(f"in-doubt: prepared branches on {info.sink.kind}'s server")
-            except Exception as exc:
-                unchecked.append(f"in-doubt: the sink's prepared branches could not be read "
-                                 f"({self._said(exc, 'in-doubt branches')})")
-        elif capabilities.consumer_group:
+                return _Verified(check_branches(sink.in_doubt(info.pipeline_id), {b.batch_id: b for b in batches}),
+                                 f"in-doubt: prepared branches on {info.sink.kind}'s server")
+            group = self._kafka_group(info.pipeline_id, info)
+            assert group is not None  # a consumer_group kind
             unfinished = [b for b in batches if b.state in UNFINISHED]
-            try:
-                group_sink = self._kafka_group(pipeline_id, info)
-                assert group_sink is not None
-                findings += check_sink_commits(unfinished, group_sink.committed_batches(unfinished)
-                                               if unfinished else set())
-                checked.append("in-doubt: no Kafka transaction committed a batch the store has not recorded")
-            except Exception as exc:
-                unchecked.append(f"in-doubt: the Kafka sink's group could not be read "
-                                 f"({self._said(exc, 'group offsets')})")
-        else:
-            checked.append(f"in-doubt: {info.sink.kind} leaves nothing in doubt")
+            return _Verified(check_sink_commits(unfinished, group.committed_batches(unfinished) if unfinished else ()),
+                             "in-doubt: no Kafka transaction committed a batch the store has not recorded")
+        except Exception as exc:
+            return _Verified(unchecked=f"in-doubt: the sink could not be read ({self._said(exc, 'in-doubt')})")
+
+    def _verify_runs(self, info: PipelineInfo, batches: list[BatchRecord], audit: list[AuditEntry]) -> _Verified:
         owner = info.owned_by
         if self.runs is None:
-            unchecked.append("runs: Airflow's metadata database is not at hand here")
-        elif owner is None:
-            unchecked.append("runs: the store does not know the pipeline's DAG and task apart (its next run records "
-                             "them)")
-        else:
-            try:
-                runs = self.runs.task_runs(owner.dag_id, owner.task_id)
-                findings += check_runs(runs, batches, audited_batches(audit))
-                checked.append(f"runs: {len(runs)} runs of {owner.dag_id}.{owner.task_id}")
-            except Exception as exc:
-                unchecked.append(f"runs: Airflow's runs could not be read ({self._said(exc, 'Airflow runs')})")
-        return VerifyReport(pipeline_id, checked, findings, unchecked)
+            return _Verified(unchecked="runs: Airflow's metadata database is not at hand here")
+        if owner is None:
+            return _Verified(unchecked="runs: the store does not know the pipeline's DAG and task apart (its next "
+                                       "run records them)")
+        try:
+            runs = self.runs.task_runs(owner.dag_id, owner.task_id)
+        except Exception as exc:
+            return _Verified(unchecked=f"runs: Airflow's runs could not be read ({self._said(exc, 'Airflow runs')})")
+        return _Verified(check_runs(runs, batches, audited_batches(audit)),
+                         f"runs: {len(runs)} runs of {owner.dag_id}.{owner.task_id}")
 
     # ------------------------------------------------------------------ repairs
 

@@ -100,6 +100,8 @@ def test_the_group_must_hold_exactly_the_stores_offsets():
     assert [f.subject for f in found] == ["t[0]", "t[1]", "t[2]"]
     assert "has 4, the store 10: lag tools show a lag too high by 6" in found[0].message
     assert "no committed offset; the store has 7" in found[1].message
+    # A Kafka sink's transactions commit the group only where a batch read records: t[1] never had any.
+    assert check_mirror("airflow_eo.p", committed, {("t", 0): 10}, without_records={("t", 1)}) == []
 
 
 def test_open_branches_of_batches_that_are_over_are_findings_a_running_batchs_are_not():
@@ -148,3 +150,75 @@ def test_only_rewinds_and_completed_recoveries_that_rolled_forward_are_audited_a
                    {"batch_id": 5, "recover": "roll forward"}]})]
     assert audited_batches(entries) == {3}
     assert [m.audit_id for m in audited_moves(entries)] == [1]
+
+
+# --------------------------------------------------------------------------- PipelineOperations.verify over fakes
+
+
+class _Ledger:
+    """The store as verify reads it: one XA pipeline with two committed batches, the second one's branch open."""
+
+    def __init__(self, batches: list[BatchRecord]) -> None:
+        self.batches = batches
+
+    def pipeline(self, pipeline_id):
+        from airflow_eo.core.batch import Owner
+        from airflow_eo.core.config import Mode, SinkRecord
+        from airflow_eo.core.status import PipelineInfo
+
+        return PipelineInfo(pipeline_id, 3, "d.t", Mode.CONTINUOUS, None,
+                            SinkRecord("MySqlXaSink", accumulating=True, target="app_pv"), Owner("d", "t"))
+
+    def batch_history(self, pipeline_id, limit, batch_ids=None):
+        from airflow_eo.core.status import BatchInfo
+
+        return [BatchInfo(b, None, None, None) for b in reversed(self.batches)][:limit]
+
+    def audit_log(self, pipeline_id, limit):
+        return []
+
+    def committed_offsets(self, pipeline_id):
+        return {("t", 0): 9}
+
+
+class _Connections:
+    def __init__(self, ledger, branches):
+        self.ledger, self.branches = ledger, branches
+
+    def store(self):
+        return self.ledger
+
+    def offset_source(self):
+        raise ConnectionError("cannot reach broker-7.internal.example:9093")
+
+    def sink(self, pipeline_id, record):
+        branches = self.branches
+
+        class XaServer:
+            def in_doubt(self, pipeline_id):
+                return branches
+
+        return XaServer()
+
+
+class _Runs:
+    def task_runs(self, dag_id, task_id):
+        assert (dag_id, task_id) == ("d", "t")
+        return [TaskRun("run-0", "success"), TaskRun("run-1", "running")]
+
+
+def test_verify_reports_each_checks_findings_and_names_a_check_it_could_not_run():
+    import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
+    from airflow_eo.ops.service import PipelineOperations
+
+    open_branch = Xid(pipeline_key("p"), 1, 2, 0)
+    ledger = _Ledger([batch(0, {0: (0, 5)}), batch(1, {0: (5, 9)}, xids=[open_branch.encode()])])
+    report = PipelineOperations(_Connections(ledger, [open_branch]), "tester", runs=_Runs()).verify("p")
+    assert [str(f).split(":")[0] for f in report.findings] == ["in-doubt"]
+    assert [c.split(":")[0] for c in report.checked] == ["tiling", "in-doubt", "runs"]
+    [unchecked] = report.unchecked
+    assert unchecked.startswith("mirror: the offsets of group airflow_eo.p could not be read")
+    assert "broker-7" in unchecked
+    without_airflow = PipelineOperations(_Connections(ledger, []), "tester").verify("p").to_dict()
+    assert without_airflow["findings"] == [] and "runs: Airflow's metadata database is not at hand here" in \
+        without_airflow["unchecked"]
