@@ -231,6 +231,29 @@ def dead_letters(args: Any, ops: PipelineOperations) -> None:
     _show(args.output, found, [("dead letters", rows)])
 
 
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation()
+def verify(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo verify PIPELINE``: one line per finding; exit code 1 with findings, 2 when nothing was found but
+    a check could not run, else 0."""
+    report = ops.verify(args.pipeline_id)
+    if args.output in ("json", "yaml"):
+        _show(args.output, report.to_dict(), [])
+    else:
+        console = AirflowConsole()
+        for finding in report.findings:
+            console.print(escape(visible(str(finding))), soft_wrap=True)
+        for check in report.checked:
+            console.print(escape(visible(f"checked: {check}")), soft_wrap=True)
+        for check in report.unchecked:
+            console.print(escape(visible(f"not checked: {check}")), soft_wrap=True)
+    if report.findings:
+        raise SystemExit(f"airflow eo verify: {len(report.findings)} finding(s) for pipeline {args.pipeline_id}")
+    if report.unchecked:
+        raise SystemExit(f"airflow eo verify: no finding, but {len(report.unchecked)} check(s) could not run")
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -313,4 +336,4 @@ def _cut(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-__all__ = ["DOUBLE_COUNT_FLAG", "dead_letters", "history", "pipelines", "recover", "rewind", "status"]
+__all__ = ["DOUBLE_COUNT_FLAG", "dead_letters", "history", "pipelines", "recover", "rewind", "status", "verify"]

@@ -119,6 +119,19 @@ EO_COMMANDS = (
               ARG_REWIND_DRY_RUN, ARG_REASON, ARG_DOUBLE_COUNT, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(
+        name="verify",
+        help="Check that a pipeline's store, consumer group, sink and Airflow runs agree (read-only)",
+        description="Read-only. Prints one line per finding: the committed batches tile every partition with no gap "
+                    "and no overlap (except audited rewinds and skipped lost records) up to the committed offsets; "
+                    "the consumer group airflow_eo.<pipeline> holds the store's committed offsets (continuous "
+                    "mode); no prepared branch (XA, PostgreSQL prepared transaction) of a finished batch is open "
+                    "and no Kafka transaction committed a batch the store has not; every run whose task succeeded "
+                    "has its batch committed and every committed batch belongs to a run (or an audited recovery). "
+                    "Exit code 1 with findings, 2 when a check could not run, else 0.",
+        func=lazy_load_command(f"{COMMANDS_PATH}.verify"),
+        args=(ARG_PIPELINE, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
         name="dead-letters",
         help="List a pipeline's dead letters",
         description="The records a pipeline with on_bad_record='dead_letter' could not parse, from its sink's "

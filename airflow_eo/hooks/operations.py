@@ -8,8 +8,10 @@ import socket
 
 from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.verify import TaskRun
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
@@ -63,6 +65,26 @@ class AirflowConnections:
         return self.mysql_conn_id if connection_type == "mysql" else None
 
 
+class AirflowTaskRuns:
+    """A pipeline's task runs as Airflow's metadata database has them (``airflow eo verify``, the DAG tab's check);
+    read in the CLI's or the api-server's process, which hold the database session."""
+
+    def task_runs(self, dag_id: str, task_id: str) -> list[TaskRun]:
+        from airflow.models.dagrun import DagRun
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end)
+                 .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
+                 .where(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id))
+        with create_session() as session:
+            found = session.execute(query).all()
+        return [TaskRun(run_id, None if state is None else str(getattr(state, "value", state)),
+                        Interval(start, end) if start is not None and end is not None and start < end else None)
+                for run_id, state, start, end in found]
+
+
 def local_actor() -> str:
     """Who runs a command on this machine, for the audit log: the name of the process's real uid (not ``$USER`` or
     ``$LOGNAME``, which anyone sets), with sudo's caller where sudo set it, and the host: ``alice@host``,
@@ -100,4 +122,4 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
                                              fallback=DEFAULT_OFFSET_STORE_CONN_ID)
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
     return PipelineOperations(AirflowConnections(store, kafka, sink_conn_id, read_only, mysql_conn_id),
-                              actor or local_actor(), error_details)
+                              actor or local_actor(), error_details, runs=AirflowTaskRuns())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
-from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S
+from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,6 +87,37 @@ def alter_group_offsets(admin: AdminClient, group: str, positions: Mapping[tuple
         for answered in future.result().topic_partitions or []:
             if answered.error is not None:  # the first partition's error, as the broker said it
                 raise KafkaException(answered.error)
+
+
+def read_group_offsets(admin: AdminClient, group: str, partitions: Iterable[tuple[str, int]],
+                       who: str) -> dict[tuple[str, int], int]:
+    """``group``'s committed offsets of ``partitions``, once no transaction's offsets are pending on them.
+
+    Right after a Kafka sink's ``commit_transaction`` returns, the commit markers may still be on their way to the
+    group's partitions: the broker answers such a partition with ``UNSTABLE_OFFSET_COMMIT`` (``require_stable``).
+    That partition is asked again, never dropped: recovery would take a missing offset for an uncommitted batch.
+    The partitions are named, not listed from the group: a listing shows only partitions with an offset already
+    committed, so a group's first transaction would read as no offsets at all until its markers land.
+
+    :param partitions: the ``(topic, partition)`` pairs to read; one without a committed offset is left out.
+    :param who: who asks (named in the error when the offsets never become stable).
+    """
+    wanted = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
+    if not wanted:
+        return {}
+    request = [ConsumerGroupTopicPartitions(group, wanted)]
+    deadline = time.monotonic() + TRANSACTION_TIMEOUT_S
+    while True:
+        futures = admin.list_consumer_group_offsets(request, require_stable=True, request_timeout=ADMIN_TIMEOUT_S)
+        answered = next(iter(futures.values())).result().topic_partitions or []
+        pending = [tp for tp in answered if tp.error is not None]
+        if not pending:
+            return {(tp.topic, tp.partition): tp.offset for tp in answered if tp.offset >= 0}
+        if time.monotonic() > deadline:
+            raise KafkaException(f"{who}: the committed offsets of group {group} on "
+                                 + ", ".join(f"{tp.topic}[{tp.partition}] ({tp.error})" for tp in pending)
+                                 + f" did not become stable in {TRANSACTION_TIMEOUT_S:.0f}s")
+        time.sleep(0.2)
 
 
 class KafkaOffsetSource:
@@ -220,6 +251,18 @@ class KafkaOffsetSource:
             return found
         finally:
             consumer.close()
+
+    def group_offsets(self, pipeline_id: str, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The committed offsets of the pipeline's group :func:`group_id` on ``partitions`` (``airflow eo verify``
+        compares them with the store's); a partition without one is left out.
+
+        :param pipeline_id: the pipeline.
+        :param partitions: the ``(topic, partition)`` pairs to read.
+        """
+        keys = list(partitions)
+        return retry_transient(f"reading the offsets of group {group_id(pipeline_id)}",
+                               lambda: read_group_offsets(self._admin, group_id(pipeline_id), keys, "verify"),
+                               refresh=self._new_client)
 
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)

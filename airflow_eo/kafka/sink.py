@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
-from airflow_eo.kafka.offsets import alter_group_offsets, group_id
+from airflow_eo.kafka.offsets import alter_group_offsets, group_id, read_group_offsets
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -107,33 +107,9 @@ class KafkaTransactionalAdapter:
         return self._producer
 
     def group_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """The group's committed offsets of ``partitions``, once no transaction's offsets are pending on them.
-
-        Right after ``commit_transaction`` returns, the commit markers may still be on their way to the group's
-        partitions: the broker answers such a partition with ``UNSTABLE_OFFSET_COMMIT`` (``require_stable``). That
-        partition is asked again, never dropped: recovery would take a missing offset for an uncommitted batch.
-        The partitions are named, not listed from the group: a listing shows only partitions with an offset
-        already committed, so a group's first transaction would read as no offsets at all until its markers land.
-
-        :param partitions: the ``(topic, partition)`` pairs to read; one without a committed offset is left out.
-        """
-        wanted = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
-        if not wanted:
-            return {}
-        request = [ConsumerGroupTopicPartitions(group_id(self.pipeline_id), wanted)]
-        deadline = time.monotonic() + TRANSACTION_TIMEOUT_S
-        while True:
-            futures = self._admin.list_consumer_group_offsets(request, require_stable=True,
-                                                              request_timeout=ADMIN_TIMEOUT_S)
-            answered = next(iter(futures.values())).result().topic_partitions or []
-            pending = [tp for tp in answered if tp.error is not None]
-            if not pending:
-                return {(tp.topic, tp.partition): tp.offset for tp in answered if tp.offset >= 0}
-            if time.monotonic() > deadline:
-                raise KafkaException(f"{self.name}: the committed offsets of group {group_id(self.pipeline_id)} on "
-                                     + ", ".join(f"{tp.topic}[{tp.partition}] ({tp.error})" for tp in pending)
-                                     + f" did not become stable in {TRANSACTION_TIMEOUT_S:.0f}s")
-            time.sleep(0.2)
+        """The group's committed offsets of ``partitions``, once no transaction's offsets are pending on them
+        (:func:`~airflow_eo.kafka.offsets.read_group_offsets`); one without a committed offset is left out."""
+        return read_group_offsets(self._admin, group_id(self.pipeline_id), partitions, self.name)
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
         """The unfinished batches Kafka committed (the group reached their ends) but the store did not."""

@@ -28,14 +28,29 @@ from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
 from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of, lacks_role
+from airflow_eo.core.states import UNFINISHED, BatchState
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.verify import (
+    Finding,
+    TaskRun,
+    audited_batches,
+    audited_moves,
+    check_branches,
+    check_interval_tiling,
+    check_mirror,
+    check_runs,
+    check_sink_commits,
+    check_tiling,
+)
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 
 log = logging.getLogger(__name__)
 
 #: How many of the newest batch rows a recovery report reads for the batches it names.
 RECENT_BATCHES = 500
+#: "Every row" for the reads of ``verify``, which checks a pipeline's whole history.
+ALL_ROWS = 2**62
 
 
 class Connections(Protocol):
@@ -45,6 +60,13 @@ class Connections(Protocol):
     def offset_source(self) -> KafkaOffsetSource: ...
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
         """The adapter of the recorded sink (its recovery is the one a task attempt runs), built by its kind."""
+
+
+class TaskRuns(Protocol):
+    """Where a pipeline's task ran (Airflow's metadata database, for ``verify``)."""
+
+    def task_runs(self, dag_id: str, task_id: str) -> list[TaskRun]:
+        """Every run of the task, with the task instance's state and the run's data interval."""
 
 
 # --------------------------------------------------------------------------- read models
@@ -161,6 +183,30 @@ class RewindReport:
 
 
 @dataclass(frozen=True)
+class VerifyReport:
+    """``airflow eo verify``: every disagreement between the store, the group, the sink and Airflow (``findings``),
+    and what could not be checked, and why (``unchecked``)."""
+
+    pipeline_id: str
+    checked: list[str]
+    findings: list[Finding]
+    unchecked: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pipeline_id": self.pipeline_id, "checked": list(self.checked),
+                "findings": [f.to_dict() for f in self.findings], "unchecked": list(self.unchecked)}
+
+
+@dataclass(frozen=True)
+class _Verified:
+    """One check of ``verify``: its findings and what it checked, or why it could not."""
+
+    findings: list[Finding] = field(default_factory=list)
+    checked: str | None = None
+    unchecked: str | None = None
+
+
+@dataclass(frozen=True)
 class PipelinePage:
     """Everything the UI tab shows of one pipeline: its status, recent batches and audit, dead letters."""
 
@@ -168,9 +214,11 @@ class PipelinePage:
     history: History
     dead_letters: list[dict[str, Any]] | None  # None: the sink keeps none (its bad records fail the batch)
     task_id: str | None = None  # the DAG's task that runs it
+    verify: VerifyReport | None = None  # None: not asked
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.status.to_dict(), "task_id": self.task_id,
+                "verify": None if self.verify is None else self.verify.to_dict(),
                 "batches": [batch_dict(b) for b in self.history.batches],
                 "audit": [audit_dict(a) for a in self.history.audit], "dead_letters": self.dead_letters}
 
@@ -183,14 +231,18 @@ class PipelineOperations:
 
     :param connections: the store, the source cluster and the sinks.
     :param actor: who runs the operations (recorded in ``eo_audit``): an OS user, an Airflow user.
+    :param runs: where the pipelines' tasks ran (Airflow's metadata database); None: ``verify`` does not compare
+        the batches with the runs.
     :param error_details: whether a note about a dependency that could not be read (a sink database, Kafka)
         quotes the error's text (the CLI: its user holds the connections) or gives only its kind and a reference
         to the full text in this process's log (the UI tab: every reader of the DAG sees the notes, and an error's
         text names hosts and users).
     """
 
-    def __init__(self, connections: Connections, actor: str, error_details: bool = True) -> None:
+    def __init__(self, connections: Connections, actor: str, error_details: bool = True,
+                 runs: TaskRuns | None = None) -> None:
         self.connections = connections
+        self.runs = runs
         self.actor = actor
         self.error_details = error_details
         self.store = connections.store()
@@ -299,12 +351,14 @@ class PipelineOperations:
                 found[p.pipeline_id] = owners[p.owner]
         return found
 
-    def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None) -> PipelinePage:
+    def page(self, pipeline_id: str, limit: int = 20, task_id: str | None = None,
+             verify: bool = False) -> PipelinePage:
         """Status, the newest ``limit`` batches and audit entries, and the newest dead letters of a pipeline.
 
         :param pipeline_id: the pipeline.
         :param limit: at most this many batches, audit entries and dead letters.
         :param task_id: the task that runs it (shown).
+        :param verify: with :meth:`verify`'s report.
         """
         status = self.status(pipeline_id)
         dead_letters = None
@@ -314,7 +368,84 @@ class PipelineOperations:
                 dead_letters = self.dead_letters(pipeline_id, limit=limit)
             except Exception as exc:  # a sink database that is down must not hide the store's view
                 status.notes.append(f"dead letters unknown: {self._said(exc, 'dead letters of ' + pipeline_id)}")
-        return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id)
+        return PipelinePage(status, self.history(pipeline_id, limit), dead_letters, task_id,
+                            self.verify(pipeline_id) if verify else None)
+
+    def verify(self, pipeline_id: str) -> VerifyReport:
+        """Whether the store, the consumer group, the sink's server and Airflow agree (read-only); each check is
+        :mod:`airflow_eo.core.verify`'s. A check whose dependency cannot be read is listed in ``unchecked``.
+
+        :param pipeline_id: the pipeline.
+        """
+        info = self.store.pipeline(pipeline_id)
+        batches = [b.record for b in self.store.batch_history(pipeline_id, ALL_ROWS)]
+        audit = self.store.audit_log(pipeline_id, ALL_ROWS)
+        committed = self.store.committed_offsets(pipeline_id)
+        parts = [self._verify_tiling(info, batches, committed, audit), self._verify_mirror(info, batches, committed),
+                 self._verify_in_doubt(info, batches), self._verify_runs(info, batches, audit)]
+        return VerifyReport(pipeline_id, [p.checked for p in parts if p.checked],
+                            [f for p in parts for f in p.findings], [p.unchecked for p in parts if p.unchecked])
+
+    def _verify_tiling(self, info: PipelineInfo, batches: list[BatchRecord], committed: Mapping[TopicPartition, int],
+                       audit: list[AuditEntry]) -> _Verified:
+        if info.mode is Mode.INTERVAL:
+            return _Verified(check_interval_tiling(batches), "tiling: committed intervals never overlap, adjacent "
+                                                             "ones meet")
+        return _Verified(check_tiling(batches, committed, audited_moves(audit)),
+                         f"tiling: {sum(b.state is BatchState.COMMITTED for b in batches)} committed batches")
+
+    def _verify_mirror(self, info: PipelineInfo, batches: list[BatchRecord],
+                       committed: Mapping[TopicPartition, int]) -> _Verified:
+        if info.mode is Mode.INTERVAL:
+            return _Verified(unchecked="mirror: interval-mode pipelines have no consumer group (no committed "
+                                       "position)")
+        group = group_id(info.pipeline_id)
+        capabilities = capabilities_of(info.sink)
+        read = {r.key for b in batches if b.state is BatchState.COMMITTED for r in b.ranges if r.size}
+        without_records = ({k for k in committed if k not in read}
+                           if capabilities is not None and capabilities.consumer_group else set())
+        try:
+            offsets = self.source().group_offsets(info.pipeline_id, committed)
+        except Exception as exc:
+            return _Verified(unchecked=f"mirror: the offsets of group {group} could not be read "
+                                       f"({self._said(exc, 'group offsets')})")
+        return _Verified(check_mirror(group, committed, offsets, without_records),
+                         f"mirror: group {group}, {len(committed)} partitions")
+
+    def _verify_in_doubt(self, info: PipelineInfo, batches: list[BatchRecord]) -> _Verified:
+        capabilities = capabilities_of(info.sink)
+        if info.sink is None or capabilities is None:
+            return _Verified(unchecked="in-doubt: the store does not know the pipeline's sink yet")
+        if not capabilities.in_doubt_branches and not capabilities.consumer_group:
+            return _Verified(checked=f"in-doubt: {info.sink.kind} leaves nothing in doubt")
+        try:
+            if capabilities.in_doubt_branches:
+                sink = self.connections.sink(info.pipeline_id, info.sink)
+                if not isinstance(sink, InDoubtSink):
+                    raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
+                return _Verified(check_branches(sink.in_doubt(info.pipeline_id), {b.batch_id: b for b in batches}),
+                                 f"in-doubt: prepared branches on {info.sink.kind}'s server")
+            group = self._kafka_group(info.pipeline_id, info)
+            assert group is not None  # a consumer_group kind
+            unfinished = [b for b in batches if b.state in UNFINISHED]
+            return _Verified(check_sink_commits(unfinished, group.committed_batches(unfinished) if unfinished else ()),
+                             "in-doubt: no Kafka transaction committed a batch the store has not recorded")
+        except Exception as exc:
+            return _Verified(unchecked=f"in-doubt: the sink could not be read ({self._said(exc, 'in-doubt')})")
+
+    def _verify_runs(self, info: PipelineInfo, batches: list[BatchRecord], audit: list[AuditEntry]) -> _Verified:
+        owner = info.owned_by
+        if self.runs is None:
+            return _Verified(unchecked="runs: Airflow's metadata database is not at hand here")
+        if owner is None:
+            return _Verified(unchecked="runs: the store does not know the pipeline's DAG and task apart (its next "
+                                       "run records them)")
+        try:
+            runs = self.runs.task_runs(owner.dag_id, owner.task_id)
+        except Exception as exc:
+            return _Verified(unchecked=f"runs: Airflow's runs could not be read ({self._said(exc, 'Airflow runs')})")
+        return _Verified(check_runs(runs, batches, audited_batches(audit)),
+                         f"runs: {len(runs)} runs of {owner.dag_id}.{owner.task_id}")
 
     # ------------------------------------------------------------------ repairs
 

@@ -1,9 +1,9 @@
 """The "Exactly-once" tab on the DAG page of the Airflow 3 UI.
 
 A FastAPI app mounted by the api-server (``fastapi_apps``) renders, for one DAG, every pipeline its
-tasks own: lag per partition, a chart of the recent batches, the batch history with ranges, in-doubt
-branches (XA, PostgreSQL prepared transactions) with their age, dead letters and the audit trail (rewinds,
-recoveries). An
+tasks own: ``airflow eo verify``'s findings, lag per partition, a chart of the recent batches, the batch history
+with ranges, in-doubt branches (XA, PostgreSQL prepared transactions) with their age, dead letters and the audit
+trail (rewinds, recoveries). An
 ``external_views`` entry with ``destination: "dag"`` shows it as a tab of every DAG page (Airflow has
 no per-DAG condition: a DAG without micro-batch tasks gets a page that says so). Every endpoint is
 guarded by Airflow's own ``requires_access_dag("GET")``: the browser's session cookie identifies the
@@ -86,7 +86,7 @@ def _read_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[
         # Notes give a failed read's kind and a reference, never its text (hosts, users): any DAG reader sees them.
         ops = pipeline_operations(actor="airflow-ui", read_only=True, error_details=False)
         owned = ops.pipelines_of_dag(dag_id, task_ids)
-        return [ops.page(pipeline_id, limit, task_id) for pipeline_id, task_id in owned.items()], None
+        return [ops.page(pipeline_id, limit, task_id, verify=True) for pipeline_id, task_id in owned.items()], None
     except Exception as exc:
         # The full text (hosts, users, SQL) goes to the api-server's log only; any DAG reader sees the page.
         reference = uuid.uuid4().hex[:8]

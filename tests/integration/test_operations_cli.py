@@ -13,12 +13,8 @@ all, in this process.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +23,6 @@ from confluent_kafka import Producer
 from airflow_eo.cli.commands import IN_DOUBT_TITLE
 from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
 from airflow_eo.core.errors import OperationError
-from airflow_eo.core.failpoints import FAILPOINTS_ENV
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import RewindKind, RewindTarget
@@ -41,25 +36,13 @@ from examples.page_views import produce_page_views
 from examples.topics import read_topic
 from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
+from tests.support.cli import eo, eo_json
 from tests.support.in_doubt import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import kafka_adapter
 
-AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
 BAD_RECORD = b"{not json"
-
-
-def eo(*args: str) -> subprocess.CompletedProcess:
-    """``airflow eo ARGS`` in a child process, with this test session's connections (environment)."""
-    env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
-    return subprocess.run([AIRFLOW, "eo", *args], capture_output=True, text=True, timeout=120, env=env)
-
-
-def eo_json(*args: str) -> Any:
-    done = eo(*args, "-o", "json")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(done.stdout)
 
 
 def store_state(mysql_kwargs: dict[str, Any], pipeline: str) -> tuple:

@@ -84,7 +84,7 @@ def test_the_provider_registers_the_eo_command_group():
     [group] = getattr(importlib.import_module(module), name)()
     assert group.name == "eo"
     assert sorted(c.name for c in group.subcommands) == ["dead-letters", "history", "pipelines", "recover",
-                                                         "rewind", "status"]
+                                                         "rewind", "status", "verify"]
     parser = argparse.ArgumentParser()
     _add_command(parser.add_subparsers(dest="subcommand"), group)
     args = parser.parse_args(["eo", "rewind", "p", "--to-earliest", "--i-understand-reprocessing-double-counts"])

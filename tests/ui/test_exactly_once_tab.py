@@ -138,6 +138,14 @@ def test_the_tab_api_is_protected_and_lists_only_the_dags_pipelines(airflow, pip
         [pipelines["events_pipeline"], pipelines["counts_pipeline"]])
     assert {p["pipeline_id"]: p["task_id"] for p in found["pipelines"]} == {
         pipelines["events_pipeline"]: "store_events", pipelines["counts_pipeline"]: "count_per_app"}
+    # verify's check: the counts pipeline's branches of a committed batch are open; the events pipeline's rewind is
+    # audited (no tiling finding), and its batch was run here, not by an Airflow run of the DAG.
+    checks = {p["pipeline_id"]: p["verify"] for p in found["pipelines"]}
+    counts, events = checks[pipelines["counts_pipeline"]], checks[pipelines["events_pipeline"]]
+    assert {f["subject"] for f in counts["findings"] if f["check"] == "in-doubt"} == {
+        f"branch {xid}" for xid in pipelines["in_doubt"]}
+    assert [(f["check"], f["subject"]) for f in events["findings"]] == [("runs", "batch 0")]
+    assert events["unchecked"] == [] and len(events["checked"]) == 4
     assert _get(airflow, f"/exactly-once/api/dags/{pipelines['plain_dag_id']}")["pipelines"] == []
     missing = httpx.get(airflow.base_url + "/exactly-once/api/dags/no_such_dag", timeout=30,
                         headers={"Authorization": f"Bearer {airflow.token()}"})
@@ -205,6 +213,8 @@ def test_the_dag_page_tab_shows_lag_batches_in_doubt_dead_letters_and_rewinds(
         assert sorted(r.find_element(By.TAG_NAME, "code").text for r in in_doubt) == sorted(pipelines["in_doubt"])
         assert all("old" in (r.get_attribute("class") or "") and "commit" in r.text for r in in_doubt)
         assert f"airflow eo recover {pipelines['counts_pipeline']}" in counts.text
+        findings = counts.find_element(By.CSS_SELECTOR, "table.verify-findings").text
+        assert all(xid in findings for xid in pipelines["in_doubt"]) and "in-doubt" in findings
         driver.switch_to.default_content()
     finally:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
