@@ -19,15 +19,18 @@ from typing import Any
 import pytest
 
 from examples.page_views import produce_page_views
+from examples.state import our_prepared_branches
 from tests.integration.operator_harness import events_table, rows
 from tests.integration.page_views import (
     UPSERT_PIPELINE,
+    XA_PIPELINE,
     assert_exactly_once,
     batch_rows,
     hour,
     hours_truth,
     produce_hours,
     reset,
+    run_dag,
 )
 from tests.scheduler.airflow_services import AirflowServices, from_iso
 from tests.support import REPO
@@ -41,7 +44,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from airflow.sdk import DAG, Asset, Param, task
+import time
+from datetime import timedelta
+
+from airflow.sdk import DAG, Asset, AsyncCallback, DeadlineAlert, DeadlineReference, Param, task
+
+from airflow_eo.operators.alerts import pipeline_deadline_missed
 
 from airflow_eo.examples import page_views
 from airflow_eo.operators import KafkaMicroBatchOperator
@@ -77,6 +85,18 @@ with DAG("eo_hourly_reader", schedule=None, start_date=datetime(2026, 1, 1)):
         pass
 
     read_hours()
+
+# A pipeline DAG's deadline, made to be missed: queued-at + 2 s, a first task that takes 15 s.
+with DAG("eo_deadline_probe", schedule=None, start_date=datetime(2026, 1, 1),
+         deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=timedelta(seconds=2),
+                                callback=AsyncCallback(pipeline_deadline_missed,
+                                                       kwargs={{"pipeline_id": "page_view_events_upsert"}}))):
+
+    @task
+    def slow() -> None:
+        time.sleep(15)
+
+    slow()
 '''
 
 
@@ -91,13 +111,14 @@ def asset_setup(tmp_path_factory, mysql_kwargs) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory, asset_setup) -> Iterator[AirflowServices]:
     dags = tmp_path_factory.mktemp("dags")
-    for name in ("page_view_events_hourly.py", "page_view_events_upsert.py"):
+    for name in ("page_view_events_hourly.py", "page_view_events_upsert.py", "recover_with_approval.py"):
         (dags / name).symlink_to(REPO / "dags" / name)
     (dags / "asset_dags.py").write_text(ASSET_DAGS.format(**asset_setup))
     env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_") or k == "AIRFLOW_EO_SPARK_MASTER"}
-    with AirflowServices(dags, env=env, base_dir=tmp_path_factory.mktemp("airflow")) as services:
+    # The triggerer: deadline callbacks and the approval's wait run there.
+    with AirflowServices(dags, env=env, base_dir=tmp_path_factory.mktemp("airflow"), triggerer=True) as services:
         for dag_id in ("eo_asset_downstream", "eo_asset_upstream", "eo_hourly_reader", "page_view_events_hourly",
-                       "page_view_events_upsert"):
+                       "page_view_events_upsert", "eo_deadline_probe", "eo_recover_with_approval"):
             services.wait_for_dag(dag_id, timeout=120)
         yield services
 
@@ -219,3 +240,63 @@ def test_downstream_dag_runs_on_the_sink_asset_after_a_commit_not_after_a_failed
     time.sleep(10)  # scheduler loops in which a wrongly queued downstream run would start
     assert len(airflow.dag_runs("eo_asset_downstream")) == len(seen)
     assert len(out.read_text().splitlines()) == len(seen)
+
+
+def test_a_missed_deadline_tells_where_the_pipeline_stands(airflow):
+    """A ``DeadlineAlert`` with our callback, run by the real scheduler and triggerer."""
+    airflow.unpause("eo_deadline_probe")
+    run_id = airflow.trigger("eo_deadline_probe")["dag_run_id"]
+    succeeded(airflow, "eo_deadline_probe", [run_id], timeout=300)
+    log = airflow.log_dir / "triggerer.log"
+    deadline = time.monotonic() + 60
+    said = ""
+    while time.monotonic() < deadline and "missed its deadline" not in said:
+        said = log.read_text(errors="replace") if log.exists() else ""
+        time.sleep(1)
+    line = next((x for x in said.splitlines() if "missed its deadline" in x), None)
+    assert line is not None, airflow.diagnostics("eo_deadline_probe")
+    assert f"run {run_id} of pipeline page_view_events_upsert" in line
+    assert "last committed batch" in line or "no committed batch yet" in line
+    assert "lag " in line and "could not be read" not in line
+    airflow.pause("eo_deadline_probe")
+
+
+def test_an_in_doubt_batch_is_recovered_after_a_human_approves_it_as_that_approver(airflow, bootstrap, mysql_kwargs):
+    """The approval DAG of dags/recover_with_approval.py: dry run shown, a person approves through the REST API
+    the UI's "Required actions" use, the recovery is applied and audited with the approver as the actor."""
+    reset(mysql_kwargs, XA_PIPELINE)
+    produce_page_views(bootstrap, 200)
+    killed = run_dag(XA_PIPELINE, fault="after_commit_point")  # SIGKILL after the commit point: branches in doubt
+    assert killed.returncode != 0
+    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "the kill left no prepared branch to recover"
+
+    dag_id = "eo_recover_with_approval"
+    airflow.unpause(dag_id)
+    run_id = airflow.trigger(dag_id, conf={"pipeline_id": XA_PIPELINE, "reason": "crash after the commit point"})[
+        "dag_run_id"]
+    path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails"
+    deadline, detail = time.monotonic() + 300, None
+    while time.monotonic() < deadline:
+        detail = airflow.api("GET", path, ok=(200, 404))
+        if detail and "detail" not in detail:
+            break
+        time.sleep(2)
+    assert detail and "detail" not in detail, airflow.diagnostics(dag_id)
+    body = json.dumps(detail)
+    assert "dry run" in body and "commit" in body  # the dry run's plan is what the approver reads
+    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "nothing may change before the approval"
+    # Answer as a person would, not within the second the task pauses: a response that raced the worker's exit
+    # had Airflow 3.3.2's scheduler take the executor's "failed" event for the resumed task (seen once here).
+    waiting = [ti["state"] for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == "approve"]
+    assert waiting in (["awaiting_input"], ["deferred"]), waiting
+    time.sleep(5)
+    answer = airflow.api("PATCH", path, {"chosen_options": ["Approve"]})
+    approver = answer["responded_by"]["name"]
+    succeeded(airflow, dag_id, [run_id], timeout=300)
+    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE) == []
+    audit = rows(mysql_kwargs, "SELECT actor, action, reason FROM eo_audit WHERE pipeline_id = %s", (XA_PIPELINE,))
+    assert audit == [(f"airflow:{approver}", "recover", "crash after the commit point")]
+    done = run_dag(XA_PIPELINE)  # the pipeline goes on, exactly once
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
+    airflow.pause(dag_id)

@@ -1,0 +1,74 @@
+"""Callbacks for Airflow's own alerts on a pipeline's DAG: what on-call needs to read when one fires.
+
+``pipeline_deadline_missed`` is an ``AsyncCallback`` for a ``DeadlineAlert`` (Airflow 3.1+): the triggerer runs
+it when a run of the pipeline's DAG is not done in time, and it says where the pipeline stands (the last
+committed batch, the lag, an unfinished batch, in-doubt branches) instead of only "late"::
+
+    from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+
+    DAG(..., deadline=DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=timedelta(minutes=15),
+        callback=AsyncCallback(pipeline_deadline_missed, kwargs={"pipeline_id": "page_views_xa"})))
+
+Read-only: it never changes the store or the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from airflow_eo.operators.metrics import PREFIX, airflow_stats
+
+log = logging.getLogger(__name__)
+
+
+def where_it_stands(status: dict[str, Any]) -> str:
+    """One line from ``airflow eo status -o json``'s document."""
+    last = status.get("last_batch")
+    parts = [f"last committed batch {last['batch_id']} at {last['committed_at']}" if last
+             else "no committed batch yet", f"lag {status.get('lag')} offsets"]
+    if status.get("unfinished"):
+        parts.append("unfinished batch " + ", ".join(str(u["batch_id"]) for u in status["unfinished"]))
+    if status.get("in_doubt"):
+        parts.append(f"{len(status['in_doubt'])} in-doubt branch(es): see `airflow eo recover`")
+    return "; ".join(parts)
+
+
+def _status(pipeline_id: str, offset_store_conn_id: str | None, kafka_conn_id: str | None) -> dict[str, Any]:
+    from airflow_eo.hooks.operations import pipeline_operations
+
+    ops = pipeline_operations(offset_store_conn_id, kafka_conn_id, actor="deadline-alert", read_only=True,
+                              error_details=False)
+    status = ops.status(pipeline_id).to_dict()
+    history = ops.history(pipeline_id, limit=5).to_dict()
+    committed = [b for b in history["batches"] if b["state"] == "committed"]
+    return {**status, "last_batch": committed[0] if committed else None}
+
+
+async def pipeline_deadline_missed(pipeline_id: str, context: dict[str, Any] | None = None,
+                                   offset_store_conn_id: str | None = None,
+                                   kafka_conn_id: str | None = None) -> str:
+    """Log (at error level) and count ``airflow_eo.deadline_missed`` for a run of the pipeline's DAG that missed
+    its deadline, with where the pipeline stands; returns that line, which Airflow keeps with the callback (a
+    string: Airflow 3.3.2's triggerer stores the result as text, and exits on a dict).
+
+    :param pipeline_id: the pipeline the DAG runs.
+    :param context: what Airflow passes (the DAG run, the deadline).
+    :param offset_store_conn_id: the offset store's connection (None: ``[eo] offset_store_conn_id``).
+    :param kafka_conn_id: the Kafka connection (None: ``[eo] kafka_conn_id``).
+    """
+    run = (context or {}).get("dag_run") or {}
+    run_id = run.get("dag_run_id") or run.get("run_id") if isinstance(run, dict) else getattr(run, "run_id", None)
+    try:
+        status = await asyncio.to_thread(_status, pipeline_id, offset_store_conn_id, kafka_conn_id)
+        said = where_it_stands(status)
+    except Exception as exc:  # the alert still fires when the store cannot be read; say that instead
+        said = f"its status could not be read ({type(exc).__name__}: {exc})"
+    line = f"airflow_eo: run {run_id} of pipeline {pipeline_id} missed its deadline; {said}"
+    log.error("%s", line)
+    stats = airflow_stats()
+    if stats is not None:
+        stats.incr(f"{PREFIX}.deadline_missed", tags={"pipeline_id": pipeline_id})
+    return line
