@@ -117,6 +117,26 @@ class SinkSpec(ABC):
     def asset(self, connections: Connections) -> SinkAsset:
         """The sink's Asset (each committed batch adds an event for it)."""
 
+    def spark_conf(self) -> dict[str, str]:
+        """Spark conf the sink needs in the session that runs its batches (a table format's SQL extension and
+        package); merged under the user's conf by :func:`with_sink_spark_conf`. Default: none."""
+        return {}
+
+
+#: Spark conf keys whose value is a comma-separated list: a sink's entries are added to the user's, not replaced.
+SPARK_LIST_CONF = ("spark.sql.extensions", "spark.jars.packages", "spark.jars")
+
+
+def with_sink_spark_conf(spec: SinkSpec, conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's Spark conf with what ``spec`` needs (:meth:`SinkSpec.spark_conf`): the user's value wins, except
+    for list-valued keys (:data:`SPARK_LIST_CONF`), where the sink's entries missing from the user's are appended."""
+    merged = {**spec.spark_conf(), **conf}
+    for key, needed in spec.spark_conf().items():
+        if key in SPARK_LIST_CONF and key in conf:
+            given = [v.strip() for v in str(conf[key]).split(",") if v.strip()]
+            merged[key] = ",".join([*given, *(v for v in needed.split(",") if v not in given)])
+    return merged
+
 
 #: Builds a kind's adapter: ``(spec, pipeline_id, connections, offset_store_conn_id) -> Sink``. The store's
 #: connection is for sinks whose writes are fenced by its epochs (an upsert sink on the store's server).
