@@ -231,7 +231,7 @@ def _commit_metadata(batch: BatchContext, txn: TableTransaction) -> dict[str, An
         "airflow_eo.app_id": txn.app_id,
         "airflow_eo.interval": None if batch.interval is None else
         [batch.interval.start.isoformat(), batch.interval.end.isoformat()],
-        "airflow_eo.ranges": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in batch.ranges],
+        "airflow_eo.ranges": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in sorted(batch.ranges)],
     }
 
 
