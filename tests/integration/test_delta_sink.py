@@ -66,7 +66,7 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
     crashed = child(job, second, "after_commit_point")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    assert "rolling forward" in crashed.stderr
+    assert "rolling forward" in crashed.stdout + crashed.stderr
     assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "committed"]
 
     retried = child(job, second)  # the committed run again: nothing to do
