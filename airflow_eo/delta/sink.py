@@ -21,7 +21,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, TableTransaction, committed_by_table, table_transaction
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -65,27 +65,21 @@ class DeltaTableAdapter:
             except ImportError:
                 raise ConfigurationError(f"{self.name} needs {why}: pip install 'airflow-eo[delta]'") from None
 
+    def log(self) -> Any:
+        """The table's transaction log as delta-rs reads it on the driver (no Spark job); None: no table yet."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path)
+        except TableNotFoundError:
+            return None
+
     def committed_version(self, app_id: str) -> int | None:
         """The highest version the table recorded for ``app_id`` (its ``txn`` actions); None when it has none or
         the table does not exist yet."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            table = DeltaTable(self.path)
-        except TableNotFoundError:
-            return None
-        return table.transaction_version(app_id)
-
-    def table_version(self) -> int | None:
-        """The table's latest version (None: no table yet), for ``airflow eo`` and the logs."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.path).version()
-        except TableNotFoundError:
-            return None
+        table = self.log()
+        return None if table is None else table.transaction_version(app_id)
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
@@ -111,7 +105,8 @@ class DeltaTableAdapter:
         spark = out.sparkSession
         _require_delta_session(spark, self.name)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
-        done = self.committed_version(txn.app_id)
+        table = self.log()
+        done = None if table is None else table.transaction_version(txn.app_id)
         if done is not None and done >= txn.version:
             log.info("%s: the Delta table at %s already has batch %d (%s at version %d); not writing it again",
                      self.name, self.path, batch.batch_id, txn.app_id, done)
@@ -121,35 +116,38 @@ class DeltaTableAdapter:
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
                                      f"it has {', '.join(out.columns)}")
-        self._create_if_missing(spark, out)
+        if table is None and self.key_columns:  # an append creates the table in its own commit
+            self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         failpoint("before_table_commit")
         if self.key_columns:
-            rows = self._merge(spark, out, txn, metadata)
+            self._merge(spark, out, txn, metadata)
+            rows = self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
         else:
-            rows = self._append(out, txn, metadata)
+            self._append(out, txn, metadata)
+            rows = self._committed_rows(metadata, ("numOutputRows",))
         failpoint("after_table_commit")
         return WriteResult([], rows)
 
-    def _create_if_missing(self, spark: SparkSession, out: DataFrame) -> None:
-        """The table at ``path`` from the output's schema, when none is there (a commit of its own, idempotent)."""
+    def _create(self, spark: SparkSession, out: DataFrame) -> None:
+        """The table at ``path`` from the output's schema (a commit of its own; ``IfNotExists``: a concurrent
+        attempt may have created it since)."""
         from delta.tables import DeltaTable
 
-        if DeltaTable.isDeltaTable(spark, self.path):
-            return
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
         if self.partition_by:
             builder = builder.partitionedBy(*self.partition_by)
         builder.execute()
         log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
 
-    def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> int:
-        (out.write.format("delta").mode("append")
-         .option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", metadata)
-         .save(self.path))
-        return self._committed_rows(out.sparkSession, metadata, ("numOutputRows",))
+    def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
+        writer = (out.write.format("delta").mode("append")
+                  .option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", metadata))
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.save(self.path)
 
-    def _merge(self, spark: SparkSession, out: DataFrame, txn: TableTransaction, metadata: str) -> int:
+    def _merge(self, spark: SparkSession, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
         """MERGE the batch on the key: of several rows of one key the last in offset order wins, ``add`` columns
         add up every row's value (Delta refuses a source with two rows for one target row)."""
         from delta.tables import DeltaTable
@@ -166,9 +164,10 @@ class DeltaTableAdapter:
         source = source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
                                *[c for c in out.columns if self.updates.get(c) == "add"])
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
-        assignments = {_q(c): (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
-                       for c in out.columns if c not in self.key_columns}
-        inserts = {_q(c): f"s.{_q(c)}" for c in out.columns}
+        assignments: dict[str, str | Column] = {
+            _q(c): (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
+            for c in out.columns if c not in self.key_columns}
+        inserts: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in out.columns}
         merge = DeltaTable.forPath(spark, self.path).alias("t").merge(source.alias("s"), on)
         if assignments:
             merge = merge.whenMatchedUpdate(set=assignments)
@@ -183,21 +182,17 @@ class DeltaTableAdapter:
         finally:
             for key in confs:
                 spark.conf.unset(key)
-        return self._committed_rows(spark, metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
 
-    def _committed_rows(self, spark: SparkSession, metadata: str, metrics: Sequence[str]) -> int:
+    def _committed_rows(self, metadata: str, metrics: Sequence[str]) -> int:
         """The rows the batch's commit wrote, from its entry in the table's history (found by its metadata: another
         writer may have committed since); records its version."""
-        from delta.tables import DeltaTable
-
-        history = DeltaTable.forPath(spark, self.path).history(20).select(
-            "version", "userMetadata", "operationMetrics").collect()
-        for entry in history:
-            if entry["userMetadata"] == metadata:
+        table = self.log()
+        for entry in table.history(20) if table is not None else ():
+            if entry.get("userMetadata") == metadata:
                 self.last_version = int(entry["version"])
                 log.info("%s: committed as version %d of the Delta table at %s", self.name, self.last_version,
                          self.path)
-                found = entry["operationMetrics"] or {}
+                found = entry.get("operationMetrics") or {}
                 return sum(int(found.get(m, 0)) for m in metrics)
         self.last_version = None  # skipped by Delta (a concurrent attempt committed it first)
         return 0
