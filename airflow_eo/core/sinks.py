@@ -46,6 +46,8 @@ class SinkCapabilities:
     interval_replay: bool = False
     #: it deletes rows for tombstones (``on_tombstone="delete"``)
     deletes: bool = False
+    #: its commit point is a table format's own commit (Delta), whose log records each batch: status reads it there
+    table_commits: bool = False
     #: where its branches and dead letters live: the Airflow connection type of its ``conn_id`` (``airflow eo``
     #: may be given another connection of that type on the command line)
     connection_type: str = ""
@@ -333,6 +335,15 @@ class ConsumerGroupSink(Protocol):
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
     def move_group_offsets(self, positions: Mapping[tuple[str, int], int]) -> None: ...
+
+
+@runtime_checkable
+class TableCommitSink(Protocol):
+    """A sink kind with ``table_commits``: which unfinished batches the table committed, and a line on the table
+    (its latest version, the pipeline's last batch in it) for ``airflow eo status``."""
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
+    def table_state(self, pipeline_id: str) -> str: ...
 
 
 @runtime_checkable

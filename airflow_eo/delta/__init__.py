@@ -9,4 +9,5 @@ from __future__ import annotations
 from airflow_eo.core.sinks import SinkCapabilities, register_sink
 from airflow_eo.delta.specs import DeltaTableSink, build
 
-register_sink(DeltaTableSink, SinkCapabilities(accumulates=True, appends=True, interval_replay=True), build)
+register_sink(DeltaTableSink, SinkCapabilities(accumulates=True, appends=True, interval_replay=True,
+                                                table_commits=True), build)

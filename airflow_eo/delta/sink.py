@@ -29,6 +29,8 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _ORDER = "_eo_order"
+#: how many of the table's newest versions ``airflow eo status`` looks through for the pipeline's last batch
+_STATUS_HISTORY = 100
 
 
 class DeltaTableAdapter:
@@ -81,13 +83,30 @@ class DeltaTableAdapter:
         table = self.log()
         return None if table is None else table.transaction_version(app_id)
 
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        """The unfinished batches the table committed (their app id's version reached them) but the store did not."""
+        app_ids = {table_transaction(b.pipeline_id, b.batch_id, b.interval).app_id for b in unfinished}
+        return committed_by_table(unfinished, {a: self.committed_version(a) for a in app_ids})
+
+    def table_state(self, pipeline_id: str) -> str:
+        """The table's latest version and the pipeline's newest batch in it (``airflow eo status``)."""
+        table = self.log()
+        if table is None:
+            return f"Delta table {self.path}: not created yet (the pipeline's first batch with output creates it)"
+        for entry in table.history(_STATUS_HISTORY):
+            meta = _batch_metadata(entry.get("userMetadata"))
+            if meta.get("airflow_eo.pipeline") == pipeline_id:
+                return (f"Delta table {self.path}: version {table.version()}; this pipeline's last batch in it: "
+                        f"batch {meta.get('airflow_eo.batch')} at version {entry.get('version')}")
+        return (f"Delta table {self.path}: version {table.version()}; no batch of this pipeline in its last "
+                f"{_STATUS_HISTORY} versions")
+
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Name the unfinished batches the table already committed (their app id's version reached them)."""
         if not unfinished:
             return SinkRecovery()
-        app_ids = {table_transaction(b.pipeline_id, b.batch_id, b.interval).app_id for b in unfinished}
-        committed = committed_by_table(unfinished, {a: self.committed_version(a) for a in app_ids})
+        committed = self.committed_batches(unfinished)
         for batch_id in sorted(committed):
             log.warning("%s: the Delta table at %s committed batch %d but the store did not record it; rolling "
                         "forward", self.name, self.path, batch_id)
@@ -228,6 +247,15 @@ def _commit_metadata(batch: BatchContext, txn: TableTransaction) -> dict[str, An
         [batch.interval.start.isoformat(), batch.interval.end.isoformat()],
         "airflow_eo.ranges": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in sorted(batch.ranges)],
     }
+
+
+def _batch_metadata(text: str | None) -> dict[str, Any]:
+    """A version's ``userMetadata`` as airflow_eo wrote it; empty for another writer's (or none)."""
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _require_delta_session(spark: SparkSession, name: str) -> None:

@@ -26,6 +26,7 @@ from tests.integration.page_views import (
     produce_hours,
     run_child,
 )
+from tests.integration.test_operations_cli import eo_json
 from tests.support.kafka import create_topic
 
 
@@ -61,6 +62,10 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     txn = table_transaction(pipeline, batch["batch_id"], None)
     assert DeltaTable(str(path)).transaction_version(txn.app_id) == batch["batch_id"]
     assert sum(r["pv"] for r in table_rows(path)) == 1000, "the table committed the whole batch"
+    status = eo_json("status", pipeline)  # asks the table, as recovery will
+    assert [u["recover"] for u in status["unfinished"]] == ["roll forward"]
+    assert f"Delta table {path}: version 1; this pipeline's last batch in it: batch {batch['batch_id']} at " \
+           "version 1" in status["notes"]
     produce_page_views(bootstrap, 300, topic=topic_name)
 
     second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
