@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -151,6 +151,16 @@ def table_sink_options(spec: Any) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
             "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
+
+
+def no_dead_letters(name: str, records: Iterator[Any]) -> list[str]:
+    """``write_dead_letters`` of a sink that keeps none: :func:`~airflow_eo.core.config.check_pipeline` refuses
+    ``on_bad_record="dead_letter"`` with it when the DAG is parsed, so a bad record reaching it is an error (not an
+    assert: ``python -O`` would drop the bad records silently)."""
+    if next(records, None) is not None:
+        raise ConfigurationError(f"{name} keeps no dead letters: on_bad_record='dead_letter' cannot run with it "
+                                 "(the batch is not committed)")
+    return []
 
 
 def fencing_store(connections: Connections, offset_store_conn_id: str | None, conn_type: str) -> ConnectionInfo | None:
