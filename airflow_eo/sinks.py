@@ -17,6 +17,7 @@ from airflow_eo.core.sinks import (
     sink_kinds,
     spec_from_record,
 )
+from airflow_eo.delta.specs import DeltaTableSink
 from airflow_eo.kafka.specs import KafkaTransactionalSink
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink
@@ -26,6 +27,7 @@ SINK_KINDS = {name: kind.spec for name, kind in sink_kinds().items()}
 
 __all__ = [
     "SINK_KINDS",
+    "DeltaTableSink",
     "KafkaTransactionalSink",
     "MySqlUpsertSink",
     "MySqlXaSink",

@@ -12,11 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
+
+if TYPE_CHECKING:
+    from airflow_eo.core.planning import Interval
 
 # --------------------------------------------------------------------------- in-doubt XA branches
 
@@ -82,6 +86,44 @@ def committed_by_kafka(unfinished: Sequence[BatchRecord], group_offsets: Mapping
     for batch in unfinished:
         moved = [r for r in batch.ranges if r.size > 0]
         if moved and all(group_offsets.get(r.key) == r.until_offset for r in moved):
+            committed.add(batch.batch_id)
+    return committed
+
+
+@dataclass(frozen=True)
+class TableTransaction:
+    """The identity a table format's idempotent commit carries (Delta's ``txnAppId`` / ``txnVersion``): the table
+    keeps the highest version committed per app id and skips a write whose version is not above it.
+
+    One app id per pipeline in continuous mode (batch ids only grow); one per data interval in interval mode, so that
+    a backfill of an older interval (a batch id of its own, possibly below a newer interval's) is never skipped as
+    already seen, while a replay of the same interval (its recorded batch id) is.
+    """
+
+    app_id: str
+    version: int
+
+
+def table_transaction(pipeline_id: str, batch_id: int, interval: Interval | None) -> TableTransaction:
+    """The table commit identity of a batch (:class:`TableTransaction`)."""
+    app_id = f"airflow_eo.{pipeline_id}"
+    if interval is not None:
+        app_id += f".{interval.start.isoformat()}/{interval.end.isoformat()}"
+    return TableTransaction(app_id, batch_id)
+
+
+def committed_by_table(unfinished: Sequence[BatchRecord], versions: Mapping[str, int | None]) -> set[int]:
+    """The unfinished batches a table sink committed (its commit point) but the store did not: those whose app id's
+    committed version (``versions``, None where the table has none) reached their batch id.
+
+    :param unfinished: the store's unfinished batches of the pipeline.
+    :param versions: the table's committed version per app id of these batches (:func:`table_transaction`).
+    """
+    committed = set()
+    for batch in unfinished:
+        txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
+        version = versions.get(txn.app_id)
+        if version is not None and version >= txn.version:
             committed.add(batch.batch_id)
     return committed
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -46,6 +46,8 @@ class SinkCapabilities:
     interval_replay: bool = False
     #: it deletes rows for tombstones (``on_tombstone="delete"``)
     deletes: bool = False
+    #: its commit point is a table format's own commit (Delta), whose log records each batch: status reads it there
+    table_commits: bool = False
     #: where its branches and dead letters live: the Airflow connection type of its ``conn_id`` (``airflow eo``
     #: may be given another connection of that type on the command line)
     connection_type: str = ""
@@ -117,6 +119,26 @@ class SinkSpec(ABC):
     def asset(self, connections: Connections) -> SinkAsset:
         """The sink's Asset (each committed batch adds an event for it)."""
 
+    def spark_conf(self) -> dict[str, str]:
+        """Spark conf the sink needs in the session that runs its batches (a table format's SQL extension and
+        package); merged under the user's conf by :func:`with_sink_spark_conf`. Default: none."""
+        return {}
+
+
+#: Spark conf keys whose value is a comma-separated list: a sink's entries are added to the user's, not replaced.
+SPARK_LIST_CONF = ("spark.sql.extensions", "spark.jars.packages", "spark.jars")
+
+
+def with_sink_spark_conf(spec: SinkSpec, conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's Spark conf with what ``spec`` needs (:meth:`SinkSpec.spark_conf`): the user's value wins, except
+    for list-valued keys (:data:`SPARK_LIST_CONF`), where the sink's entries missing from the user's are appended."""
+    merged = {**spec.spark_conf(), **conf}
+    for key, needed in spec.spark_conf().items():
+        if key in SPARK_LIST_CONF and key in conf:
+            given = [v.strip() for v in str(conf[key]).split(",") if v.strip()]
+            merged[key] = ",".join([*given, *(v for v in needed.split(",") if v not in given)])
+    return merged
+
 
 #: Builds a kind's adapter: ``(spec, pipeline_id, connections, offset_store_conn_id) -> Sink``. The store's
 #: connection is for sinks whose writes are fenced by its epochs (an upsert sink on the store's server).
@@ -129,6 +151,16 @@ def table_sink_options(spec: Any) -> dict[str, Any]:
     return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
             "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
             "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
+
+
+def no_dead_letters(name: str, records: Iterator[Any]) -> list[str]:
+    """``write_dead_letters`` of a sink that keeps none: :func:`~airflow_eo.core.config.check_pipeline` refuses
+    ``on_bad_record="dead_letter"`` with it when the DAG is parsed, so a bad record reaching it is an error (not an
+    assert: ``python -O`` would drop the bad records silently)."""
+    if next(records, None) is not None:
+        raise ConfigurationError(f"{name} keeps no dead letters: on_bad_record='dead_letter' cannot run with it "
+                                 "(the batch is not committed)")
+    return []
 
 
 def fencing_store(connections: Connections, offset_store_conn_id: str | None, conn_type: str) -> ConnectionInfo | None:
@@ -313,6 +345,15 @@ class ConsumerGroupSink(Protocol):
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
     def move_group_offsets(self, positions: Mapping[tuple[str, int], int]) -> None: ...
+
+
+@runtime_checkable
+class TableCommitSink(Protocol):
+    """A sink kind with ``table_commits``: which unfinished batches the table committed, and a line on the table
+    (its latest version, the pipeline's last batch in it) for ``airflow eo status``."""
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
+    def table_state(self, pipeline_id: str) -> str: ...
 
 
 @runtime_checkable

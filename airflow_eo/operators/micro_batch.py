@@ -25,7 +25,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_batch
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sinks import capabilities_of, with_sink_spark_conf
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
@@ -243,7 +243,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         kafka_config = kafka_hook.get_config()
         for secret in secret_values(spark_kafka_options(kafka_config, self.kafka_options)):
             mask_secret(secret)  # the JAAS line quotes the password: its own text must be masked too
-        spark_hook = SparkSessionHook(self.spark_conn_id or None, self.spark_conf)
+        spark_hook = SparkSessionHook(self.spark_conn_id or None, with_sink_spark_conf(self.sink, self.spark_conf))
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,
             kafka_config=kafka_config,

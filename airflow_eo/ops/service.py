@@ -27,7 +27,14 @@ from airflow_eo.core.protocol import Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
-from airflow_eo.core.sinks import ConsumerGroupSink, DeadLetterSink, InDoubtSink, capabilities_of, lacks_role
+from airflow_eo.core.sinks import (
+    ConsumerGroupSink,
+    DeadLetterSink,
+    InDoubtSink,
+    TableCommitSink,
+    capabilities_of,
+    lacks_role,
+)
 from airflow_eo.core.states import UNFINISHED, BatchState
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
@@ -299,6 +306,12 @@ class PipelineOperations:
                              + "; the next batch fails unless skip_lost_records=True")
         unfinished = self._unfinished(info, notes)
         in_doubt = self._in_doubt(info, notes)
+        table = self._table(info)
+        if table is not None:
+            try:
+                notes.append(table.table_state(info.pipeline_id))
+            except Exception as exc:
+                notes.append(f"the sink's table is unknown ({self._said(exc, 'table')})")
         if info.sink is None:
             notes.append("the store does not know this pipeline's sink yet (its last run predates sink recording)")
         return PipelineStatus(info, partitions, unfinished, in_doubt, notes)
@@ -621,6 +634,15 @@ class PipelineOperations:
             raise lacks_role(info.sink.kind, "consumer_group", ConsumerGroupSink, sink)
         return sink
 
+    def _table(self, info: PipelineInfo) -> TableCommitSink | None:
+        capabilities = capabilities_of(info.sink)
+        if info.sink is None or capabilities is None or not capabilities.table_commits:
+            return None
+        sink = self.connections.sink(info.pipeline_id, info.sink)
+        if not isinstance(sink, TableCommitSink):  # the kind commits through a table: its adapter must read it
+            raise lacks_role(info.sink.kind, "table_commits", TableCommitSink, sink)
+        return sink
+
     def _unfinished(self, info: PipelineInfo, notes: list[str]) -> list[UnfinishedBatch]:
         """The unfinished batches and what recovery does with each (a Kafka sink may have committed one)."""
         batches = self.store.unfinished_batches(info.pipeline_id)
@@ -635,6 +657,13 @@ class PipelineOperations:
                 notes.append(f"the Kafka sink's group offsets are unknown ({self._said(exc, 'group offsets')}): a "
                              "batch it committed would be "
                              "rolled forward by recovery, not aborted")
+        table = self._table(info)
+        if table is not None:
+            try:
+                committed = table.committed_batches(batches)
+            except Exception as exc:
+                notes.append(f"the sink's table is unknown ({self._said(exc, 'table')}): a batch it committed would "
+                             "be rolled forward by recovery, not aborted")
         when = {b.record.batch_id: b.updated_at
                 for b in self.store.batch_history(info.pipeline_id, len(batches), [b.batch_id for b in batches])}
         return [UnfinishedBatch(b, when.get(b.batch_id), *decide_unfinished(b, committed)) for b in batches]

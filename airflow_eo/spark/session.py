@@ -65,6 +65,13 @@ _MAVEN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 #: (``<artifact>-<version>``): a mismatch (a tampered cache, a compromised mirror) is refused. Taken from jars whose
 #: SHA-1 matched the repository's published ``.sha1`` files; a new pyspark version needs its own.
 JAR_SHA256: dict[str, dict[str, str]] = {
+    # Delta Lake for Spark 4.0 (the Delta sink, ``airflow_eo/delta``).
+    "delta-spark_2.13-4.0.0": {
+        "antlr4-runtime-4.13.1.jar": "54665d2838cc66458343468efc539e454fc95b46a8a04b13c6ac43fc9be63505",
+        "delta-spark_2.13-4.0.0.jar": "538511702aae0ef6973a6a70af3d4543c9009f8edbed786a00737e2d3cd7f04e",
+        "delta-storage-4.0.0.jar": "9bdb9fb450f1e119eba53feb427f331b0d09072d26485b8273883ad72c9a2e1d",
+        "scala-library-2.13.13.jar": "b58b223f9b59f88d04c9dc9ec26f4b463e93e6f296de5663dbd710a7dfce2743",
+    },
     "spark-sql-kafka-0-10_2.13-4.0.0": {
         "commons-pool2-2.12.0.jar": "6d3bd18df8410f3e31b031aca582cc109342358a62a2759ebd0c4cdf30d06f8b",
         "hadoop-client-api-3.4.1.jar": "a964d4daa054c9615bbafb4553efbb140fa7fb9ac6f358a24393f183a5703438",
@@ -94,7 +101,7 @@ JAR_SHA256: dict[str, dict[str, str]] = {
         "postgresql-42.7.8.jar": "2a32a9dcbc42d67a50ad3a0de5efd102c8d2be46720045f2cbd6689f160ab7c7",
     },
 }
-_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_", "postgresql-")
+_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_", "postgresql-", "delta-spark_")
 
 
 def verify_jars(folder: Path, jars: list[Path]) -> None:
@@ -198,6 +205,31 @@ def format_jars(resolve: bool = True) -> list[str] | None:
     return None if jars is None else [j for j in jars if Path(j).name not in shipped]
 
 
+def _artifact(jar: str) -> str:
+    """A jar file's artifact name without its version (``scala-library`` of ``scala-library-2.13.13.jar``)."""
+    return re.sub(r"-\d[\w.]*\.jar$", "", Path(jar).name)
+
+
+def pinned_package_jars(coordinates: str) -> list[str] | None:
+    """Jars of ``group:artifact:version`` when its SHA-256 pins are known (:data:`JAR_SHA256`), resolved with Maven
+    (:func:`maven_jars`) and without the artifacts pyspark already ships at another version (a second Scala library
+    on the class path breaks Spark); None for a package without pins, or without Maven here (Spark's Ivy resolves it
+    then, unverified).
+
+    :param coordinates: a ``spark.jars.packages`` entry.
+    """
+    import pyspark
+
+    group, artifact, version = coordinates.strip().split(":")
+    if f"{artifact}-{version}" not in JAR_SHA256:
+        return None
+    jars = maven_jars(group, artifact, version)
+    if jars is None:
+        return None
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in jars if _artifact(j) not in shipped]
+
+
 def avro_coordinates() -> str:
     import pyspark
 
@@ -235,7 +267,27 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
     # JVM starts (pyspark passes the conf to spark-submit): a session already running keeps what it started with.
     for side in ("driver", "executor"):
         merged[f"spark.{side}.extraJavaOptions"] = with_avro_limits(merged.get(f"spark.{side}.extraJavaOptions", ""))
-    return merged
+    return _resolve_pinned_packages(merged)
+
+
+def _resolve_pinned_packages(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with every ``spark.jars.packages`` entry that has SHA-256 pins (a sink's package, e.g. Delta's)
+    resolved by Maven and checked against them, moved to ``spark.jars`` (:func:`pinned_package_jars`)."""
+    packages = [p.strip() for p in conf.get("spark.jars.packages", "").split(",") if p.strip()]
+    left, jars = [], [j for j in conf.get("spark.jars", "").split(",") if j]
+    for package in packages:
+        found = pinned_package_jars(package) if package.count(":") == 2 else None
+        if found is None:
+            left.append(package)
+        else:
+            jars += [j for j in found if j not in jars]
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    if left:
+        conf["spark.jars.packages"] = ",".join(left)
+    else:
+        conf.pop("spark.jars.packages", None)
+    return conf
 
 
 def with_avro_limits(java_options: str, limit: int = AVRO_MAX_LENGTH) -> str:

@@ -1,0 +1,271 @@
+"""Delta Lake table sink (``docs/architecture.md``, "Sinks"): the table's commit is the commit point.
+
+A batch is one Delta commit: an append (``df.write`` with the ``txnAppId`` / ``txnVersion`` options) or a ``MERGE``
+(the same identity through Delta's session confs ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``). Delta
+records the identity as a ``txn`` action in the table's log and skips a later write whose version is not above the
+recorded one, so a batch lands once whatever retries follow. The offset store mirrors the commit afterwards; the
+next attempt asks the table (its ``txn`` of the app id, read by delta-rs on the driver, without Spark) whether an
+unfinished batch committed, and rolls the store forward if so (:func:`~airflow_eo.core.recovery.committed_by_table`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.recovery import SinkRecovery, TableTransaction, committed_by_table, table_transaction
+from airflow_eo.core.sinks import no_dead_letters
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_ORDER = "_eo_order"
+#: how many of the table's newest versions ``airflow eo status`` looks through for the pipeline's last batch
+_STATUS_HISTORY = 100
+
+
+class DeltaTableAdapter:
+    """The run-time side of :class:`~airflow_eo.delta.specs.DeltaTableSink` (a ``core.protocol.Sink``).
+
+    :param pipeline_id: the pipeline whose batches these are.
+    :param name: the sink kind's name, for messages.
+    :param path: the table's location.
+    :param key_columns: empty: append; else the MERGE key.
+    :param updates: ``replace`` / ``add`` per non-key column (MERGE only).
+    :param partition_by: partition columns of a table created here.
+    """
+
+    owns_commit_point = True
+    # The Delta commit happens inside write(): a bad record must fail the batch before it (two passes).
+    writes_visible_before_commit = True
+
+    def __init__(self, pipeline_id: str, *, name: str, path: str, key_columns: Sequence[str] = (),
+                 updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = ()) -> None:
+        self.pipeline_id, self.name, self.path = pipeline_id, name, path
+        self.key_columns = tuple(key_columns)
+        self.updates = dict(updates or {})
+        self.partition_by = tuple(partition_by)
+        #: the table version the last write of this adapter committed (None: skipped, or nothing written)
+        self.last_version: int | None = None
+
+    # ------------------------------------------------------------------ the table's log
+
+    def check(self) -> None:
+        for module, why in (("delta", "delta-spark (Delta's Python API: MERGE, table creation)"),
+                            ("deltalake", "deltalake (reads the table's transaction log on the driver)")):
+            try:
+                __import__(module)
+            except ImportError:
+                raise ConfigurationError(f"{self.name} needs {why}: pip install 'airflow-eo[delta]'") from None
+
+    def log(self) -> Any:
+        """The table's transaction log as delta-rs reads it on the driver (no Spark job); None: no table yet."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path)
+        except TableNotFoundError:
+            return None
+
+    def committed_version(self, app_id: str) -> int | None:
+        """The highest version the table recorded for ``app_id`` (its ``txn`` actions); None when it has none or
+        the table does not exist yet."""
+        table = self.log()
+        return None if table is None else table.transaction_version(app_id)
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        """The unfinished batches the table committed (their app id's version reached them) but the store did not."""
+        app_ids = {table_transaction(b.pipeline_id, b.batch_id, b.interval).app_id for b in unfinished}
+        return committed_by_table(unfinished, {a: self.committed_version(a) for a in app_ids})
+
+    def table_state(self, pipeline_id: str) -> str:
+        """The table's latest version and the pipeline's newest batch in it (``airflow eo status``)."""
+        table = self.log()
+        if table is None:
+            return f"Delta table {self.path}: not created yet (the pipeline's first batch with output creates it)"
+        for entry in table.history(_STATUS_HISTORY):
+            meta = _batch_metadata(entry.get("userMetadata"))
+            if meta.get("airflow_eo.pipeline") == pipeline_id:
+                return (f"Delta table {self.path}: version {table.version()}; this pipeline's last batch in it: "
+                        f"batch {meta.get('airflow_eo.batch')} at version {entry.get('version')}")
+        return (f"Delta table {self.path}: version {table.version()}; no batch of this pipeline in its last "
+                f"{_STATUS_HISTORY} versions")
+
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
+        """Name the unfinished batches the table already committed (their app id's version reached them)."""
+        if not unfinished:
+            return SinkRecovery()
+        committed = self.committed_batches(unfinished)
+        for batch_id in sorted(committed):
+            log.warning("%s: the Delta table at %s committed batch %d but the store did not record it; rolling "
+                        "forward", self.name, self.path, batch_id)
+        return SinkRecovery(committed=frozenset(committed))
+
+    # ------------------------------------------------------------------ protocol steps
+
+    def write(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        """THE commit point: the batch's output as one Delta commit carrying the batch's identity.
+
+        Asks the table first: a batch it already has (a retry after a crash past the table commit, a replayed
+        interval) is not written again.
+        """
+        out: DataFrame = plan.output
+        spark = out.sparkSession
+        _require_delta_session(spark, self.name)
+        txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
+        table = self.log()
+        done = None if table is None else table.transaction_version(txn.app_id)
+        if done is not None and done >= txn.version:
+            log.info("%s: the Delta table at %s already has batch %d (%s at version %d); not writing it again",
+                     self.name, self.path, batch.batch_id, txn.app_id, done)
+            self.last_version = None
+            return WriteResult([], 0)
+        missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
+        if missing:
+            raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
+                                     f"it has {', '.join(out.columns)}")
+        if table is None and self.key_columns:  # an append creates the table in its own commit
+            self._create(spark, out)
+        metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
+        failpoint("before_table_commit")
+        if self.key_columns:
+            self._merge(spark, out, txn, metadata)
+            rows = self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
+        else:
+            self._append(out, txn, metadata)
+            rows = self._committed_rows(metadata, ("numOutputRows",))
+        failpoint("after_table_commit")
+        return WriteResult([], rows)
+
+    def _create(self, spark: SparkSession, out: DataFrame) -> None:
+        """The table at ``path`` from the output's schema (a commit of its own; ``IfNotExists``: a concurrent
+        attempt may have created it since)."""
+        from delta.tables import DeltaTable
+
+        builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
+        if self.partition_by:
+            builder = builder.partitionedBy(*self.partition_by)
+        builder.execute()
+        log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
+
+    def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
+        writer = (out.write.format("delta").mode("append")
+                  .option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", metadata))
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.save(self.path)
+
+    def _merge(self, spark: SparkSession, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
+        """MERGE the batch on the key: of several rows of one key the last in offset order wins, ``add`` columns
+        add up every row's value (Delta refuses a source with two rows for one target row)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        # The output's rows come in offset order within each Spark partition (one Kafka partition's range): the
+        # increasing id keeps that order through the shuffle of the aggregation.
+        ordered = out.withColumn(_ORDER, F.monotonically_increasing_id())
+        kept = [c for c in out.columns if c not in self.key_columns and self.updates.get(c) != "add"]
+        aggregates = [F.max_by(F.struct(*[F.col(c) for c in kept]), F.col(_ORDER)).alias("_eo_last")] if kept else []
+        aggregates += [F.sum(F.col(c)).cast(out.schema[c].dataType).alias(c)
+                       for c in out.columns if self.updates.get(c) == "add"]
+        source = ordered.groupBy(*self.key_columns).agg(*aggregates)
+        source = source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
+                               *[c for c in out.columns if self.updates.get(c) == "add"])
+        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
+        assignments: dict[str, str | Column] = {
+            _q(c): (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
+            for c in out.columns if c not in self.key_columns}
+        inserts: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in out.columns}
+        merge = DeltaTable.forPath(spark, self.path).alias("t").merge(source.alias("s"), on)
+        if assignments:
+            merge = merge.whenMatchedUpdate(set=assignments)
+        merge = merge.whenNotMatchedInsert(values=inserts)
+        # MERGE takes the idempotent identity from the session (a batch's confs, unset after it: a later write of
+        # this session must not carry them).
+        confs = {_TXN_APP_ID: txn.app_id, _TXN_VERSION: str(txn.version), _USER_METADATA: metadata}
+        try:
+            for key, value in confs.items():
+                spark.conf.set(key, value)
+            merge.execute()
+        finally:
+            for key in confs:
+                spark.conf.unset(key)
+
+    def _committed_rows(self, metadata: str, metrics: Sequence[str]) -> int:
+        """The rows the batch's commit wrote, from its entry in the table's history (found by its metadata: another
+        writer may have committed since); records its version."""
+        table = self.log()
+        for entry in table.history(20) if table is not None else ():
+            if entry.get("userMetadata") == metadata:
+                self.last_version = int(entry["version"])
+                log.info("%s: committed as version %d of the Delta table at %s", self.name, self.last_version,
+                         self.path)
+                found = entry.get("operationMetrics") or {}
+                return sum(int(found.get(m, 0)) for m in metrics)
+        self.last_version = None  # skipped by Delta (a concurrent attempt committed it first)
+        return 0
+
+    def commit(self, batch: BatchRecord) -> None:
+        return None  # the table committed in write(); an empty batch wrote nothing: the store's commit is all
+
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
+        return None
+
+    def can_hold_writes(self, out: Any) -> bool:
+        return False
+
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        return no_dead_letters(self.name, records)
+
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
+        return None  # a Delta commit is all or nothing: an attempt that failed before it left no rows
+
+
+def _commit_metadata(batch: BatchContext, txn: TableTransaction) -> dict[str, Any]:
+    """What a version's ``userMetadata`` says of its batch (``DESCRIBE HISTORY`` shows it): pipeline, batch, app id,
+    interval and the offset ranges."""
+    return {
+        "airflow_eo.pipeline": batch.pipeline_id,
+        "airflow_eo.batch": batch.batch_id,
+        "airflow_eo.app_id": txn.app_id,
+        "airflow_eo.interval": None if batch.interval is None else
+        [batch.interval.start.isoformat(), batch.interval.end.isoformat()],
+        "airflow_eo.ranges": [[r.topic, r.partition, r.from_offset, r.until_offset] for r in sorted(batch.ranges)],
+    }
+
+
+def _batch_metadata(text: str | None) -> dict[str, Any]:
+    """A version's ``userMetadata`` as airflow_eo wrote it; empty for another writer's (or none)."""
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _require_delta_session(spark: SparkSession, name: str) -> None:
+    """A session without Delta's SQL extension cannot MERGE nor create tables: say so (a session of this process
+    started before the Delta sink's conf, which Spark cannot add to a running session)."""
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
+        raise ConfigurationError(
+            f"{name}: the Spark session runs without Delta Lake (spark.sql.extensions={extensions!r}); it was "
+            "started before a Delta sink asked for it. Start the worker's Spark session with the Delta sink's conf "
+            "(DeltaTableSink(...).spark_conf()), or run the pipeline in a process of its own")
+
+
+def _q(column: str) -> str:
+    """A validated column name in backticks, for Delta's SQL expressions."""
+    return f"`{column}`"

@@ -1,0 +1,117 @@
+"""The Delta Lake table sink kind a DAG declares (validated at parse time, no I/O) and its factory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from airflow_eo.core.config import TombstonePolicy, UpdateMode, choice, tombstone_policy
+from airflow_eo.core.connections import Connections
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.identifiers import validate_identifier
+from airflow_eo.core.sinks import SinkAsset, SinkSpec
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import Sink
+
+#: Delta Lake's Spark package for Spark 4.0 / Scala 2.13 (its jars' SHA-256 are pinned in ``spark/session.py``).
+DELTA_PACKAGE = "io.delta:delta-spark_2.13:4.0.0"
+DELTA_SPARK_CONF = {
+    "spark.jars.packages": DELTA_PACKAGE,
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+@dataclass(frozen=True)
+class DeltaTableSink(SinkSpec):
+    """Write the output into a Delta Lake table at ``path``; the table's own commit is the batch's commit point.
+
+    Each batch is one Delta commit carrying ``txnAppId`` / ``txnVersion`` (app id ``airflow_eo.<pipeline_id>``, one
+    per data interval in interval mode; version = batch id) and the batch's offset ranges as the commit's
+    ``userMetadata``. Delta skips a write whose version it already has for the app id; every attempt first asks the
+    table whether its batch committed and rolls the offset store forward if so.
+
+    :param path: the table's location (a local folder or a Hadoop file system URI); created from the output's
+        schema when no table is there.
+    :param key_columns: none: append every row; else ``MERGE`` on these columns (of several rows of one key in a
+        batch, the last in offset order wins).
+    :param updates: with ``key_columns``, per non-key column ``"replace"`` (default) or ``"add"``
+        (``t.c + s.c``: the commit is atomic and happens once, so adding is exactly-once too).
+    :param partition_by: partition columns of a table created here.
+    :param on_tombstone: ``"bad_record"`` only.
+    """
+
+    path: str
+    key_columns: Sequence[str] = ()
+    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
+    partition_by: Sequence[str] = ()
+    conn_id: str = ""  # no Airflow connection: the file system's credentials are Spark's (hadoop conf)
+    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_tombstone", tombstone_policy(
+            self.name, self.on_tombstone, self.capabilities.deletes, "the Delta sink does not delete rows"))
+        if not isinstance(self.path, str) or not self.path.strip() or any(c in self.path for c in "\n\r\0"):
+            raise ConfigurationError(f"{self.name}: path must name the table's folder or URI")
+        if isinstance(self.key_columns, str):
+            raise ConfigurationError(f"{self.name}: key_columns must be a list of column names")
+        keys = tuple(validate_identifier(k, "key column") for k in self.key_columns)
+        updates = {}
+        for column, mode in self.updates.items():
+            validate_identifier(column, "column name")
+            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
+                                     "update modes")
+        if updates and not keys:
+            raise ConfigurationError(f"{self.name}: updates need key_columns (without them every row is appended)")
+        if set(updates) & set(keys):
+            raise ConfigurationError(f"{self.name}: a key column cannot have an update mode")
+        object.__setattr__(self, "key_columns", keys)
+        object.__setattr__(self, "updates", updates)
+        object.__setattr__(self, "partition_by",
+                           tuple(validate_identifier(c, "partition column") for c in self.partition_by))
+
+    @property
+    def accumulating(self) -> bool:
+        """Appends and ``add`` updates count reprocessed offsets twice (a rewind); a replay of the same batch is
+        skipped by the table itself."""
+        return not self.key_columns or any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def replay_safe(self) -> bool:
+        # A cleared or backfilled interval replays its recorded batch: the interval's app id already has that
+        # batch's version, so Delta skips the write (the table is left as it is), whatever the updates do.
+        return True
+
+    @property
+    def target(self) -> str:
+        return self.path
+
+    def asset(self, connections: Connections) -> SinkAsset:
+        """``file:///folder`` for a local folder, else the path's own URI (``s3a://bucket/...``)."""
+        scheme, sep, rest = self.path.partition("://")
+        if sep:
+            return TableLocation(f"{scheme}://", rest)
+        return TableLocation("file://", self.path)
+
+    def spark_conf(self) -> dict[str, str]:
+        return dict(DELTA_SPARK_CONF)
+
+
+@dataclass(frozen=True)
+class TableLocation(SinkAsset):
+    """A table's location as its Asset: the URI is the location itself (its dots are not separators)."""
+
+    @property
+    def uri(self) -> str:
+        return f"{self.namespace}{self.name}"
+
+
+def build(spec: DeltaTableSink, pipeline_id: str, connections: Connections, offset_store_conn_id: str | None) -> Sink:
+    # Delta's own commit (its txnAppId/txnVersion) is the commit point: no store epoch fence needed.
+    from airflow_eo.delta.sink import DeltaTableAdapter
+
+    return DeltaTableAdapter(pipeline_id, name=spec.name, path=spec.path, key_columns=spec.key_columns,
+                             updates={c: UpdateMode(m).value for c, m in spec.updates.items()},
+                             partition_by=spec.partition_by)

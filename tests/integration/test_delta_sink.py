@@ -1,0 +1,127 @@
+"""Kafka → Spark → a Delta Lake table exactly once: the table's own commit (``txnAppId`` / ``txnVersion``) is the
+commit point. Each run is a child process (a Spark session of its own, started with the Delta conf the sink asks
+for, as an Airflow task's is); the table is read back with delta-rs (``deltalake``), which shares nothing with Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from airflow_eo.core.recovery import table_transaction
+from examples.page_views import produce_page_views
+from examples.topics import read_records
+from tests.integration.page_views import (
+    assert_contiguous,
+    batch_rows,
+    committed_offsets,
+    hour,
+    hours_truth,
+    produce_hours,
+    run_child,
+)
+from tests.integration.test_operations_cli import eo_json
+from tests.support.kafka import create_topic
+
+
+def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:
+    return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], fault=fault)
+
+
+def table_rows(path: Path) -> list[dict[str, Any]]:
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").exists() else []
+
+
+def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """MERGE on app_id (``pv`` added, ``last_user`` the last event's in offset order) killed before the table's
+    commit, after it (the store does not know yet: the next run, another run, must roll the store forward and not
+    write the batch again), and after the store's commit point; then the same run, more events and a later run."""
+    create_topic(bootstrap, topic_name, 1)  # one partition: "the last event in offset order" is one event
+    path, pipeline = tmp_path / "app_pv", f"delta_merge_{topic_name}"
+    job: dict[str, Any] = {
+        "topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+        "transform": "SELECT app_id, 1 AS pv, user_id AS last_user FROM kafka_batch",
+        "sink": {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["app_id"], "updates": {"pv": "add"}}}
+    produce_page_views(bootstrap, 1000, topic=topic_name)
+
+    first = f"manual__{uuid.uuid4().hex}"
+    crashed = child(job, first, "before_table_commit")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert table_rows(path) == [], "nothing of the batch may be in the table before its commit"
+
+    crashed = child(job, first, "after_table_commit")  # the same run again: resumes its batch, commits the table
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    [batch] = batch_rows(mysql_kwargs, pipeline)
+    assert batch["state"] == "planned", "the store must not know of the table's commit yet"
+    txn = table_transaction(pipeline, batch["batch_id"], None)
+    assert DeltaTable(str(path)).transaction_version(txn.app_id) == batch["batch_id"]
+    assert sum(r["pv"] for r in table_rows(path)) == 1000, "the table committed the whole batch"
+    status = eo_json("status", pipeline)  # asks the table, as recovery will
+    assert [u["recover"] for u in status["unfinished"]] == ["roll forward"]
+    assert f"Delta table {path}: version 1; this pipeline's last batch in it: batch {batch['batch_id']} at " \
+           "version 1" in status["notes"]
+    produce_page_views(bootstrap, 300, topic=topic_name)
+
+    second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
+    crashed = child(job, second, "after_commit_point")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert "rolling forward" in crashed.stdout + crashed.stderr
+    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "committed"]
+
+    retried = child(job, second)  # the committed run again: nothing to do
+    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    produce_page_views(bootstrap, 200, topic=topic_name)
+    later = child(job, f"manual__{uuid.uuid4().hex}")
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+
+    events = [json.loads(r.value) for r in read_records(bootstrap, topic_name)[0]]  # in offset order
+    last_user = {e["app_id"]: e["user_id"] for e in events}
+    truth = {app: (pv, last_user[app]) for app, pv in Counter(e["app_id"] for e in events).items()}
+    assert {r["app_id"]: (r["pv"], r["last_user"]) for r in table_rows(path)} == truth
+    assert sum(committed_offsets(mysql_kwargs, pipeline).values()) == len(events) == 1500
+    assert_contiguous(batch_rows(mysql_kwargs, pipeline))
+
+
+def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """Interval mode, appending: an hour, then an earlier hour backfilled (an app id of its own: not skipped as
+    already seen below the later hour's batch id), then the later hour again (its batch is in the table: skipped,
+    no new version). The table holds each event of both hours once, as produced; each version names its offsets."""
+    create_topic(bootstrap, topic_name, 2)
+    events = produce_hours(bootstrap, topic_name, [200, 300, 60])  # hour 2 closes hour 1 on every partition
+    path, pipeline = tmp_path / "events", f"delta_append_{topic_name}"
+    job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+                           "options": {"mode": "interval"}, "sink": {"kind": "DeltaTableSink", "path": str(path)}}
+
+    def run_hour(h: int, run_id: str) -> dict[str, Any]:
+        done = child({**job, "interval": [t.isoformat() for t in hour(h)]}, run_id)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+
+    run_hour(1, "backfill__h1")
+    run_hour(0, "backfill__h0")
+    version = DeltaTable(str(path)).version()
+    replay = run_hour(1, "scheduled__h1_again")
+    assert replay["replayed"] and replay["rows_out"] == 0
+    assert DeltaTable(str(path)).version() == version, "the replayed hour must not commit again"
+
+    written = table_rows(path)
+    assert Counter(r["event_id"] for r in written).most_common(1)[0][1] == 1, "an event was appended twice"
+    by_id = {e["event_id"]: e for e in events}
+    assert {r["event_id"] for r in written} == hours_truth(events, 0, 1)
+    assert all((r["app_id"], r["user_id"]) == (by_id[r["event_id"]]["app_id"], by_id[r["event_id"]]["user_id"])
+               for r in written)
+    # Each batch's version carries its identity and offset ranges (DESCRIBE HISTORY's userMetadata).
+    noted = {}
+    for entry in DeltaTable(str(path)).history():
+        if entry.get("userMetadata"):
+            meta = json.loads(entry["userMetadata"])
+            noted[meta["airflow_eo.batch"]] = meta["airflow_eo.ranges"]
+    recorded = {b["batch_id"]: [[r["topic"], r["partition"], r["from_offset"], r["until_offset"]]
+                                for r in b["ranges"]] for b in batch_rows(mysql_kwargs, pipeline)}
+    assert noted == recorded

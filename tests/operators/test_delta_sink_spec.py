@@ -1,0 +1,72 @@
+"""DeltaTableSink's options (checked at parse time) and the Spark conf it asks for (Delta's jars, pinned)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, check_pipeline
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.sinks import with_sink_spark_conf
+from airflow_eo.sinks import DeltaTableSink, spec_from_record
+from airflow_eo.spark import session
+from airflow_eo.spark.session import JAR_SHA256
+
+
+def test_options_are_checked_when_the_dag_is_parsed():
+    merge = DeltaTableSink(path="/data/app_pv", key_columns=["app_id"], updates={"pv": "add"})
+    assert merge.accumulating and merge.replay_safe  # a replayed interval is skipped by the table itself
+    assert not DeltaTableSink(path="/d", key_columns=["k"], updates={"v": "replace"}).accumulating
+    assert DeltaTableSink(path="/d").accumulating  # appends: a rewind counts them twice
+    assert spec_from_record(merge.record()) == merge
+    with pytest.raises(ConfigurationError, match="updates need key_columns"):
+        DeltaTableSink(path="/d", updates={"pv": "add"})
+    with pytest.raises(ConfigurationError, match="invalid key column"):
+        DeltaTableSink(path="/d", key_columns=["app id; DROP"])
+    with pytest.raises(ConfigurationError, match="path must name"):
+        DeltaTableSink(path=" ")
+    with pytest.raises(ConfigurationError, match="on_tombstone='delete' is not supported"):
+        DeltaTableSink(path="/d", key_columns=["k"], on_tombstone="delete")
+    check_pipeline(merge, Mode.INTERVAL, ParseConfig(schema="app_id STRING"), None)
+    with pytest.raises(ConfigurationError, match="on_bad_record='fail' only"):
+        check_pipeline(merge, Mode.CONTINUOUS, ParseConfig(schema="a STRING",
+                                                           on_bad_record=BadRecordPolicy.DEAD_LETTER), None)
+
+
+def test_the_asset_is_the_tables_location():
+    assert DeltaTableSink(path="/data/app.pv").asset(None).uri == "file:///data/app.pv"  # type: ignore[arg-type]
+    assert DeltaTableSink(path="s3a://lake/app_pv").asset(None).uri == "s3a://lake/app_pv"  # type: ignore[arg-type]
+
+
+def test_the_sinks_spark_conf_joins_the_users():
+    sink = DeltaTableSink(path="/d")
+    conf = with_sink_spark_conf(sink, {"spark.sql.extensions": "my.Ext", "spark.sql.catalog.spark_catalog": "x.Mine",
+                                       "spark.driver.memory": "2g"})
+    assert conf["spark.sql.extensions"] == "my.Ext,io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.catalog.spark_catalog"] == "x.Mine"  # the user's own choice wins
+    assert conf["spark.jars.packages"] == "io.delta:delta-spark_2.13:4.0.0"
+
+
+def test_deltas_jars_are_refused_unless_they_match_their_pins(tmp_path, monkeypatch):
+    monkeypatch.setenv("EO_CACHE_DIR", str(tmp_path))
+    name = "delta-spark_2.13-4.0.0"
+    folder = tmp_path / name / "jars"
+    folder.mkdir(parents=True)
+    for jar in JAR_SHA256[name]:
+        (folder / jar).write_bytes(b"not the jar")
+    (tmp_path / name / ".complete").touch()
+    with pytest.raises(ConfigurationError, match="delta-spark_2.13-4.0.0.jar has SHA-256"):
+        session.pinned_package_jars("io.delta:delta-spark_2.13:4.0.0")
+    assert session.pinned_package_jars("org.example:unpinned:1") is None  # left to Spark's Ivy
+
+
+def test_deltas_jars_resolved_here_join_spark_jars(monkeypatch):
+    monkeypatch.delenv("EO_CACHE_DIR", raising=False)
+    if not (session.connector_cache_dir() / "delta-spark_2.13-4.0.0" / ".complete").exists():
+        pytest.skip("Delta's jars are not resolved here yet (a Delta sink's first run resolves them)")
+    conf = session.session_conf({"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0,org.example:other:1"})
+    delta = {Path(j).name for j in conf["spark.jars"].split(",") if Path(j).parent.parent.name.startswith("delta")}
+    # Not Delta's scala-library and antlr4-runtime: pyspark ships them, at other versions.
+    assert delta == {"delta-spark_2.13-4.0.0.jar", "delta-storage-4.0.0.jar"}
+    assert conf["spark.jars.packages"] == "org.example:other:1"
