@@ -9,7 +9,7 @@ from airflow_eo.core.batch import DEAD_LETTER_FIELDS
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
-from airflow_eo.sqlsink.database import missing_column_statements
+from airflow_eo.sqlsink.database import dead_letter_table_ddl, missing_column_statements
 
 
 def upsert_statement(
@@ -206,17 +206,11 @@ def dead_letter_collation_upgrade(table: str, collations: Mapping[str, str | Non
 
 
 def dead_letter_ddl(table: str) -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
-        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
-        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, "
-        "raw_value LONGBLOB NULL, error TEXT NOT NULL, "
-        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in DEAD_LETTER_MIGRATIONS) +
-        "created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
-        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
+    return dead_letter_table_ddl(
+        quote_table(table), binary="LONGBLOB", created_at="TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
+        migrations=DEAD_LETTER_MIGRATIONS,
         # Ids and topics byte for byte, as in the offset store: "Orders" and "orders" are two topics.
-        f"DEFAULT CHARSET=utf8mb4 COLLATE={DEAD_LETTER_COLLATION}"
-    )
+        table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={DEAD_LETTER_COLLATION}")
 
 
 #: The dead-letter table's columns: the batches the engine's partition runner hands its writer.

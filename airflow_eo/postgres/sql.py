@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.sqlsink.database import missing_column_statements
+from airflow_eo.sqlsink.database import dead_letter_table_ddl, missing_column_statements
 
 #: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
 #: session's own ``pg_temp`` schema).
@@ -197,12 +197,6 @@ def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[tuple[str, 
 
 
 def dead_letter_ddl(table: str) -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
-        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
-        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key BYTEA NULL, "
-        "raw_value BYTEA NULL, error TEXT NOT NULL, "
-        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in DEAD_LETTER_MIGRATIONS) +
-        "created_at TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, "
-        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))"
-    )
+    return dead_letter_table_ddl(quote_table(table), binary="BYTEA",
+                                 created_at="TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP",
+                                 migrations=DEAD_LETTER_MIGRATIONS)

@@ -167,3 +167,19 @@ def missing_column_statements(table: str, columns: Iterable[str], migrations: It
     have = {fold(c) for c in columns}
     return [(column, add_column_statement(table, column, sql_type)) for _, column, sql_type in migrations
             if fold(column) not in have]
+
+
+def dead_letter_table_ddl(quoted_table: str, *, binary: str, created_at: str,
+                          migrations: Iterable[tuple[int, str, str]], table_options: str = "") -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table at its newest version (every column of ``migrations``),
+    in a database's spelling of its binary columns, of ``created_at`` (type and default) and of the table's
+    options."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quoted_table} ("
+        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
+        f"kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key {binary} NULL, "
+        f"raw_value {binary} NULL, error TEXT NOT NULL, "
+        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in migrations) +
+        f"created_at {created_at}, "
+        f"PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)){table_options}"
+    )
