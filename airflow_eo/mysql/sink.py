@@ -89,10 +89,7 @@ class MySqlTableSink(SqlTableSink):
                 f"{self.name}: table {self.table!r} does not exist in database "
                 f"{schema or self.connect_kwargs.get('database')!r}: create it first"
             )
-        missing = [k for k in self.key_columns if k not in columns]
-        if missing:
-            raise ConfigurationError(f"{self.name}: table {self.table!r} has no key column(s) "
-                                     f"{', '.join(missing)}; its columns are {', '.join(columns)}")
+        self._check_key_columns(columns)
         return columns
 
     def _table_shape(self, cur: Any, unique_keys: tuple[frozenset[str], ...], name: str | None = None) -> TableShape:

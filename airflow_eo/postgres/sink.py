@@ -50,10 +50,7 @@ class PostgresTableSink(SqlTableSink):
         self.table_columns = [r[0] for r in conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
             "ORDER BY attnum", (relid,)).fetchall()]
-        missing = [k for k in self.key_columns if k not in self.table_columns]
-        if missing:
-            raise ConfigurationError(f"{self.name}: table {self.table!r} has no key column(s) "
-                                     f"{', '.join(missing)}; its columns are {', '.join(self.table_columns)}")
+        self._check_key_columns(self.table_columns)
         uniques = conn.execute(
             "SELECT array_agg(a.attname::text) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
             "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL "

@@ -24,7 +24,7 @@ class SqlDatabase:
     Connections are DB-API ones whose ``cursor()`` is a context manager, statements take ``%s`` placeholders.
     """
 
-    #: what messages call it (``MySQL``, ``PostgreSQL``)
+    #: what messages call it
     name: ClassVar[str]
     #: the Airflow connection type of its sinks and store
     conn_type: ClassVar[str]

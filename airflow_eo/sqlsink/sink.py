@@ -83,6 +83,13 @@ class SqlTableSink:
         """The database's reads of its server and of the target table (sets :attr:`table_columns`)."""
         raise NotImplementedError
 
+    def _check_key_columns(self, columns: Sequence[str]) -> None:
+        """Refuse a target table (with ``columns``) that lacks a key column."""
+        missing = [k for k in self.key_columns if k not in columns]
+        if missing:
+            raise ConfigurationError(f"{self.name}: table {self.table!r} has no key column(s) "
+                                     f"{', '.join(missing)}; its columns are {', '.join(columns)}")
+
     def check_columns(self, columns: Sequence[str]) -> None:
         unknown = [c for c in columns if c not in self.table_columns and c != DELETE_COLUMN]
         if unknown:
@@ -156,7 +163,7 @@ class SqlTableSink:
         return self._writer(batch, self.dead_letter_table, written, DEAD_LETTER_KEY, {}, **options)
 
     def _before_dead_letter_upgrade(self, cur: Any, batch: BatchContext) -> None:
-        """The database's own conversion of an existing dead-letter table (MySQL's collation), if any."""
+        """The database's own conversion of an existing dead-letter table (e.g. of its collation), if any."""
 
     def _dead_letter_writer_options(self, cur: Any, written: Sequence[str]) -> dict[str, Any]:
         """The database's own options of the dead-letter table's writer."""

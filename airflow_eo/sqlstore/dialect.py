@@ -2,7 +2,7 @@
 database's folder declares its own :class:`StoreDialect`, in its descriptor).
 
 Everything else (the tables' columns, the fenced writes, the compare-and-set commit point, the reads, the audited
-rewind) is one SQL text with ``%s`` placeholders, which pymysql and psycopg both take.
+rewind) is one SQL text with ``%s`` placeholders, which every room's driver takes.
 """
 
 from __future__ import annotations

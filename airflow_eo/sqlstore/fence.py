@@ -22,8 +22,8 @@ class EpochFence:
     (``epoch += 1``) then waits for the writes in flight, and every later write of an older
     attempt, such as a zombie executor's, aborts. Picklable: it travels to the executors.
 
-    :param database: qualifies the table (MySQL's database, PostgreSQL's schema), for a connection whose default
-        is another.
+    :param database: qualifies the table (a database or a schema, as the store's database names it), for a
+        connection whose default is another.
     :param dialect: the store's database.
     """
 

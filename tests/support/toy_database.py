@@ -256,6 +256,7 @@ class ToyTableSink(SqlTableSink):
             self.table_columns = DATABASE.table_columns(cur, self.table)
         if not self.table_columns:
             raise ConfigurationError(f"{self.name}: table {self.table!r} does not exist: create it first")
+        self._check_key_columns(self.table_columns)
 
     def _writer_options(self) -> dict[str, Any]:
         return {"two_phase": self.two_phase}
