@@ -25,6 +25,12 @@ class ConnectionInfo:
     schema: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
+    def server_login(self, default_port: int) -> dict[str, Any]:
+        """``host``, ``port``, ``user`` and ``password`` of a database server (localhost and ``default_port`` when
+        unset), the arguments every database driver takes under these names."""
+        return {"host": self.host or "localhost", "port": int(self.port or default_port), "user": self.login or "",
+                "password": self.password or ""}
+
 
 class Connections(Protocol):
     """Where a sink's factory finds its connections (the Airflow layer reads them from Airflow connections)."""

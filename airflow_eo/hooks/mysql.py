@@ -6,8 +6,8 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
-from airflow_eo.mysql.connection import connect_kwargs
 
 
 class EoMySqlHook(BaseHook):
@@ -28,6 +28,9 @@ class EoMySqlHook(BaseHook):
         self.mysql_conn_id = mysql_conn_id
 
     def get_connect_kwargs(self) -> dict[str, Any]:
+        require_driver("mysql")  # the connection module imports the driver: without it, the extra to install
+        from airflow_eo.mysql.connection import connect_kwargs
+
         return connect_kwargs(AirflowConnectionResolver().connection(self.mysql_conn_id))
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_eo.core.drivers import require_driver
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
-from airflow_eo.postgres.connection import connect_kwargs
 
 
 class EoPostgresHook(BaseHook):
@@ -29,4 +29,7 @@ class EoPostgresHook(BaseHook):
         self.postgres_conn_id = postgres_conn_id
 
     def get_connect_kwargs(self) -> dict[str, Any]:
+        require_driver("postgres")  # the connection module imports the driver: without it, the extra to install
+        from airflow_eo.postgres.connection import connect_kwargs
+
         return connect_kwargs(AirflowConnectionResolver().connection(self.postgres_conn_id))

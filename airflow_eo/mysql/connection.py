@@ -146,13 +146,7 @@ def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
 
     :param info: the connection.
     """
-    kwargs: dict[str, Any] = {
-        "host": info.host or "localhost",
-        "port": int(info.port or 3306),
-        "user": info.login or "",
-        "password": info.password or "",
-        "database": info.schema or None,
-    }
+    kwargs: dict[str, Any] = {**info.server_login(3306), "database": info.schema or None}
     extra = info.extra
     # A server that stops answering (a crash that leaves the socket open, a network partition)
     # fails the attempt after these seconds instead of hanging it; the next attempt recovers.

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pymysql
-
 # Versioned migrations: (version, statements). Append only; each statement is idempotent.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
@@ -97,28 +93,3 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
           for table in ("eo_pipeline", "eo_batch", "eo_offset", "eo_interval", "eo_audit")],
     ]),
 ]
-
-# A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
-_ALREADY_APPLIED = {1050, 1060}  # table exists, duplicate column
-
-
-def migrate(cur: Any) -> None:
-    """Apply the migrations not applied yet, in ``cur``'s transaction, serialized by a named lock (two DAGs
-    starting at once)."""
-    cur.execute("SELECT GET_LOCK('airflow_eo_migrate', 60) AS got")
-    try:
-        cur.execute("CREATE TABLE IF NOT EXISTS eo_schema_version (version INT NOT NULL PRIMARY KEY)")
-        cur.execute("SELECT version FROM eo_schema_version")
-        applied = {row["version"] for row in cur.fetchall()}
-        for version, statements in MIGRATIONS:
-            if version in applied:
-                continue
-            for statement in statements:
-                try:
-                    cur.execute(statement)
-                except pymysql.err.MySQLError as exc:
-                    if not exc.args or exc.args[0] not in _ALREADY_APPLIED:
-                        raise
-            cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))
-    finally:
-        cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")

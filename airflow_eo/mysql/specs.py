@@ -5,23 +5,19 @@ Importing this module is cheap (no pymysql, no pyarrow): the factories import th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
-from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
-from airflow_eo.core.connections import Connections
-from airflow_eo.core.drivers import require_driver
+from airflow_eo.core.config import TombstonePolicy, UpdateMode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
-
-if TYPE_CHECKING:
-    from airflow_eo.core.protocol import Sink
+from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory
 
 
 @dataclass(frozen=True)
-class MySqlUpsertSink(SinkSpec):
+class MySqlUpsertSink(SqlTableSinkSpec):
     """``INSERT .. ON DUPLICATE KEY UPDATE`` with overwrite semantics, replay-safe.
 
     Each Spark task commits its own statements; the store's commit point follows. A
@@ -42,17 +38,11 @@ class MySqlUpsertSink(SinkSpec):
         allows it (``local_infile=ON``, MariaDB's default) and for columns of plain types; otherwise the
         statements. The server may read only the staging file being loaded at that moment (any other file it asks
         for is refused and fails the task); False: the writer's connections do not offer ``LOAD DATA LOCAL``.
-    :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
-        it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
-        ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
-        in offset order wins, upsert or delete. Without a transform only.
-    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
-        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
-        and the ``ALTER TABLE`` to run.
+    :param on_tombstone: ``"bad_record"`` or ``"delete"`` (:class:`~airflow_eo.sqlsink.specs.SqlTableSinkSpec`).
+    :param add_missing_columns: add an output column the table lacks, or fail naming it
+        (:class:`~airflow_eo.sqlsink.specs.SqlTableSinkSpec`).
     """
 
-    table: str
-    key_columns: Sequence[str]
     conn_id: str = "mysql_default"
     updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     rows_per_statement: int = 500
@@ -61,36 +51,21 @@ class MySqlUpsertSink(SinkSpec):
     on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
     add_missing_columns: bool = False
 
+    connect_kwargs_function: ClassVar[str] = "airflow_eo.mysql.connection:connect_kwargs"
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "on_tombstone", tombstone_policy(
-            self.name, self.on_tombstone, self.capabilities.deletes,
-            "its rows may accumulate ('add' updates): a row is the sum of many records, not the one keyed record "
-            "a tombstone deletes; use MySqlUpsertSink"))
-        quote_table(self.table)
-        quote_table(self.dead_letter_table)
-        keys, updates = table_sink_keys_and_updates(self.name, self.key_columns, self.updates,
-                                                    self.capabilities.accumulates, "MySqlXaSink")
-        object.__setattr__(self, "key_columns", keys)
-        object.__setattr__(self, "updates", updates)
+        self._check_table_sink("MySqlUpsertSink", "MySqlXaSink", quote_table)
         if self.rows_per_statement < 1:
             raise ConfigurationError(f"{self.name}: rows_per_statement must be >= 1")
 
-    @property
-    def accumulating(self) -> bool:
-        return any(m is UpdateMode.ADD for m in self.updates.values())
-
-    @property
-    def target(self) -> str:
-        return self.table
-
-    def asset(self, connections: Connections) -> SinkAsset:
+    def _asset(self, db: Mapping[str, Any]) -> SinkAsset:
         """``mysql://host:port/database/table``, the scheme of Airflow's MySQL provider."""
-        require_driver('mysql')  # the connection module imports it
-        from airflow_eo.mysql.connection import connect_kwargs
-
-        db = connect_kwargs(connections.connection(self.conn_id))
         database, _, table = self.table.rpartition(".")
         return SinkAsset(f"mysql://{db['host']}:{db['port']}", f"{database or db['database']}.{table}")
+
+    def adapter_options(self) -> dict[str, Any]:
+        return {**super().adapter_options(), "rows_per_statement": self.rows_per_statement,
+                "bulk_load": self.bulk_load}
 
 
 @dataclass(frozen=True)
@@ -103,24 +78,5 @@ class MySqlXaSink(MySqlUpsertSink):
     """
 
 
-def _options(spec: MySqlUpsertSink) -> dict[str, Any]:
-    return {**table_sink_options(spec), "rows_per_statement": spec.rows_per_statement, "bulk_load": spec.bulk_load}
-
-
-def build_upsert(spec: MySqlUpsertSink, pipeline_id: str, connections: Connections,
-                  offset_store_conn_id: str | None) -> Sink:
-    from airflow_eo.mysql.connection import connect_kwargs
-    from airflow_eo.mysql.sink import MySqlUpsertAdapter
-
-    store = fencing_store(connections, offset_store_conn_id, "mysql")
-    return MySqlUpsertAdapter(connect_kwargs(connections.connection(spec.conn_id)),
-                              store_kwargs=connect_kwargs(store) if store is not None else None, **_options(spec))
-
-
-def build_xa(spec: MySqlXaSink, pipeline_id: str, connections: Connections,
-              offset_store_conn_id: str | None) -> Sink:
-    # Prepared branches of an older attempt are never committed: no epoch fence needed.
-    from airflow_eo.mysql.connection import connect_kwargs
-    from airflow_eo.mysql.sink import MySqlXaAdapter
-
-    return MySqlXaAdapter(connect_kwargs(connections.connection(spec.conn_id)), **_options(spec))
+build_upsert = table_sink_factory("airflow_eo.mysql.sink:MySqlUpsertAdapter", fenced=True)
+build_xa = table_sink_factory("airflow_eo.mysql.sink:MySqlXaAdapter", fenced=False)

@@ -9,6 +9,7 @@ from airflow_eo.core.batch import DEAD_LETTER_FIELDS
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_identifier, quote_table
+from airflow_eo.sqlsink.database import dead_letter_table_ddl, missing_column_statements
 
 
 def upsert_statement(
@@ -169,20 +170,6 @@ def delete_statement(table: str, key_columns: Sequence[str]) -> str:
     return f"DELETE FROM {quote_table(table)} WHERE {match}"
 
 
-#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
-SPARK_COLUMN_TYPES = {"string": "LONGTEXT", "int": "INT", "bigint": "BIGINT", "smallint": "SMALLINT",
-                      "tinyint": "TINYINT", "boolean": "BOOLEAN", "double": "DOUBLE", "float": "FLOAT",
-                      "timestamp": "DATETIME(6)", "timestamp_ntz": "DATETIME(6)", "date": "DATE", "binary": "LONGBLOB"}
-
-
-def column_type(spark_type: str) -> str | None:
-    """The MySQL type of a new column for a Spark type name; None when there is no plain one."""
-    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
-    if match:
-        return f"DECIMAL({match[1]},{match[2]})"
-    return SPARK_COLUMN_TYPES.get(spark_type)
-
-
 def add_column_statement(table: str, column: str, sql_type: str) -> str:
     return f"ALTER TABLE {quote_table(table)} ADD COLUMN {quote_identifier(column, 'column name')} {sql_type} NULL"
 
@@ -198,10 +185,9 @@ DEAD_LETTER_MIGRATIONS: list[tuple[int, str, str]] = [
 
 
 def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
-    """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
-    have = {c.lower() for c in columns}  # MySQL column names are case-insensitive
-    return [(column, add_column_statement(table, column, sql_type)) for _, column, sql_type in DEAD_LETTER_MIGRATIONS
-            if column not in have]
+    """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks (MySQL
+    column names compare without case)."""
+    return missing_column_statements(table, columns, DEAD_LETTER_MIGRATIONS, add_column_statement, True)
 
 
 #: Version 3 of the dead-letter table: ids and topics compared byte for byte. Releases before it made the table in
@@ -220,17 +206,11 @@ def dead_letter_collation_upgrade(table: str, collations: Mapping[str, str | Non
 
 
 def dead_letter_ddl(table: str) -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
-        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
-        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key LONGBLOB NULL, "
-        "raw_value LONGBLOB NULL, error TEXT NOT NULL, "
-        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in DEAD_LETTER_MIGRATIONS) +
-        "created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), "
-        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)) ENGINE=InnoDB "
+    return dead_letter_table_ddl(
+        quote_table(table), binary="LONGBLOB", created_at="TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
+        migrations=DEAD_LETTER_MIGRATIONS,
         # Ids and topics byte for byte, as in the offset store: "Orders" and "orders" are two topics.
-        f"DEFAULT CHARSET=utf8mb4 COLLATE={DEAD_LETTER_COLLATION}"
-    )
+        table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={DEAD_LETTER_COLLATION}")
 
 
 #: The dead-letter table's columns: the batches the engine's partition runner hands its writer.

@@ -4,8 +4,8 @@ beyond what the job ships). In XA mode the whole partition is one branch, prepar
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -14,7 +14,6 @@ import pymysql
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.vote import write_while_voting
-from airflow_eo.core.xid import Xid
 from airflow_eo.mysql.bulk_load import csv_files, hex_columns, load_replacing, sink_array, stage, staging_types
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.sql import (
@@ -26,29 +25,19 @@ from airflow_eo.mysql.sql import (
     upsert_statement,
 )
 from airflow_eo.mysql.xa import XaFacade
-from airflow_eo.sqlstore.fence import EpochFence
+from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
 STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class PartitionWriter:
+@dataclass(frozen=True, kw_only=True)
+class PartitionWriter(SqlPartitionWriter):
     """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
 
-    connect_kwargs: Mapping[str, Any] = field(repr=False)  # holds the password
-    table: str
-    columns: tuple[str, ...]
-    key_columns: tuple[str, ...]
-    updates: Mapping[str, str]
     row_alias: bool
     rows_per_statement: int
     xa: bool
-    pipeline_key: str
-    batch_id: int
-    epoch: int
-    #: upsert sink on the offset store's server: each transaction first checks the attempt's epoch
-    fence: EpochFence | None = None
     #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
     bulk_load: bool = False
     #: the bulk load goes straight into the table with LOAD DATA .. REPLACE, no staging table (the sink decided that
@@ -59,11 +48,10 @@ class PartitionWriter:
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
-        nonempty = (b for b in batches if b.num_rows)
-        first = next(nonempty, None)
-        if first is None:
+        found = nonempty(batches)
+        if found is None:
             return None, 0  # nothing to write: no branch at all
-        stream = _chain(first, nonempty)
+        first, stream = found
         types = staging_types(first.schema, self.columns) if self.bulk_load else None
         if agreed is not None and types is None:
             raise RuntimeError("a writer without bulk load cannot hold its rows (can_hold_writes said no)")
@@ -72,9 +60,9 @@ class PartitionWriter:
         conn = connect(self.connect_kwargs, autocommit=False, charset="utf8mb4", local_infile=types is not None)
         try:
             xa = XaFacade(conn) if self.xa else None
-            xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
+            xid = self.xid(partition, stage_id, attempt_id)
             if xa is not None:
-                self._rollback_earlier_attempts(xa, xid)
+                rollback_earlier_attempts(xa, xid)
             with conn.cursor() as cur:
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
@@ -111,14 +99,6 @@ class PartitionWriter:
             return None, written
         finally:
             conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
-
-    def _rollback_earlier_attempts(self, xa: XaFacade, xid: Xid) -> None:
-        # An earlier attempt of this task may have prepared its branch and then died: that
-        # branch holds row locks this attempt would wait on until the lock wait timeout.
-        for other in xa.recover():
-            if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
-                    xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
-                xa.rollback(other)
 
     def _load_replacing(self, conn: pymysql.connections.Connection, cur: Any, batches: Iterable[pa.RecordBatch],
                         hexed: frozenset[int], commit: bool = True) -> int:
@@ -223,7 +203,3 @@ def _rows(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator
     for batch in batches:
         yield from zip(*(sink_array(batch, name).to_pylist() for name in columns), strict=True)
 
-
-def _chain(first: tuple, rest: Iterator[tuple]) -> Iterator[tuple]:
-    yield first
-    yield from rest

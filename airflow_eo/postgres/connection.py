@@ -29,14 +29,7 @@ def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
 
     :param info: the connection.
     """
-    kwargs: dict[str, Any] = {
-        "host": info.host or "localhost",
-        "port": int(info.port or 5432),
-        "user": info.login or "",
-        "password": info.password or "",
-        "dbname": info.schema or "postgres",
-        **DEFAULTS,
-    }
+    kwargs: dict[str, Any] = {**info.server_login(5432), "dbname": info.schema or "postgres", **DEFAULTS}
     for name in EXTRA_PARAMETERS:
         if name in info.extra:
             kwargs[name] = info.extra[name]

@@ -8,8 +8,6 @@ MySQL's utf8mb4_bin columns keep them.
 
 from __future__ import annotations
 
-from typing import Any
-
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [
         """CREATE TABLE IF NOT EXISTS eo_pipeline (
@@ -84,21 +82,3 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS owner_task_id VARCHAR(250) NULL",
     ]),
 ]
-
-# Any 64-bit key; one per purpose (pg_advisory_xact_lock): serializes two DAGs migrating at once.
-MIGRATION_LOCK = 0x616972666C6F77  # "airflow"
-
-
-def migrate(cur: Any) -> None:
-    """Apply the migrations not applied yet, in ``cur``'s transaction (PostgreSQL's DDL is transactional: a
-    migration is applied whole or not at all), serialized by a transaction-scoped advisory lock."""
-    cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-    cur.execute("CREATE TABLE IF NOT EXISTS eo_schema_version (version INT NOT NULL PRIMARY KEY)")
-    cur.execute("SELECT version FROM eo_schema_version")
-    applied = {row["version"] for row in cur.fetchall()}
-    for version, statements in MIGRATIONS:
-        if version in applied:
-            continue
-        for statement in statements:
-            cur.execute(statement)
-        cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))

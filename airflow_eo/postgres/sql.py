@@ -6,11 +6,11 @@ A quoted name keeps its case: a table created as ``CREATE TABLE App_PV`` (unquot
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.sqlsink.database import dead_letter_table_ddl, missing_column_statements
 
 #: Session-private staging table of the upsert sink (a TEMP table shadows nothing of the user's: it lives in the
 #: session's own ``pg_temp`` schema).
@@ -175,20 +175,6 @@ def delete_from_staging_statement(table: str, staging: str, key_columns: Sequenc
             f'WHERE {quote_identifier(DELETE_COLUMN)}) AS "_eo_d" WHERE {match}')
 
 
-#: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds.
-SPARK_COLUMN_TYPES = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
-                      "tinyint": "SMALLINT", "boolean": "BOOLEAN", "double": "DOUBLE PRECISION", "float": "REAL",
-                      "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BYTEA"}
-
-
-def column_type(spark_type: str) -> str | None:
-    """The PostgreSQL type of a new column for a Spark type name; None when there is no plain one."""
-    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
-    if match:
-        return f"NUMERIC({match[1]},{match[2]})"
-    return SPARK_COLUMN_TYPES.get(spark_type)
-
-
 def add_column_statement(table: str, column: str, sql_type: str) -> str:
     """Idempotent (``IF NOT EXISTS``): a retry after a crash finds the column there."""
     quoted = quote_identifier(column, "column name")
@@ -207,18 +193,10 @@ DEAD_LETTER_MIGRATIONS: list[tuple[int, str, str]] = [
 
 def dead_letter_upgrades(table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
     """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
-    have = set(columns)
-    return [(column, add_column_statement(table, column, sql_type)) for _, column, sql_type in DEAD_LETTER_MIGRATIONS
-            if column not in have]
+    return missing_column_statements(table, columns, DEAD_LETTER_MIGRATIONS, add_column_statement, False)
 
 
 def dead_letter_ddl(table: str) -> str:
-    return (
-        f"CREATE TABLE IF NOT EXISTS {quote_table(table)} ("
-        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
-        "kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key BYTEA NULL, "
-        "raw_value BYTEA NULL, error TEXT NOT NULL, "
-        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in DEAD_LETTER_MIGRATIONS) +
-        "created_at TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP, "
-        "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))"
-    )
+    return dead_letter_table_ddl(quote_table(table), binary="BYTEA",
+                                 created_at="TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP",
+                                 migrations=DEAD_LETTER_MIGRATIONS)

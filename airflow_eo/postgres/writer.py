@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
-from airflow_eo.postgres.prepared import PreparedTransactions
+from airflow_eo.postgres.prepared import PreparedTransactions, prepared_session
 from airflow_eo.postgres.sql import (
     STAGING_SEQ,
     STAGING_TABLE,
@@ -35,7 +35,7 @@ from airflow_eo.postgres.sql import (
     staging_name,
     upsert_from_staging_statement,
 )
-from airflow_eo.sqlstore.fence import EpochFence
+from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 
 #: Bytes of CSV handed to COPY at a time.
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
@@ -61,31 +61,20 @@ def _array(batch: pa.RecordBatch, name: str) -> pa.Array:
     return array
 
 
-@dataclass(frozen=True)
-class PartitionWriter:
+@dataclass(frozen=True, kw_only=True)
+class PartitionWriter(SqlPartitionWriter):
     """Writes one Spark partition; runs inside a Spark task (must stay picklable)."""
 
-    connect_kwargs: Mapping[str, Any]
-    table: str
-    columns: tuple[str, ...]
-    key_columns: tuple[str, ...]
-    updates: Mapping[str, str]
     two_phase: bool
-    pipeline_key: str
-    batch_id: int
-    epoch: int
-    #: upsert sink on the offset store's database: the insert's transaction first checks the attempt's epoch
-    fence: EpochFence | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
-        nonempty = (b for b in batches if b.num_rows)
-        first = next(nonempty, None)
-        if first is None:
+        found = nonempty(batches)
+        if found is None:
             return None, 0  # nothing to write: no transaction at all
-        stream = _chain(first, nonempty)
+        first, stream = found
         csv = csv_copyable(first.schema, self.columns)
-        xid = Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)
+        xid = self.xid(partition, stage_id, attempt_id)
         temporary = not self.two_phase
         # The two-phase sink's staging table is a table of the schema while its transaction lasts: named per task,
         # so that concurrent tasks never wait on each other's catalog rows.
@@ -134,17 +123,9 @@ class PartitionWriter:
             conn.close()  # a prepared transaction survives this; an open one is rolled back
 
     def _rollback_earlier_attempts(self, xid: Xid) -> None:
-        # An earlier attempt of this task may have prepared its transaction and then died: it holds row locks this
-        # attempt would wait on forever (a prepared transaction has no lock timeout of its own).
-        conn = connect(self.connect_kwargs, autocommit=True)
-        try:
-            prepared = PreparedTransactions(conn)
-            for other in prepared.recover():
-                if (other.pipeline_key, other.batch_id, other.epoch, other.partition) == (
-                        xid.pipeline_key, xid.batch_id, xid.epoch, xid.partition) and other != xid:
-                    prepared.rollback(other)
-        finally:
-            conn.close()
+        # On its own autocommit session: ROLLBACK PREPARED may not run inside this task's transaction.
+        with prepared_session(self.connect_kwargs) as prepared:
+            rollback_earlier_attempts(prepared, xid)
 
     def _copy(self, cur: Any, staging: str, batches: Iterator[pa.RecordBatch], csv: bool) -> int:
         staged = 0
@@ -168,7 +149,3 @@ class PartitionWriter:
                 copy.write(buffer.getvalue())
         return staged
 
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest

@@ -1,7 +1,8 @@
-"""What differs between the SQL databases the offset store runs on: a handful of statements' spellings.
+"""What differs between the SQL databases the offset store runs on: a handful of statements' spellings (each
+database's folder declares its own :class:`StoreDialect`, in its descriptor).
 
 Everything else (the tables' columns, the fenced writes, the compare-and-set commit point, the reads, the audited
-rewind) is one SQL text with ``%s`` placeholders, which pymysql and psycopg both take.
+rewind) is one SQL text with ``%s`` placeholders, which every room's driver takes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class StoreDialect:
     :param share_lock: the clause that locks a read row against writers only.
     :param utc_session: the statement that makes this transaction's timestamps read as UTC.
     :param identifier_quote: the character that quotes identifiers.
+    :param exclusive_lock: the clause that locks a read row against readers that lock and writers.
+    :param limit: the clause that keeps the first ``{n}`` rows.
     """
 
     name: str
@@ -29,6 +32,8 @@ class StoreDialect:
     share_lock: str
     utc_session: str
     identifier_quote: str
+    exclusive_lock: str = "FOR UPDATE"
+    limit: str = "LIMIT {n}"
 
     def insert_ignoring(self, table: str, columns: tuple[str, ...], key: tuple[str, ...],
                         values: tuple[str, ...] | None = None) -> str:
@@ -47,22 +52,3 @@ class StoreDialect:
         q = self.identifier_quote
         return f"{q}{schema}{q}." if schema else ""
 
-
-MYSQL = StoreDialect(
-    name="MySQL",
-    insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
-    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
-    share_lock="LOCK IN SHARE MODE",
-    utc_session="SET time_zone = '+00:00'",
-    identifier_quote="`",
-)
-
-POSTGRES = StoreDialect(
-    name="PostgreSQL",
-    insert_ignore="INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({key}) DO NOTHING",
-    increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = {table}.epoch + 1, "
-                           "taken_at = CURRENT_TIMESTAMP(3)"),
-    share_lock="FOR SHARE",
-    utc_session="SET LOCAL TIME ZONE 'UTC'",
-    identifier_quote='"',
-)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from airflow_eo.core.errors import FencedError
 from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.planning import Interval
-from airflow_eo.sqlstore.dialect import MYSQL, StoreDialect
+from airflow_eo.sqlstore.dialect import StoreDialect
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,8 @@ class EpochFence:
     (``epoch += 1``) then waits for the writes in flight, and every later write of an older
     attempt, such as a zombie executor's, aborts. Picklable: it travels to the executors.
 
-    :param database: qualifies the table (MySQL's database, PostgreSQL's schema), for a connection whose default
-        is another.
+    :param database: qualifies the table (a database or a schema, as the store's database names it), for a
+        connection whose default is another.
     :param dialect: the store's database.
     """
 
@@ -31,7 +31,7 @@ class EpochFence:
     epoch: int
     interval: Interval | None = None
     database: str | None = None
-    dialect: StoreDialect = MYSQL
+    dialect: StoreDialect = field(kw_only=True)
 
     def query(self, lock: str) -> tuple[str, tuple[Any, ...]]:
         prefix = self.dialect.qualifier(validate_identifier(self.database, "database name") if self.database else None)
@@ -43,7 +43,8 @@ class EpochFence:
     def check(self, cur: Any, lock: Literal["update", "share", "none"] = "update") -> None:
         """Read the epoch row (locked ``FOR UPDATE``, with a ``share`` lock against writers only, or not locked);
         FencedError unless it holds ours."""
-        cur.execute(*self.query({"update": "FOR UPDATE", "share": self.dialect.share_lock, "none": ""}[lock]))
+        locks = {"update": self.dialect.exclusive_lock, "share": self.dialect.share_lock, "none": ""}
+        cur.execute(*self.query(locks[lock]))
         row = cur.fetchone()
         current = None if row is None else (row["epoch"] if isinstance(row, dict) else row[0])
         if current != self.epoch:

@@ -42,6 +42,11 @@ class StoreReads:
     def migrate(self) -> None:
         raise NotImplementedError
 
+    @property
+    def _limit(self) -> str:
+        """The dialect's clause keeping the first ``%s`` rows."""
+        return self.dialect.limit.format(n="%s")
+
     @contextmanager
     def _utc_reads(self) -> Iterator[Any]:
         """A transaction whose timestamp columns read as UTC (the session's time zone converts them)."""
@@ -103,7 +108,7 @@ class StoreReads:
             where += f" AND batch_id IN ({', '.join(['%s'] * len(batch_ids))})"
             args.extend(batch_ids)
         with self._utc_reads() as cur:
-            cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id DESC LIMIT %s", (*args, limit))
+            cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id DESC {self._limit}", (*args, limit))
             return [batch_info(r) for r in cur.fetchall()]
 
     def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]:
@@ -113,7 +118,7 @@ class StoreReads:
         :param limit: at most this many.
         """
         with self._utc_reads() as cur:
-            cur.execute("SELECT * FROM eo_audit WHERE pipeline_id = %s ORDER BY audit_id DESC LIMIT %s",
+            cur.execute(f"SELECT * FROM eo_audit WHERE pipeline_id = %s ORDER BY audit_id DESC {self._limit}",
                         (pipeline_id, limit))
             return [AuditEntry(int(r["audit_id"]), r["pipeline_id"], utc(r["created_at"]), r["actor"], r["action"],
                                r["reason"], None if r["epoch"] is None else int(r["epoch"]),
@@ -176,7 +181,8 @@ class StoreReads:
         p = plan.pipeline_id
         self.migrate()
         with self.transaction() as cur:
-            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (p,))
+            cur.execute(f"SELECT {PIPELINE_COLUMNS} FROM eo_pipeline WHERE pipeline_id = %s "
+                        f"{self.dialect.exclusive_lock}", (p,))
             row = cur.fetchone()
             if row is None:
                 raise UnknownPipelineError(f"the offset store has no pipeline {p!r}")

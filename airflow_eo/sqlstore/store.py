@@ -7,15 +7,18 @@ a lock on the pipeline row, and the commit point is one local transaction of
 compare-and-sets (:meth:`commit_batch`). ``eo_interval`` fences interval-mode
 batches; ``eo_audit`` records what people did to a pipeline (``airflow eo rewind``,
 ``recover``). One SQL text for every database (``%s`` placeholders, rows as dicts); what differs is the
-:class:`~airflow_eo.sqlstore.dialect.StoreDialect`. Each database's room supplies connections and migrations
-(``airflow_eo/mysql/store.py``, ``airflow_eo/postgres/store.py``); the fence: ``fence.py``; the operations' reads
+:class:`~airflow_eo.sqlstore.dialect.StoreDialect`. Each database's room supplies its connections, migrations and
+dialect in one descriptor (:class:`StoreDatabase`, the store's part of
+:class:`~airflow_eo.sqlsink.database.SqlDatabase`); the fence: ``fence.py``; the operations' reads
 and the audited rewind: ``reads.py``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any, ClassVar, Protocol
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.config import SinkRecord
@@ -28,6 +31,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
+from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
 from airflow_eo.sqlstore.reads import StoreReads
 from airflow_eo.sqlstore.rows import batch_record, row_owner
@@ -41,15 +45,64 @@ class _NoSchemaVersion(Exception):
     """The store has no schema version table."""
 
 
+class StoreDatabase(Protocol):
+    """What the store asks of its database's descriptor (:class:`~airflow_eo.sqlsink.database.SqlDatabase`)."""
+
+    @property
+    def dialect(self) -> StoreDialect: ...
+
+    @property
+    def migrations(self) -> Sequence[tuple[int, Sequence[str]]]: ...
+
+    def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
+        """One transaction's connection: cursors return rows as dicts and count matched rows."""
+
+    def errors(self) -> tuple[type[BaseException], ...]: ...
+
+    def lock_migrations(self, cur: Any) -> None: ...
+
+    def unlock_migrations(self, cur: Any) -> None: ...
+
+    def already_applied(self, exc: BaseException) -> bool: ...
+
+
 class SqlOffsetStore(StoreReads):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
-    :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it with its connections
-    (``transaction()``: one transaction whose cursor returns rows as dicts and counts matched rows), its
-    migrations (``_migrate``) and its ``dialect``."""
+    :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it naming its
+    :attr:`database`.
 
+    :param connect_kwargs: the driver's arguments (from the store's Airflow connection).
+    """
+
+    #: the room's descriptor: connections, migrations, dialect
+    database: ClassVar[StoreDatabase]
     _migrated = False
     #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.
     read_only = False
+
+    def __init__(self, connect_kwargs: Mapping[str, Any]) -> None:
+        self._connect_kwargs = dict(connect_kwargs)
+
+    @property
+    def dialect(self) -> StoreDialect:  # type: ignore[override]
+        return self.database.dialect
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One connection, one transaction: committed on success, rolled back on error."""
+        conn = self.database.store_connection(self._connect_kwargs)
+        try:
+            with conn.cursor() as cur:
+                yield cur
+            conn.commit()
+        except BaseException:
+            # Best effort: on a lost connection (the server crashed) the server rolls back by itself, and a failing
+            # ROLLBACK must not hide the error that says what happened.
+            with suppress(*self.database.errors()):
+                conn.rollback()
+            raise
+        finally:
+            conn.close()
 
     def migrate(self) -> None:
         if self._migrated:
@@ -62,12 +115,31 @@ class SqlOffsetStore(StoreReads):
         self._migrated = True
 
     def _migrate(self, cur: Any) -> None:
-        """Apply the database's migrations not applied yet, in ``cur``'s transaction."""
-        raise NotImplementedError
+        """Apply the database's migrations not applied yet, in ``cur``'s transaction, serialized by the database's
+        migration lock (two DAGs starting at once). A statement the database says an interrupted run applied
+        already (DDL that commits on its own) counts as done."""
+        db = self.database
+        db.lock_migrations(cur)
+        try:
+            cur.execute("CREATE TABLE IF NOT EXISTS eo_schema_version (version INT NOT NULL PRIMARY KEY)")
+            cur.execute("SELECT version FROM eo_schema_version")
+            applied = {row["version"] for row in cur.fetchall()}
+            for version, statements in db.migrations:
+                if version in applied:
+                    continue
+                for statement in statements:
+                    try:
+                        cur.execute(statement)
+                    except db.errors() as exc:
+                        if not db.already_applied(exc):
+                            raise
+                cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))
+        finally:
+            db.unlock_migrations(cur)
 
     def _latest_schema_version(self) -> int:
         """The version the room's migrations reach."""
-        raise NotImplementedError
+        return max(version for version, _ in self.database.migrations)
 
     def _check_schema(self) -> None:
         """Refuse to read a store whose schema is behind this release (reads must not write)."""
@@ -106,7 +178,7 @@ class SqlOffsetStore(StoreReads):
             cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
                                                      ("%s", "0")), (pipeline_id,))
         cur.execute("SELECT owner, owner_dag_id, owner_task_id, mode FROM eo_pipeline WHERE pipeline_id = %s "
-                    "FOR UPDATE", (pipeline_id,))
+                    f"{self.dialect.exclusive_lock}", (pipeline_id,))
         row = cur.fetchone()
         recorded = row_owner(row)
         if owner and (recorded != owner if recorded else row["owner"] and row["owner"] != str(owner)):
@@ -208,7 +280,8 @@ class SqlOffsetStore(StoreReads):
         with self.transaction() as cur:
             self._fence(cur, pipeline_id, interval, epoch)
             if interval is not None:  # serialize batch-id allocation between concurrent intervals
-                cur.execute("SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s FOR UPDATE", (pipeline_id,))
+                cur.execute(f"SELECT 1 FROM eo_pipeline WHERE pipeline_id = %s {self.dialect.exclusive_lock}",
+                            (pipeline_id,))
             cur.execute("SELECT COALESCE(MAX(batch_id), -1) + 1 AS next FROM eo_batch WHERE pipeline_id = %s",
                         (pipeline_id,))
             batch_id = int(_one_row(cur)["next"])

@@ -1,0 +1,143 @@
+"""MySQL / MariaDB as the shared SQL sink and store see it: the room's one descriptor (``docs/architecture.md``,
+"The recipe for a new database")."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pymysql
+import pymysql.cursors
+from pymysql.constants import CLIENT, CR, ER
+
+from airflow_eo.core.identifiers import quote_table
+from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.mysql import connection, migrations, sql
+from airflow_eo.mysql.xa import xa_session
+from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlstore.dialect import StoreDialect
+
+MYSQL = StoreDialect(
+    name="MySQL",
+    insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
+    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
+    share_lock="LOCK IN SHARE MODE",
+    utc_session="SET time_zone = '+00:00'",
+    identifier_quote="`",
+)
+
+# A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
+_ALREADY_APPLIED = {ER.TABLE_EXISTS_ERROR, ER.DUP_FIELDNAME}
+# The connection is gone, or the server chose this transaction as a deadlock's victim: a retry may succeed.
+_TRANSIENT = {CR.CR_SERVER_GONE_ERROR, CR.CR_SERVER_LOST, CR.CR_CONN_HOST_ERROR, ER.LOCK_DEADLOCK,
+              ER.LOCK_WAIT_TIMEOUT}
+
+
+class MySqlDatabase(SqlDatabase):
+    """MySQL / MariaDB through pymysql (every session utf8mb4 and strict:
+    :func:`~airflow_eo.mysql.connection.connect`)."""
+
+    name = "MySQL"
+    conn_type = "mysql"
+    dialect = MYSQL
+    branch_name = "prepared XA branch"
+    spark_column_types = {"string": "LONGTEXT", "int": "INT", "bigint": "BIGINT", "smallint": "SMALLINT",
+                          "tinyint": "TINYINT", "boolean": "BOOLEAN", "double": "DOUBLE", "float": "FLOAT",
+                          "timestamp": "DATETIME(6)", "timestamp_ntz": "DATETIME(6)", "date": "DATE",
+                          "binary": "LONGBLOB"}
+    dead_letter_migrations = sql.DEAD_LETTER_MIGRATIONS
+    case_insensitive_columns = True
+    alter_role = "a user with the ALTER privilege"
+
+    @property
+    def migrations(self) -> Sequence[tuple[int, Sequence[str]]]:  # type: ignore[override]
+        return migrations.MIGRATIONS  # read when used: a test sets an older list
+
+    def connect(self, connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
+        return connection.connect(connect_kwargs, **{"charset": "utf8mb4", **options})
+
+    def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
+        # Affected rows = matched rows, so a compare-and-set that rewrites an unchanged value (an empty range) still
+        # counts as a match.
+        return connection.connect(connect_kwargs, autocommit=False, cursorclass=pymysql.cursors.DictCursor,
+                                  client_flag=CLIENT.FOUND_ROWS)
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return (pymysql.err.MySQLError,)
+
+    def describe(self, exc: BaseException) -> str:
+        """pymysql's error as its message (its args are ``(code, message)``)."""
+        return str(exc.args[-1]) if exc.args else str(exc)
+
+    def _code(self, exc: BaseException) -> Any:
+        return exc.args[0] if exc.args else None
+
+    def is_duplicate_column(self, exc: BaseException) -> bool:
+        return self._code(exc) == ER.DUP_FIELDNAME
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return self._code(exc) == ER.NO_SUCH_TABLE
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return self._code(exc) in _TRANSIENT
+
+    def read_dicts(self, connect_kwargs: Mapping[str, Any], statement: str,
+                   args: Sequence[Any]) -> list[dict[str, Any]]:
+        conn = self.connect(connect_kwargs, autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(MYSQL.utc_session)  # TIMESTAMP columns in UTC
+                cur.execute(statement, args)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def lock_migrations(self, cur: Any) -> None:
+        cur.execute("SELECT GET_LOCK('airflow_eo_migrate', 60) AS got")
+
+    def unlock_migrations(self, cur: Any) -> None:
+        cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")
+
+    def already_applied(self, exc: BaseException) -> bool:
+        return self._code(exc) in _ALREADY_APPLIED
+
+    def quote_table(self, table: str) -> str:
+        return quote_table(table)
+
+    def add_column_statement(self, table: str, column: str, sql_type: str) -> str:
+        return sql.add_column_statement(table, column, sql_type)
+
+    def dead_letter_ddl(self, table: str) -> str:
+        return sql.dead_letter_ddl(table)
+
+    def table_columns(self, cur: Any, table: str) -> list[str]:
+        schema, name = split_table(table)
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) "
+                    "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, name))
+        return [row[0] for row in cur.fetchall()]
+
+    def store_schema(self, store_kwargs: Mapping[str, Any]) -> str | None:
+        return store_kwargs.get("database")
+
+    def fence_advice(self, store_kwargs: Mapping[str, Any]) -> str:
+        return (f"on the store's server are fenced by it: GRANT SELECT ON {store_kwargs.get('database')}.eo_pipeline "
+                "and .eo_interval to that user")
+
+    def lock_wait(self, seconds: int) -> str:
+        return f"SET SESSION lock_wait_timeout = {int(seconds)}"
+
+    @contextlib.contextmanager
+    def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
+        with xa_session(connect_kwargs) as xa:
+            yield xa
+
+
+def split_table(table: str) -> tuple[str | None, str]:
+    """``database.table`` or ``table`` → (database or None, table)."""
+    parts = table.split(".")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+#: The room's descriptor.
+DATABASE = MySqlDatabase()

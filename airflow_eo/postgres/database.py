@@ -1,0 +1,118 @@
+"""PostgreSQL as the shared SQL sink and store see it: the room's one descriptor (``docs/architecture.md``, "The
+recipe for a new database")."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.postgres import connection, migrations, sql
+from airflow_eo.postgres.prepared import prepared_session
+from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlstore.dialect import StoreDialect
+
+POSTGRES = StoreDialect(
+    name="PostgreSQL",
+    insert_ignore="INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({key}) DO NOTHING",
+    increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = {table}.epoch + 1, "
+                           "taken_at = CURRENT_TIMESTAMP(3)"),
+    share_lock="FOR SHARE",
+    utc_session="SET LOCAL TIME ZONE 'UTC'",
+    identifier_quote='"',
+)
+
+# Any 64-bit key; one per purpose (pg_advisory_xact_lock): serializes two DAGs migrating at once.
+MIGRATION_LOCK = 0x616972666C6F77  # "airflow"
+
+
+class PostgresDatabase(SqlDatabase):
+    """PostgreSQL through psycopg 3 (every session in UTC, JSON read as text:
+    :func:`~airflow_eo.postgres.connection.connect`)."""
+
+    name = "PostgreSQL"
+    conn_type = "postgres"
+    dialect = POSTGRES
+    branch_name = "prepared transaction"
+    spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
+                          "tinyint": "SMALLINT", "boolean": "BOOLEAN", "double": "DOUBLE PRECISION", "float": "REAL",
+                          "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BYTEA"}
+    decimal_type = "NUMERIC({precision},{scale})"
+    dead_letter_migrations = sql.DEAD_LETTER_MIGRATIONS
+    alter_role = "the table's owner"
+    location_keys = ("host", "port", "dbname")
+
+    @property
+    def migrations(self) -> Sequence[tuple[int, Sequence[str]]]:  # type: ignore[override]
+        return migrations.MIGRATIONS  # read when used: a test sets an older list
+
+    def connect(self, connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
+        return connection.connect(connect_kwargs, **options)
+
+    def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
+        # READ COMMITTED: every statement sees what committed before it, as the compare-and-sets after the fence's
+        # lock need; psycopg counts matched rows.
+        return connection.connect(connect_kwargs, autocommit=False, row_factory=dict_row)
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return (psycopg.Error,)
+
+    def where(self, connect_kwargs: Mapping[str, Any]) -> str:
+        return f"{connect_kwargs.get('host')}:{connect_kwargs.get('port')}/{connect_kwargs.get('dbname')}"
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.errors.UndefinedTable)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.errors.DeadlockDetected,
+                                psycopg.errors.SerializationFailure))
+
+    def is_privilege_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.errors.InsufficientPrivilege)
+
+    def read_dicts(self, connect_kwargs: Mapping[str, Any], statement: str,
+                   args: Sequence[Any]) -> list[dict[str, Any]]:
+        conn = self.connect(connect_kwargs, autocommit=True, row_factory=dict_row)
+        try:
+            found = conn.execute(statement, args).fetchall()
+        finally:
+            conn.close()
+        # bytes as MySQL's driver returns them (psycopg reads BYTEA as memoryview)
+        return [{k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()} for row in found]
+
+    def lock_migrations(self, cur: Any) -> None:
+        # Transaction-scoped: PostgreSQL's DDL is transactional, a migration is applied whole or not at all.
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+
+    def quote_table(self, table: str) -> str:
+        return sql.quote_table(table)
+
+    def add_column_statement(self, table: str, column: str, sql_type: str) -> str:
+        return sql.add_column_statement(table, column, sql_type)
+
+    def dead_letter_ddl(self, table: str) -> str:
+        return sql.dead_letter_ddl(table)
+
+    def table_columns(self, cur: Any, table: str) -> list[str]:
+        cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                    "AND NOT attisdropped ORDER BY attnum", (sql.quote_table(table),))
+        return [row[0] for row in cur.fetchall()]
+
+    def fence_advice(self, store_kwargs: Mapping[str, Any]) -> str:
+        return "in the store's database are fenced by it: GRANT SELECT ON eo_pipeline, eo_interval TO that user"
+
+    def lock_wait(self, seconds: int) -> str:
+        return f"SET lock_timeout = '{int(seconds)}s'"
+
+    @contextlib.contextmanager
+    def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
+        with prepared_session(connect_kwargs) as prepared:
+            yield prepared
+
+
+#: The room's descriptor.
+DATABASE = PostgresDatabase()

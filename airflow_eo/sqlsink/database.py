@@ -1,0 +1,185 @@
+"""The descriptor of one SQL database: everything the shared sink and store ask of it (``docs/architecture.md``,
+"The recipe for a new database").
+
+A database's folder subclasses :class:`SqlDatabase` once (``mysql/database.py``, ``postgres/database.py``): how to
+connect, the driver's errors (and which of them mean "already there" or "no such table"), the store's
+:class:`~airflow_eo.sqlstore.dialect.StoreDialect` and migrations, the column types, identifier rules, and its
+two-phase session. Nothing here imports a driver: a descriptor imports its own, lazily, when a method runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.sqlstore.dialect import StoreDialect
+
+
+class SqlDatabase:
+    """One SQL database, as :mod:`airflow_eo.sqlsink` and :mod:`airflow_eo.sqlstore` use it.
+
+    Connections are DB-API ones whose ``cursor()`` is a context manager, statements take ``%s`` placeholders.
+    """
+
+    #: what messages call it
+    name: ClassVar[str]
+    #: the Airflow connection type of its sinks and store
+    conn_type: ClassVar[str]
+    #: the offset store's spellings
+    dialect: ClassVar[StoreDialect]
+    #: the offset store's versioned migrations (append only, each statement idempotent)
+    migrations: ClassVar[Sequence[tuple[int, Sequence[str]]]]
+    #: what the database calls a prepared branch (messages, the log)
+    branch_name: ClassVar[str] = "prepared transaction"
+    #: Spark's plain types (``simpleString()``) as the column types ``add_missing_columns`` adds
+    spark_column_types: ClassVar[Mapping[str, str]]
+    #: how it spells a decimal column type (``{precision}``, ``{scale}``)
+    decimal_type: ClassVar[str] = "DECIMAL({precision},{scale})"
+    #: the columns a dead-letter table gained after its first version (append only): (version, column, type)
+    dead_letter_migrations: ClassVar[Sequence[tuple[int, str, str]]] = ()
+    #: whether column names compare without case (an existing column of another case is the same column)
+    case_insensitive_columns: ClassVar[bool] = False
+    #: who may run an ALTER TABLE, for messages (``a user with the ALTER privilege``)
+    alter_role: ClassVar[str] = "the table's owner"
+    #: the keys of connect_kwargs that say where the database is (an upsert sink there is fenced by the store)
+    location_keys: ClassVar[tuple[str, ...]] = ("host", "port")
+
+    # -- connections and errors
+
+    def connect(self, connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
+        """A connection (``autocommit`` among ``options``) whose cursors return tuples."""
+        raise NotImplementedError
+
+    def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
+        """The offset store's connection: one transaction (not autocommit), cursors returning rows as dicts, and
+        counting matched rows (a compare-and-set that rewrites an unchanged value still counts)."""
+        raise NotImplementedError
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's error base classes."""
+        raise NotImplementedError
+
+    def describe(self, exc: BaseException) -> str:
+        """One of the driver's errors as its message."""
+        return str(exc).strip()
+
+    def where(self, connect_kwargs: Mapping[str, Any]) -> str:
+        """``host:port`` (and database) of a connection, for messages."""
+        return f"{connect_kwargs.get('host')}:{connect_kwargs.get('port')}"
+
+    def is_duplicate_column(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says an added column exists already (added meanwhile by another attempt)."""
+        return False
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the table read does not exist."""
+        raise NotImplementedError
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is worth a retry (a lost connection, a deadlock), not a mistake to report."""
+        return False
+
+    def read_dicts(self, connect_kwargs: Mapping[str, Any], statement: str,
+                   args: Sequence[Any]) -> list[dict[str, Any]]:
+        """The rows of one query as dicts, timestamps in UTC, bytes as ``bytes``."""
+        raise NotImplementedError
+
+    # -- the offset store's migrations
+
+    def lock_migrations(self, cur: Any) -> None:
+        """Serialize two stores migrating at once (held until :meth:`unlock_migrations` or the transaction's end)."""
+        raise NotImplementedError
+
+    def unlock_migrations(self, cur: Any) -> None:
+        """Release what :meth:`lock_migrations` took, when the transaction's end does not."""
+
+    def already_applied(self, exc: BaseException) -> bool:
+        """Whether a migration's statement failed because an interrupted run applied it (DDL that commits on its
+        own); never for a database whose DDL is transactional."""
+        return False
+
+    # -- identifiers, types, statements
+
+    def quote_table(self, table: str) -> str:
+        """``table`` or ``schema.table`` validated and quoted."""
+        raise NotImplementedError
+
+    def add_column_statement(self, table: str, column: str, sql_type: str) -> str:
+        """``ALTER TABLE .. ADD COLUMN`` of a nullable column."""
+        raise NotImplementedError
+
+    def column_type(self, spark_type: str) -> str | None:
+        """The type of a new column for a Spark type name; None when there is no plain one."""
+        match = re.fullmatch(r"decimal\((\d+),(\d+)\)", spark_type)
+        if match:
+            return self.decimal_type.format(precision=match[1], scale=match[2])
+        return self.spark_column_types.get(spark_type)
+
+    def dead_letter_ddl(self, table: str) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` of the dead-letter table at its newest version."""
+        raise NotImplementedError
+
+    def dead_letter_upgrades(self, table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
+        """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
+        return missing_column_statements(table, columns, self.dead_letter_migrations, self.add_column_statement,
+                                         self.case_insensitive_columns)
+
+    def table_columns(self, cur: Any, table: str) -> list[str]:
+        """The columns of ``table`` in order; empty when it does not exist."""
+        raise NotImplementedError
+
+    def store_schema(self, store_kwargs: Mapping[str, Any]) -> str | None:
+        """What qualifies the store's tables read from a sink's connection to the same database (None: the
+        connection's default)."""
+        return None
+
+    def is_privilege_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the user may not read what it asked for."""
+        return True
+
+    def fence_advice(self, store_kwargs: Mapping[str, Any]) -> str:
+        """The end of the message to a sink user who may not read the store's epoch: where the fence applies, and
+        what to grant."""
+        raise NotImplementedError
+
+    def lock_wait(self, seconds: int) -> str:
+        """The session statement that bounds how long DDL waits for other sessions' locks."""
+        raise NotImplementedError
+
+    # -- two-phase commit
+
+    @contextlib.contextmanager
+    def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
+        """The database's two-phase API on a new session, closed afterwards (a prepared branch survives it)."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+
+def missing_column_statements(table: str, columns: Iterable[str], migrations: Iterable[tuple[int, str, str]],
+                              add_column_statement: Callable[[str, str, str], str],
+                              case_insensitive: bool) -> list[tuple[str, str]]:
+    """``(column, ALTER TABLE statement)`` of each column of ``migrations`` ((version, column, type), append only)
+    that a table with ``columns`` lacks."""
+    fold = str.lower if case_insensitive else str
+    have = {fold(c) for c in columns}
+    return [(column, add_column_statement(table, column, sql_type)) for _, column, sql_type in migrations
+            if fold(column) not in have]
+
+
+def dead_letter_table_ddl(quoted_table: str, *, binary: str, created_at: str,
+                          migrations: Iterable[tuple[int, str, str]], table_options: str = "") -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a dead-letter table at its newest version (every column of ``migrations``),
+    in a database's spelling of its binary columns, of ``created_at`` (type and default) and of the table's
+    options."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {quoted_table} ("
+        "pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, "
+        f"kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, record_key {binary} NULL, "
+        f"raw_value {binary} NULL, error TEXT NOT NULL, "
+        + "".join(f"{column} {sql_type} NULL, " for _, column, sql_type in migrations) +
+        f"created_at {created_at}, "
+        f"PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset)){table_options}"
+    )

@@ -1,0 +1,119 @@
+"""What every SQL table sink's spec shares (parse time, no I/O, no driver): the checks of its options, the
+``accumulating`` flag and the target, and the factory that builds its adapter when a run needs one."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates, tombstone_policy
+from airflow_eo.core.connections import ConnectionInfo, Connections
+from airflow_eo.core.drivers import require_driver
+from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
+
+if TYPE_CHECKING:
+    from airflow_eo.core.protocol import Sink
+
+
+def _load(dotted: str) -> Any:
+    """``module:name`` imported (the adapters and the driver load when a run needs them, not with a DAG file)."""
+    module, _, name = dotted.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class SqlTableSinkSpec(SinkSpec):
+    """The base of a database's two table sink specs (a frozen dataclass declaring ``table``, ``key_columns``,
+    ``updates``, ``dead_letter_table``, ``on_tombstone``, ``add_missing_columns`` and its own options).
+
+    A database's spec names its kinds, its connection type and how it reads a table's name; its ``__post_init__``
+    calls :meth:`_check_table_sink`. The options every database's spec has:
+
+    :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
+        it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
+        ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
+        in offset order wins, upsert or delete. Without a transform only.
+    :param add_missing_columns: an output column the table lacks is added (nullable, its type mapped from Spark's)
+        before the batch's write, idempotently; default False: the batch fails before any write, naming the column
+        and the ``ALTER TABLE`` to run.
+    """
+
+    #: ``module:function`` turning the sink's connection into the driver's arguments
+    connect_kwargs_function: ClassVar[str]
+
+    #: the target table (each database validates its name: :meth:`_check_table_sink`)
+    table: str
+    #: the upsert key
+    key_columns: Sequence[str]
+
+    if TYPE_CHECKING:  # a subclass's fields (after its conn_id, in the order its users know)
+        updates: Mapping[str, Any]
+
+    @property
+    def conn_type(self) -> str:
+        """The Airflow connection type of the sink's database (and of its driver)."""
+        return self.capabilities.connection_type
+
+    def _check_table_sink(self, upsert_kind: str, two_phase_kind: str, validate_table: Callable[[str], Any],
+                          validate_identifier: Callable[[str, str], str] | None = None) -> None:
+        """The options' checks, at parse time: tombstones, the tables' names, the keys and updates.
+
+        :param upsert_kind: the database's kind that overwrites (offered when an accumulating sink is asked to
+            delete).
+        :param two_phase_kind: its kind that may accumulate (offered when ``add`` updates are asked of the upsert).
+        """
+        object.__setattr__(self, "on_tombstone", tombstone_policy(
+            self.name, getattr(self, "on_tombstone"), self.capabilities.deletes,  # noqa: B009  (a subclass's field)
+            "its rows may accumulate ('add' updates): a row is the sum of many records, not the one keyed record "
+            f"a tombstone deletes; use {upsert_kind}"))
+        validate_table(self.table)
+        validate_table(getattr(self, "dead_letter_table"))  # noqa: B009  (a subclass's field)
+        checks = (validate_identifier,) if validate_identifier is not None else ()
+        keys, updates = table_sink_keys_and_updates(self.name, self.key_columns,
+                                                    self.updates, self.capabilities.accumulates, two_phase_kind,
+                                                    *checks)
+        object.__setattr__(self, "key_columns", keys)
+        object.__setattr__(self, "updates", updates)
+
+    @property
+    def accumulating(self) -> bool:
+        return any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def target(self) -> str:
+        return self.table
+
+    def asset(self, connections: Connections) -> SinkAsset:
+        """The table as an Airflow asset, in the scheme of Airflow's provider of the database."""
+        require_driver(self.conn_type)  # the connection module imports it
+        db = _load(self.connect_kwargs_function)(connections.connection(self.conn_id))
+        return self._asset(db)
+
+    def _asset(self, db: Mapping[str, Any]) -> SinkAsset:
+        raise NotImplementedError
+
+    def adapter_options(self) -> dict[str, Any]:
+        """What the adapter takes from the spec (a database adds its own options)."""
+        return table_sink_options(self)
+
+
+def table_sink_factory(adapter: str, *, fenced: bool) -> Callable[[Any, str, Connections, str | None], Sink]:
+    """The factory :func:`~airflow_eo.core.sinks.register_sink` takes for a SQL table sink kind.
+
+    :param adapter: ``module:class`` of the adapter, imported when a run builds one.
+    :param fenced: an upsert sink, given the offset store's connection when the store is on its kind of database
+        (its writes are fenced by the store's epoch); a two-phase sink needs no fence: prepared branches of an older
+        attempt are never committed.
+    """
+    def build(spec: SqlTableSinkSpec, pipeline_id: str, connections: Connections,
+              offset_store_conn_id: str | None) -> Sink:
+        connect_kwargs: Callable[[ConnectionInfo], dict[str, Any]] = _load(spec.connect_kwargs_function)
+        options = spec.adapter_options()
+        if fenced:
+            store = fencing_store(connections, offset_store_conn_id, spec.conn_type)
+            options["store_kwargs"] = connect_kwargs(store) if store is not None else None
+        sink: Sink = _load(adapter)(connect_kwargs(connections.connection(spec.conn_id)), **options)
+        return sink
+    return build
