@@ -5,6 +5,7 @@ registers its own when imported (``airflow_eo/<integration>/__init__.py``). A ne
 from __future__ import annotations
 
 import airflow_eo.delta
+import airflow_eo.iceberg
 import airflow_eo.kafka
 import airflow_eo.mysql
 import airflow_eo.postgres  # noqa: F401

@@ -18,6 +18,7 @@ from airflow_eo.core.sinks import (
     spec_from_record,
 )
 from airflow_eo.delta.specs import DeltaTableSink
+from airflow_eo.iceberg.specs import IcebergTableSink
 from airflow_eo.kafka.specs import KafkaTransactionalSink
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink
@@ -28,6 +29,7 @@ SINK_KINDS = {name: kind.spec for name, kind in sink_kinds().items()}
 __all__ = [
     "SINK_KINDS",
     "DeltaTableSink",
+    "IcebergTableSink",
     "KafkaTransactionalSink",
     "MySqlUpsertSink",
     "MySqlXaSink",

@@ -106,6 +106,24 @@ def choice(enum: type[E], value: E | str, option: str, label: str) -> E:
         raise ConfigurationError(f"{option}={value!r}: supported {label} are {names}") from None
 
 
+def lakehouse_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str, UpdateMode | str],
+                               ) -> tuple[tuple[str, ...], dict[str, UpdateMode]]:
+    """The checked ``key_columns`` and ``updates`` of a lakehouse table sink (Delta's, Iceberg's): no keys means
+    append (and then no updates); with keys, a ``MERGE`` whose non-key columns are ``replace``d or ``add``ed."""
+    if isinstance(key_columns, str):
+        raise ConfigurationError(f"{name}: key_columns must be a list of column names")
+    keys = tuple(validate_identifier(k, "key column") for k in key_columns)
+    checked = {}
+    for column, mode in updates.items():
+        validate_identifier(column, "column name")
+        checked[column] = choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
+    if checked and not keys:
+        raise ConfigurationError(f"{name}: updates need key_columns (without them every row is appended)")
+    if set(checked) & set(keys):
+        raise ConfigurationError(f"{name}: a key column cannot have an update mode")
+    return keys, checked
+
+
 def table_sink_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str, UpdateMode | str],
                                 accumulates: bool, two_phase_kind: str,
                                 validate: Callable[[str, str], str] = validate_identifier,

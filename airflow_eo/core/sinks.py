@@ -46,7 +46,8 @@ class SinkCapabilities:
     interval_replay: bool = False
     #: it deletes rows for tombstones (``on_tombstone="delete"``)
     deletes: bool = False
-    #: its commit point is a table format's own commit (Delta), whose log records each batch: status reads it there
+    #: its commit point is a table format's own commit (Delta, Iceberg), whose log records each batch: status reads
+    #: it there
     table_commits: bool = False
     #: where its branches and dead letters live: the Airflow connection type of its ``conn_id`` (``airflow eo``
     #: may be given another connection of that type on the command line)

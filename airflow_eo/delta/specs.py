@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from airflow_eo.core.config import TombstonePolicy, UpdateMode, choice, tombstone_policy
+from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
@@ -55,18 +55,7 @@ class DeltaTableSink(SinkSpec):
             self.name, self.on_tombstone, self.capabilities.deletes, "the Delta sink does not delete rows"))
         if not isinstance(self.path, str) or not self.path.strip() or any(c in self.path for c in "\n\r\0"):
             raise ConfigurationError(f"{self.name}: path must name the table's folder or URI")
-        if isinstance(self.key_columns, str):
-            raise ConfigurationError(f"{self.name}: key_columns must be a list of column names")
-        keys = tuple(validate_identifier(k, "key column") for k in self.key_columns)
-        updates = {}
-        for column, mode in self.updates.items():
-            validate_identifier(column, "column name")
-            updates[column] = choice(UpdateMode, mode, f"{self.name}: update mode of column {column!r}",
-                                     "update modes")
-        if updates and not keys:
-            raise ConfigurationError(f"{self.name}: updates need key_columns (without them every row is appended)")
-        if set(updates) & set(keys):
-            raise ConfigurationError(f"{self.name}: a key column cannot have an update mode")
+        keys, updates = lakehouse_keys_and_updates(self.name, self.key_columns, self.updates)
         object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)
         object.__setattr__(self, "partition_by",

@@ -72,6 +72,10 @@ JAR_SHA256: dict[str, dict[str, str]] = {
         "delta-storage-4.0.0.jar": "9bdb9fb450f1e119eba53feb427f331b0d09072d26485b8273883ad72c9a2e1d",
         "scala-library-2.13.13.jar": "b58b223f9b59f88d04c9dc9ec26f4b463e93e6f296de5663dbd710a7dfce2743",
     },
+    # Apache Iceberg's Spark runtime for Spark 4.0 (the Iceberg sink, ``airflow_eo/iceberg``): one shaded jar.
+    "iceberg-spark-runtime-4.0_2.13-1.10.0": {
+        "iceberg-spark-runtime-4.0_2.13-1.10.0.jar": "0480f1248e0a8b50ae2a730d7ad3e1a727351c362ca63f4a0c35182087a49323",
+    },
     "spark-sql-kafka-0-10_2.13-4.0.0": {
         "commons-pool2-2.12.0.jar": "6d3bd18df8410f3e31b031aca582cc109342358a62a2759ebd0c4cdf30d06f8b",
         "hadoop-client-api-3.4.1.jar": "a964d4daa054c9615bbafb4553efbb140fa7fb9ac6f358a24393f183a5703438",
@@ -101,7 +105,7 @@ JAR_SHA256: dict[str, dict[str, str]] = {
         "postgresql-42.7.8.jar": "2a32a9dcbc42d67a50ad3a0de5efd102c8d2be46720045f2cbd6689f160ab7c7",
     },
 }
-_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_", "postgresql-", "delta-spark_")
+_PINNED_ARTIFACTS = ("spark-sql-kafka-0-10_", "spark-avro_", "postgresql-", "delta-spark_", "iceberg-spark-runtime-")
 
 
 def verify_jars(folder: Path, jars: list[Path]) -> None:
