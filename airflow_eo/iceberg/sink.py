@@ -159,7 +159,8 @@ class IcebergTableAdapter:
         self._create(spark, out)
         properties = snapshot_properties(batch, txn)
         if self.key_columns:
-            source = self._merge_source(out)
+            # Materialized: MERGE INTO refuses a source whose plan is not deterministic (the offset-order id).
+            source = self._merge_source(out).localCheckpoint(eager=True)
             rows = source.count()  # one row per key: each updates or inserts one row of the table
             failpoint("before_table_commit")
             self._merge(spark, source, properties)
