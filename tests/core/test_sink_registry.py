@@ -135,8 +135,8 @@ def test_an_unknown_kind_names_the_kinds_that_exist():
     record = SinkRecord(kind="CassandraSink", accumulating=False, conn_id="c", target="t", dead_letter_table=None,
                         options={})
     with pytest.raises(ConfigurationError, match=r"'CassandraSink' is not one airflow_eo can rebuild "
-                                                 r"\(DeltaTableSink, KafkaTransactionalSink, MySqlUpsertSink, "
-                                                 r"MySqlXaSink"):
+                                                 r"\(DeltaTableSink, IcebergTableSink, KafkaTransactionalSink, "
+                                                 r"MySqlUpsertSink, MySqlXaSink"):
         spec_from_record(record)
     assert capabilities_of(record) is None and capabilities_of(None) is None
 

@@ -104,3 +104,43 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     assert sum(committed_offsets(mysql_kwargs, pipeline).values()) == len(events) == 1500
     assert_contiguous(batch_rows(mysql_kwargs, pipeline))
     assert sorted(batch_snapshots(location)) == [b["batch_id"] for b in batch_rows(mysql_kwargs, pipeline)]
+
+
+def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """Interval mode, appending: an hour, then an earlier hour backfilled (an app id of its own: not taken for
+    already committed below the later hour's batch id), then the later hour again (its batch is in the table:
+    skipped, no new snapshot). The table holds each event of both hours once; each snapshot names its offsets."""
+    create_topic(bootstrap, topic_name, 2)
+    events = produce_hours(bootstrap, topic_name, [200, 300, 60])  # hour 2 closes hour 1 on every partition
+    location, pipeline = tmp_path / "lake" / "db" / "events", f"iceberg_append_{topic_name}"
+    job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+                           "options": {"mode": "interval"},
+                           "sink": {"kind": "IcebergTableSink", "table": "lake.db.events",
+                                    "warehouse": str(tmp_path / "lake")}}
+
+    def run_hour(h: int, run_id: str) -> dict[str, Any]:
+        done = child({**job, "interval": [t.isoformat() for t in hour(h)]}, run_id)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+
+    run_hour(1, "backfill__h1")
+    run_hour(0, "backfill__h0")
+    snapshot = StaticTable.from_metadata(str(location)).metadata.current_snapshot_id
+    replay = run_hour(1, "scheduled__h1_again")
+    assert replay["replayed"] and replay["rows_out"] == 0
+    assert StaticTable.from_metadata(str(location)).metadata.current_snapshot_id == snapshot, \
+        "the replayed hour must not commit again"
+
+    written = table_rows(location)
+    assert Counter(r["event_id"] for r in written).most_common(1)[0][1] == 1, "an event was appended twice"
+    by_id = {e["event_id"]: e for e in events}
+    assert {r["event_id"] for r in written} == hours_truth(events, 0, 1)
+    assert all((r["app_id"], r["user_id"]) == (by_id[r["event_id"]]["app_id"], by_id[r["event_id"]]["user_id"])
+               for r in written)
+    # Each batch's snapshot carries its identity, interval and offset ranges (the summary's airflow-eo.* keys).
+    recorded = {b["batch_id"]: [[r["topic"], r["partition"], r["from_offset"], r["until_offset"]]
+                                for r in b["ranges"]] for b in batch_rows(mysql_kwargs, pipeline)}
+    noted = batch_snapshots(location)
+    assert {b: json.loads(s["airflow-eo.ranges"]) for b, s in noted.items()} == recorded
+    assert sorted(s["airflow-eo.interval"] for s in noted.values()) == sorted(
+        f"{hour(h)[0].isoformat()}/{hour(h)[1].isoformat()}" for h in (0, 1))
