@@ -11,6 +11,7 @@ reach a factory through the :class:`Connections` role, which the Airflow layer i
 from __future__ import annotations
 
 import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,12 +22,15 @@ from airflow_eo.core.config import SinkRecord, TombstonePolicy, UpdateMode
 from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.xid import Xid
 
 if TYPE_CHECKING:
-    from airflow_eo.core.batch import BatchRecord
+    from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter
     from airflow_eo.core.protocol import Sink
 
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SinkCapabilities:
@@ -355,6 +359,52 @@ class TableCommitSink(Protocol):
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]: ...
     def table_state(self, pipeline_id: str) -> str: ...
+
+
+class TableCommitAdapter(ABC):
+    """The protocol steps shared by the table sinks whose format's own commit, made inside ``write``, is the commit
+    point (Delta, Iceberg): recovery rolls forward the batches the table has; nothing to commit, finalize, hold or
+    discard after ``write`` (a table commit is all or nothing); no dead letters."""
+
+    owns_commit_point = True
+    # The table commits inside write(): a bad record must fail the batch before it (two passes).
+    writes_visible_before_commit = True
+    name: str
+
+    @abstractmethod
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        """The unfinished batches the table committed but the store did not."""
+
+    @property
+    @abstractmethod
+    def table_label(self) -> str:
+        """The table, for messages (``the Delta table at /data/t``)."""
+
+    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
+                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
+        """Name the unfinished batches the table already committed."""
+        if not unfinished:
+            return SinkRecovery()
+        committed = self.committed_batches(unfinished)
+        for batch_id in sorted(committed):
+            log.warning("%s: %s committed batch %d but the store did not record it; rolling forward", self.name,
+                        self.table_label, batch_id)
+        return SinkRecovery(committed=frozenset(committed))
+
+    def commit(self, batch: BatchRecord) -> None:
+        return None  # the table committed in write(); an empty batch wrote nothing: the store's commit is all
+
+    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
+        return None
+
+    def can_hold_writes(self, out: Any) -> bool:
+        return False
+
+    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
+        return no_dead_letters(self.name, records)
+
+    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
+        return None  # a table commit is all or nothing: an attempt that failed before it left nothing
 
 
 @runtime_checkable

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.recovery import SinkRecovery, TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import no_dead_letters
+from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
+from airflow_eo.core.sinks import TableCommitAdapter
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,7 +34,7 @@ _ORDER = "_eo_order"
 _STATUS_HISTORY = 100
 
 
-class DeltaTableAdapter:
+class DeltaTableAdapter(TableCommitAdapter):
     """The run-time side of :class:`~airflow_eo.delta.specs.DeltaTableSink` (a ``core.protocol.Sink``).
 
     :param pipeline_id: the pipeline whose batches these are.
@@ -44,10 +44,6 @@ class DeltaTableAdapter:
     :param updates: ``replace`` / ``add`` per non-key column (MERGE only).
     :param partition_by: partition columns of a table created here.
     """
-
-    owns_commit_point = True
-    # The Delta commit happens inside write(): a bad record must fail the batch before it (two passes).
-    writes_visible_before_commit = True
 
     def __init__(self, pipeline_id: str, *, name: str, path: str, key_columns: Sequence[str] = (),
                  updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = ()) -> None:
@@ -78,6 +74,10 @@ class DeltaTableAdapter:
         except TableNotFoundError:
             return None
 
+    @property
+    def table_label(self) -> str:
+        return f"the Delta table at {self.path}"
+
     def committed_version(self, app_id: str) -> int | None:
         """The highest version the table recorded for ``app_id`` (its ``txn`` actions); None when it has none or
         the table does not exist yet."""
@@ -101,17 +101,6 @@ class DeltaTableAdapter:
                         f"batch {meta.get('airflow_eo.batch')} at version {entry.get('version')}")
         return (f"Delta table {self.path}: version {table.version()}; no batch of this pipeline in its last "
                 f"{_STATUS_HISTORY} versions")
-
-    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
-        """Name the unfinished batches the table already committed (their app id's version reached them)."""
-        if not unfinished:
-            return SinkRecovery()
-        committed = self.committed_batches(unfinished)
-        for batch_id in sorted(committed):
-            log.warning("%s: the Delta table at %s committed batch %d but the store did not record it; rolling "
-                        "forward", self.name, self.path, batch_id)
-        return SinkRecovery(committed=frozenset(committed))
 
     # ------------------------------------------------------------------ protocol steps
 
@@ -216,21 +205,6 @@ class DeltaTableAdapter:
                 return sum(int(found.get(m, 0)) for m in metrics)
         self.last_version = None  # skipped by Delta (a concurrent attempt committed it first)
         return 0
-
-    def commit(self, batch: BatchRecord) -> None:
-        return None  # the table committed in write(); an empty batch wrote nothing: the store's commit is all
-
-    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
-        return None
-
-    def can_hold_writes(self, out: Any) -> bool:
-        return False
-
-    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
-        return no_dead_letters(self.name, records)
-
-    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
-        return None  # a Delta commit is all or nothing: an attempt that failed before it left no rows
 
 
 def _commit_metadata(batch: BatchContext, txn: TableTransaction) -> dict[str, Any]:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.recovery import SinkRecovery, TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import no_dead_letters
+from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
+from airflow_eo.core.sinks import TableCommitAdapter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +35,7 @@ PIPELINE, BATCH, APP_ID, INTERVAL, RANGES = (f"airflow-eo.{k}" for k in ("pipeli
 _ORDER = "_eo_order"
 
 
-class IcebergTableAdapter:
+class IcebergTableAdapter(TableCommitAdapter):
     """The run-time side of :class:`~airflow_eo.iceberg.specs.IcebergTableSink` (a ``core.protocol.Sink``).
 
     :param pipeline_id: the pipeline whose batches these are.
@@ -47,10 +47,6 @@ class IcebergTableAdapter:
     :param partition_by: identity partition columns of a table created here.
     :param extensions: the SQL extensions class the session must run with (MERGE, the table's creation).
     """
-
-    owns_commit_point = True
-    # The Iceberg commit happens inside write(): a bad record must fail the batch before it (two passes).
-    writes_visible_before_commit = True
 
     def __init__(self, pipeline_id: str, *, name: str, table: str, location: str, key_columns: Sequence[str] = (),
                  updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = (),
@@ -89,6 +85,10 @@ class IcebergTableAdapter:
                 found.append((snapshot.snapshot_id, summary))
         return found
 
+    @property
+    def table_label(self) -> str:
+        return f"the Iceberg table {self.table}"
+
     def committed_versions(self) -> dict[str, int]:
         """The highest batch id the table holds per app id."""
         versions: dict[str, int] = {}
@@ -122,17 +122,6 @@ class IcebergTableAdapter:
         except FileNotFoundError:
             return False
         return True
-
-    def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
-                unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
-        """Name the unfinished batches the table already committed."""
-        if not unfinished:
-            return SinkRecovery()
-        committed = self.committed_batches(unfinished)
-        for batch_id in sorted(committed):
-            log.warning("%s: the Iceberg table %s committed batch %d but the store did not record it; rolling "
-                        "forward", self.name, self.table, batch_id)
-        return SinkRecovery(committed=frozenset(committed))
 
     # ------------------------------------------------------------------ protocol steps
 
@@ -237,21 +226,6 @@ class IcebergTableAdapter:
                 jvm.java.lang.Class.forName("java.lang.RuntimeException"))
         finally:
             spark.catalog.dropTempView(view)
-
-    def commit(self, batch: BatchRecord) -> None:
-        return None  # the table committed in write(); an empty batch wrote nothing: the store's commit is all
-
-    def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
-        return None
-
-    def can_hold_writes(self, out: Any) -> bool:
-        return False
-
-    def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
-        return no_dead_letters(self.name, records)
-
-    def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
-        return None  # an Iceberg commit is all or nothing: an attempt that failed before it left no snapshot
 
 
 class _JavaCallable:
