@@ -106,6 +106,13 @@ def choice(enum: type[E], value: E | str, option: str, label: str) -> E:
         raise ConfigurationError(f"{option}={value!r}: supported {label} are {names}") from None
 
 
+def update_mode(name: str, column: str, mode: UpdateMode | str,
+                validate: Callable[[str, str], str] = validate_identifier) -> UpdateMode:
+    """A column's checked name and update mode (``replace`` / ``add``) in a table sink spec ``name``."""
+    validate(column, "column name")
+    return choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
+
+
 def lakehouse_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str, UpdateMode | str],
                                ) -> tuple[tuple[str, ...], dict[str, UpdateMode]]:
     """The checked ``key_columns`` and ``updates`` of a lakehouse table sink (Delta's, Iceberg's): no keys means
@@ -113,10 +120,7 @@ def lakehouse_keys_and_updates(name: str, key_columns: Any, updates: Mapping[str
     if isinstance(key_columns, str):
         raise ConfigurationError(f"{name}: key_columns must be a list of column names")
     keys = tuple(validate_identifier(k, "key column") for k in key_columns)
-    checked = {}
-    for column, mode in updates.items():
-        validate_identifier(column, "column name")
-        checked[column] = choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
+    checked = {column: update_mode(name, column, mode) for column, mode in updates.items()}
     if checked and not keys:
         raise ConfigurationError(f"{name}: updates need key_columns (without them every row is appended)")
     if set(checked) & set(keys):
@@ -141,8 +145,7 @@ def table_sink_keys_and_updates(name: str, key_columns: Any, updates: Mapping[st
     keys = tuple(validate(key, "key column") for key in key_columns)
     checked = {}
     for column, mode in updates.items():
-        validate(column, "column name")
-        checked[column] = choice(UpdateMode, mode, f"{name}: update mode of column {column!r}", "update modes")
+        checked[column] = update_mode(name, column, mode, validate)
         if checked[column] is UpdateMode.ADD and not accumulates:
             raise ConfigurationError(
                 f"{name}: column {column!r} uses an accumulating update ('add'), which counts a record twice when "

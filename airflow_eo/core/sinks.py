@@ -130,6 +130,26 @@ class SinkSpec(ABC):
         return {}
 
 
+class LakehouseTableSpec(SinkSpec):
+    """A lakehouse table sink's spec (Delta, Iceberg): appends without ``key_columns``, else a ``MERGE`` whose
+    ``updates`` replace or add; a batch is one table commit that names the batch, found again by a replay."""
+
+    key_columns: Sequence[str]
+    updates: Mapping[str, UpdateMode | str]
+
+    @property
+    def accumulating(self) -> bool:
+        """Appends and ``add`` updates count reprocessed offsets twice (a rewind); a replay of the same batch is
+        skipped by the table itself."""
+        return not self.key_columns or any(m is UpdateMode.ADD for m in self.updates.values())
+
+    @property
+    def replay_safe(self) -> bool:
+        # A cleared or backfilled interval replays its recorded batch: the table has that batch's commit under the
+        # interval's identity, so nothing is written again, whatever the updates do.
+        return True
+
+
 #: Spark conf keys whose value is a comma-separated list: a sink's entries are added to the user's, not replaced.
 SPARK_LIST_CONF = ("spark.sql.extensions", "spark.jars.packages", "spark.jars")
 

@@ -10,7 +10,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sinks import LakehouseTableSpec, SinkAsset
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -25,7 +25,7 @@ DELTA_SPARK_CONF = {
 
 
 @dataclass(frozen=True)
-class DeltaTableSink(SinkSpec):
+class DeltaTableSink(LakehouseTableSpec):
     """Write the output into a Delta Lake table at ``path``; the table's own commit is the batch's commit point.
 
     Each batch is one Delta commit carrying ``txnAppId`` / ``txnVersion`` (app id ``airflow_eo.<pipeline_id>``, one
@@ -60,18 +60,6 @@ class DeltaTableSink(SinkSpec):
         object.__setattr__(self, "updates", updates)
         object.__setattr__(self, "partition_by",
                            tuple(validate_identifier(c, "partition column") for c in self.partition_by))
-
-    @property
-    def accumulating(self) -> bool:
-        """Appends and ``add`` updates count reprocessed offsets twice (a rewind); a replay of the same batch is
-        skipped by the table itself."""
-        return not self.key_columns or any(m is UpdateMode.ADD for m in self.updates.values())
-
-    @property
-    def replay_safe(self) -> bool:
-        # A cleared or backfilled interval replays its recorded batch: the interval's app id already has that
-        # batch's version, so Delta skips the write (the table is left as it is), whatever the updates do.
-        return True
 
     @property
     def target(self) -> str:

@@ -10,7 +10,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sinks import LakehouseTableSpec, SinkAsset
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -21,7 +21,7 @@ ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExt
 
 
 @dataclass(frozen=True)
-class IcebergTableSink(SinkSpec):
+class IcebergTableSink(LakehouseTableSpec):
     """Write the output into the Iceberg table ``catalog.namespace.table``; the table's own commit (one snapshot per
     batch) is the batch's commit point.
 
@@ -76,18 +76,6 @@ class IcebergTableSink(SinkSpec):
     def location(self) -> str:
         """The table's folder in the Hadoop catalog: ``<warehouse>/<namespace...>/<table>``."""
         return "/".join([self.warehouse.rstrip("/"), *self.table.split(".")[1:]])
-
-    @property
-    def accumulating(self) -> bool:
-        """Appends and ``add`` updates count reprocessed offsets twice (a rewind); a replay of the same batch is
-        skipped (the table has its snapshot)."""
-        return not self.key_columns or any(m is UpdateMode.ADD for m in self.updates.values())
-
-    @property
-    def replay_safe(self) -> bool:
-        # A cleared or backfilled interval replays its recorded batch: the table has a snapshot of that batch under
-        # the interval's app id, so nothing is written again, whatever the updates do.
-        return True
 
     @property
     def target(self) -> str:
