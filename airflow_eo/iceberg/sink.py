@@ -68,15 +68,23 @@ class IcebergTableAdapter(TableCommitAdapter):
             raise ConfigurationError(f"{self.name} needs pyiceberg (reads the table's snapshots on the driver): "
                                      "pip install 'airflow-eo[iceberg]'") from None
 
-    def batch_snapshots(self) -> list[tuple[int, dict[str, str]]]:
-        """``(snapshot id, summary)`` of the current snapshot and its ancestors that carry an airflow_eo batch,
-        newest first (a rolled-back snapshot is not the table's any more); empty when there is no table yet."""
+    def metadata(self) -> Any:
+        """The table's metadata as pyiceberg reads it from the catalog's folder (its ``version-hint.text``); None:
+        no table yet."""
         from pyiceberg.table import StaticTable
-        from pyiceberg.table.snapshots import ancestors_of
 
         try:
-            metadata = StaticTable.from_metadata(self.location).metadata
+            return StaticTable.from_metadata(self.location).metadata
         except FileNotFoundError:
+            return None
+
+    def batch_snapshots(self, metadata: Any = None) -> list[tuple[int, dict[str, str]]]:
+        """``(snapshot id, summary)`` of the current snapshot and its ancestors that carry an airflow_eo batch,
+        newest first (a rolled-back snapshot is not the table's any more); empty when there is no table yet."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        metadata = metadata or self.metadata()
+        if metadata is None:
             return []
         found = []
         for snapshot in ancestors_of(metadata.current_snapshot(), metadata):
@@ -104,24 +112,16 @@ class IcebergTableAdapter(TableCommitAdapter):
 
     def table_state(self, pipeline_id: str) -> str:
         """The table's current snapshot and the pipeline's newest batch in it (``airflow eo status``)."""
-        snapshots = self.batch_snapshots()
-        if not snapshots and not self._exists():
+        metadata = self.metadata()
+        if metadata is None:
             return (f"Iceberg table {self.table}: not created yet (the pipeline's first batch with output creates "
                     "it)")
-        for snapshot_id, summary in snapshots:
+        for snapshot_id, summary in self.batch_snapshots(metadata):
             if summary.get(PIPELINE) == pipeline_id:
-                return (f"Iceberg table {self.table}: this pipeline's last batch in it: batch {summary[BATCH]} at "
-                        f"snapshot {snapshot_id}")
-        return f"Iceberg table {self.table}: no batch of this pipeline in its current snapshot's history"
-
-    def _exists(self) -> bool:
-        from pyiceberg.table import StaticTable
-
-        try:
-            StaticTable.from_metadata(self.location)
-        except FileNotFoundError:
-            return False
-        return True
+                return (f"Iceberg table {self.table}: snapshot {metadata.current_snapshot_id}; this pipeline's last "
+                        f"batch in it: batch {summary[BATCH]} at snapshot {snapshot_id}")
+        return (f"Iceberg table {self.table}: snapshot {metadata.current_snapshot_id}; no batch of this pipeline in "
+                "its current snapshot's history")
 
     # ------------------------------------------------------------------ protocol steps
 
@@ -171,7 +171,7 @@ class IcebergTableAdapter(TableCommitAdapter):
     def _create(self, spark: SparkSession, out: DataFrame) -> None:
         """The table from the output's schema when missing (``IF NOT EXISTS``: a concurrent attempt may have created
         it since). Its own commit, without a snapshot: an empty table has none."""
-        if self._exists():
+        if self.metadata() is not None:
             return
         columns = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in out.schema.fields)
         partitioned = f" PARTITIONED BY ({', '.join(map(_quote, self.partition_by))})" if self.partition_by else ""

@@ -81,8 +81,9 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     assert sum(r["pv"] for r in table_rows(location)) == 1000, "the table committed the whole batch"
     status = eo_json("status", pipeline)  # asks the table, as recovery will
     assert [u["recover"] for u in status["unfinished"]] == ["roll forward"]
-    assert any(n.startswith(f"Iceberg table lake.db.app_pv: this pipeline's last batch in it: batch {batch_id} at "
-                            "snapshot ") for n in status["notes"]), status["notes"]
+    current = StaticTable.from_metadata(str(location)).metadata.current_snapshot_id
+    assert f"Iceberg table lake.db.app_pv: snapshot {current}; this pipeline's last batch in it: batch {batch_id} " \
+           f"at snapshot {current}" in status["notes"]
     produce_page_views(bootstrap, 300, topic=topic_name)
 
     second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
