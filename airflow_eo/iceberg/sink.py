@@ -147,23 +147,26 @@ class IcebergTableAdapter(TableCommitAdapter):
                                      f"it has {', '.join(out.columns)}")
         self._create(spark, out)
         properties = snapshot_properties(batch, txn)
+        merged = 0
         if self.key_columns:
             # Materialized: MERGE INTO refuses a source whose plan is not deterministic (the offset-order id).
             source = self._merge_source(out).localCheckpoint(eager=True)
-            rows = source.count()  # one row per key: each updates or inserts one row of the table
+            merged = source.count()  # one row per key: each updates or inserts one row of the table
             failpoint("before_table_commit")
             self._merge(spark, source, properties)
         else:
-            rows = out.count()
             failpoint("before_table_commit")
             writer = out.writeTo(_quote_table(self.table))
             for key, value in properties.items():
                 writer = writer.option(f"snapshot-property.{key}", value)
             writer.append()
         failpoint("after_table_commit")
-        self.last_snapshot_id = next((s for s, summary in self.batch_snapshots()
-                                      if summary.get(APP_ID) == txn.app_id and summary[BATCH] == str(txn.version)),
-                                     None)
+        # The batch's own snapshot (found by its identity: another writer may have committed since).
+        self.last_snapshot_id, summary = next(
+            ((s, summary) for s, summary in self.batch_snapshots()
+             if summary.get(APP_ID) == txn.app_id and summary[BATCH] == str(txn.version)), (None, {}))
+        # An append's count from its snapshot: no second pass over the output.
+        rows = merged if self.key_columns else int(summary.get("added-records", 0))
         log.info("%s: committed batch %d as snapshot %s of the Iceberg table %s", self.name, batch.batch_id,
                  self.last_snapshot_id, self.table)
         return WriteResult([], rows)

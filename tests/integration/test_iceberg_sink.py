@@ -124,8 +124,8 @@ def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, to
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
-    run_hour(1, "backfill__h1")
-    run_hour(0, "backfill__h0")
+    assert run_hour(1, "backfill__h1")["rows_out"] == len(hours_truth(events, 1))
+    assert run_hour(0, "backfill__h0")["rows_out"] == len(hours_truth(events, 0))
     snapshot = StaticTable.from_metadata(str(location)).metadata.current_snapshot_id
     replay = run_hour(1, "scheduled__h1_again")
     assert replay["replayed"] and replay["rows_out"] == 0
