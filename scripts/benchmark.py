@@ -399,6 +399,17 @@ def r_db(topic: str, events: int, parallelism: int, workdir: Path, database: str
 # --------------------------------------------------------------------------- the peers
 
 
+def kafka_stream(spark: Any, topic: str, starting: str) -> Any:
+    """The Structured Streaming peers' source: ``readStream`` of the topic from ``starting`` (Spark's JSON of the
+    whole ranges' start), read_committed."""
+    return (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
+            .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
+            .option("startingOffsets", starting)
+            .option("kafka.isolation.level", "read_committed")
+            .load())
+
+
 def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
     """``readStream`` + ``availableNow`` + a checkpoint + ``foreachBatch`` upserting with our statements."""
     table = fresh_table("page_view_events", "ss")
@@ -417,12 +428,7 @@ def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int
         eng.run_partitions(WritePlan(out, eng), writer.partition_writer(batch, out.columns))
 
     started = time.monotonic()
-    query = (spark.readStream.format("kafka")
-             .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
-             .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
-             .option("startingOffsets", starting)
-             .option("kafka.isolation.level", "read_committed")
-             .load()
+    query = (kafka_stream(spark, topic, starting)
              .writeStream.foreachBatch(upsert)
              .option("checkpointLocation", str(workdir / f"checkpoint_{table}"))
              .trigger(availableNow=True)
@@ -744,13 +750,7 @@ def structured_streaming_delta(topic: str, events: int, parallelism: int, workdi
     spark = spark_hook().get_conn()
     starting, _ = spark_offsets(whole_topic(topic))
     started = time.monotonic()
-    stream = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
-              .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
-              .option("startingOffsets", starting)
-              .option("kafka.isolation.level", "read_committed")
-              .load())
-    query = (parsed_events(stream).writeStream.format("delta").outputMode("append")
+    query = (parsed_events(kafka_stream(spark, topic, starting)).writeStream.format("delta").outputMode("append")
              .option("checkpointLocation", str(workdir / f"checkpoint_{path.name}"))
              .trigger(availableNow=True)
              .start(str(path)))
