@@ -19,18 +19,25 @@ each on the same data and an identical fresh table:
   counts, Spark's JDBC append of the aggregated rows; for the Kafka sink, Spark's own Kafka writer
   (``df.write.format("kafka")``, no transactions) of the same per-window counts; for the PostgreSQL sinks,
   Spark's JDBC writer into PostgreSQL (``spark_jdbc_append_pg``, append, PostgreSQL's JDBC driver from Maven
-  Central);
+  Central); for the Delta Lake sink, a Spark batch ``df.write.format("delta").mode("append")`` of the same parsed
+  events (``spark_delta_append``) and Structured Streaming from the topic into Delta's own streaming sink
+  (``structured_streaming_delta``: ``writeStream.format("delta")`` + ``availableNow`` + a checkpoint, no
+  ``foreachBatch``);
 - ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape (and the XA sink reading
   the same events as Confluent-framed Avro, ``eo_xa_events_avro``, with the JSON job as its peer), the XA sink's
   per-app counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
   the XA sink, written by the executors (``eo_xa_dead_letters``) and, for comparison, streamed through the driver
   (``eo_xa_dead_letters_via_driver``, the path of sinks without an executor-side dead-letter writer); on
   PostgreSQL, the upsert sink (``eo_pg_upsert``) and the two-phase sink (``eo_pg_two_phase``) into
-  ``page_view_events``' shape, with the offset store on the same PostgreSQL database (as ``page_views_pg``).
+  ``page_view_events``' shape, with the offset store on the same PostgreSQL database (as ``page_views_pg``); the
+  Delta Lake sink appending (``eo_delta_append``) and MERGE on ``event_id`` (``eo_delta_merge``) into a fresh table
+  on the local disk. The Delta jobs run in a child process of the point: Spark takes Delta's jars, SQL extension and
+  catalog only when a session starts, and the point's session (the other jobs') starts without them.
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
 ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
-fraction of the limit, and with ``--json``/``--chart`` writes them (with the seconds per phase and the driver's peak
+fraction of the limit (none for the Delta jobs: they run in another JVM than R_kafka's, and the local disk's own rate
+is not measured), and with ``--json``/``--chart`` writes them (with the seconds per phase and the driver's peak
 memory) as JSON and as a PNG. Numbers, not assertions: compare ratios within one run.
 """
 
@@ -66,6 +73,7 @@ from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.mysql.sql import upsert_statement
 from airflow_eo.sinks import (
+    DeltaTableSink,
     KafkaTransactionalSink,
     MySqlUpsertSink,
     MySqlXaSink,
@@ -86,10 +94,15 @@ EVENT_COLUMNS = ("event_id", "app_id", "user_id", "ts")
 ROWS_PER_STATEMENT = MySqlUpsertSink(table="t", key_columns=["k"]).rows_per_statement
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 PG_PEERS = ("spark_jdbc_append_pg",)
-PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS)
+#: The Delta Lake table's peers: a Spark batch append of the parsed events, Structured Streaming into Delta's own sink.
+DELTA_PEERS = ("spark_delta_append", "structured_streaming_delta")
+DELTA_OURS = ("eo_delta_append", "eo_delta_merge")
+DELTA_JOBS = (*DELTA_PEERS, *DELTA_OURS)
+PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS)
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS,
+        *DELTA_OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
@@ -100,6 +113,9 @@ PEERS_OF = {
     "eo_xa_events_avro": ("eo_xa_events",),
     # PostgreSQL: the same events into a table of the same shape on PostgreSQL.
     **{name: PG_PEERS for name in (*PG_PEERS, *PG_OURS)},
+    # Delta Lake: the same parsed events into a fresh table at a local path (the MERGE against the appends too: what
+    # people run today is an append).
+    **{name: DELTA_PEERS for name in DELTA_JOBS},
 }
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
@@ -383,6 +399,17 @@ def r_db(topic: str, events: int, parallelism: int, workdir: Path, database: str
 # --------------------------------------------------------------------------- the peers
 
 
+def kafka_stream(spark: Any, topic: str, starting: str) -> Any:
+    """The Structured Streaming peers' source: ``readStream`` of the topic from ``starting`` (Spark's JSON of the
+    whole ranges' start), read_committed."""
+    return (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
+            .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
+            .option("startingOffsets", starting)
+            .option("kafka.isolation.level", "read_committed")
+            .load())
+
+
 def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
     """``readStream`` + ``availableNow`` + a checkpoint + ``foreachBatch`` upserting with our statements."""
     table = fresh_table("page_view_events", "ss")
@@ -401,12 +428,7 @@ def structured_streaming_foreach_batch(topic: str, events: int, parallelism: int
         eng.run_partitions(WritePlan(out, eng), writer.partition_writer(batch, out.columns))
 
     started = time.monotonic()
-    query = (spark.readStream.format("kafka")
-             .option("kafka.bootstrap.servers", os.environ["EO_KAFKA_BOOTSTRAP"])
-             .option("assign", json.dumps({topic: sorted(int(p) for p in json.loads(starting)[topic])}))
-             .option("startingOffsets", starting)
-             .option("kafka.isolation.level", "read_committed")
-             .load()
+    query = (kafka_stream(spark, topic, starting)
              .writeStream.foreachBatch(upsert)
              .option("checkpointLocation", str(workdir / f"checkpoint_{table}"))
              .trigger(availableNow=True)
@@ -656,6 +678,99 @@ def eo_kafka_txn(lines_topic: str, events: int, parallelism: int) -> Job:
                 events, parallelism, schema=None)
 
 
+# --------------------------------------------------------------------------- Delta Lake, in a process of its own
+
+
+def delta_elsewhere(topic: str, events: int, parallelism: int, workdir: Path, names: Sequence[str]) -> list[Job]:
+    """The Delta jobs ``names`` in a child process: Spark takes Delta's SQL extension and catalog only when a session
+    starts, and the point's session started without them (its other jobs run as they always did)."""
+    done = subprocess.run([sys.executable, __file__, "--delta",
+                           f"{topic}:{events}:{parallelism}:{','.join(names)}:{workdir}",
+                           *(["--spark-conn", SPARK_CONN_ID] if SPARK_CONN_ID else [])],
+                          stdout=subprocess.PIPE, text=True)
+    lines = done.stdout.splitlines()
+    print("\n".join(line for line in lines if line.startswith("  ")), flush=True)
+    if done.returncode != 0 or not any(line.startswith("DELTA ") for line in lines):
+        raise RuntimeError(f"the Delta jobs failed (exit {done.returncode}): {done.stdout[-2000:]}")
+    return [Job(**job) for job in json.loads(next(line for line in lines if line.startswith("DELTA "))[6:])]
+
+
+def delta_point(topic: str, events: int, parallelism: int, workdir: Path, names: Sequence[str]) -> list[Job]:
+    """The Delta jobs in this process, its session started with the Delta sink's conf (jars, extension, catalog).
+    As in the point's process, the JVM's start and a first run of each job on other events are not timed."""
+    spark = spark_hook(DeltaTableSink(path=str(workdir)).spark_conf()).get_conn()
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    runs: dict[str, Callable[[str, int], Job]] = {
+        "spark_delta_append": lambda t, n: spark_delta_append(t, n, parallelism, workdir),
+        "structured_streaming_delta": lambda t, n: structured_streaming_delta(t, n, parallelism, workdir),
+        "eo_delta_append": lambda t, n: eo_delta(t, n, parallelism, workdir),
+        "eo_delta_merge": lambda t, n: eo_delta(t, n, parallelism, workdir, merge=True),
+    }
+    warm, warm_events = f"bench_warm_delta_{uuid.uuid4().hex[:8]}", min(events, 20_000)
+    page_views.produce_page_views(os.environ["EO_KAFKA_BOOTSTRAP"], warm_events, topic=warm)
+    r_kafka(warm, warm_events, parallelism)
+    warm_python_workers(spark, parallelism)
+    for name in names:  # Delta's classes load and its plans compile in the first write of each kind
+        runs[name](warm, warm_events)
+    memory, jobs = DriverMemory(jvm_pid), []
+    for name in names:
+        memory.reset()
+        job = runs[name](topic, events)
+        job.driver_peak_rss_mb = memory.peak_mb()
+        print_job(job)
+        jobs.append(job)
+    return jobs
+
+
+def delta_rows(path: Path) -> int:
+    """The rows of the Delta table at ``path``, as delta-rs reads its log and files (nothing of Spark's)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+
+
+def spark_delta_append(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """Batch read of the same ranges, the same parsed events, ``df.write.format("delta").mode("append")``."""
+    path = workdir / f"delta_spark_{uuid.uuid4().hex[:6]}"
+    spark = spark_hook().get_conn()
+    eng = engine(parallelism)
+    started = time.monotonic()
+    raw = eng.read(spark, BatchContext("bench_delta", 0, "bench", 0, whole_topic(topic)))
+    parsed_events(raw.withColumnRenamed("kafka_value", "value")).write.format("delta").mode("append").save(str(path))
+    seconds = time.monotonic() - started
+    expect("rows in the Delta table", delta_rows(path), events)
+    return Job("spark_delta_append", events, parallelism, seconds)
+
+
+def structured_streaming_delta(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """``readStream`` + ``availableNow`` + a checkpoint into Delta's own streaming sink
+    (``writeStream.format("delta")``: what the Delta docs show; no ``foreachBatch``, which a plain append does not
+    need)."""
+    path = workdir / f"delta_ss_{uuid.uuid4().hex[:6]}"
+    spark = spark_hook().get_conn()
+    starting, _ = spark_offsets(whole_topic(topic))
+    started = time.monotonic()
+    query = (parsed_events(kafka_stream(spark, topic, starting)).writeStream.format("delta").outputMode("append")
+             .option("checkpointLocation", str(workdir / f"checkpoint_{path.name}"))
+             .trigger(availableNow=True)
+             .start(str(path)))
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    expect("rows in the Delta table", delta_rows(path), events)
+    return Job("structured_streaming_delta", events, parallelism, seconds)
+
+
+def eo_delta(topic: str, events: int, parallelism: int, workdir: Path, merge: bool = False) -> Job:
+    """Our Delta sink into a fresh table: appending (``eo_delta_append``) or MERGE on ``event_id``
+    (``eo_delta_merge``; the table created from the output's schema, as the sink does)."""
+    name = "eo_delta_merge" if merge else "eo_delta_append"
+    path = workdir / f"{name}_{uuid.uuid4().hex[:6]}"
+    sink = DeltaTableSink(path=str(path), key_columns=["event_id"] if merge else [])
+    job = ours(name, sink, None, topic, events, parallelism)
+    expect("rows in the Delta table", delta_rows(path), events)
+    return job
+
+
 def eo_empty_batch(topic: str, parallelism: int) -> Job:
     """An empty batch as a task meets it (a scheduled run with nothing new), in a fresh Python process with no
     JVM, hooks built inside the timing: the pipeline starts at ``latest``, so its batches are empty."""
@@ -775,12 +890,19 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             job.name = name
             job.driver_peak_rss_mb = memory.peak_mb()
             jobs.append(job)
-            print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  "
-                  f"driver peak RSS {job.driver_peak_rss_mb}  {job.note}", flush=True)
+            print_job(job)
+        delta = [name for name in DELTA_JOBS if name in wanted]
+        if delta:
+            jobs += delta_elsewhere(topic, events, parallelism, Path(tmp), delta)
     where = SPARK_CONN_ID or "local"
     for job in jobs:
         job.spark = where
     return {"events": events, "parallelism": parallelism, "spark": where, "jobs": [asdict(j) for j in jobs]}
+
+
+def print_job(job: Job) -> None:
+    print(f"  {job.name:<36}{job.seconds:>8.1f}s {job.records_per_s:>12,.0f} records/s  "
+          f"driver peak RSS {job.driver_peak_rss_mb}  {job.note}", flush=True)
 
 
 def rate_point(point: dict[str, Any]) -> None:
@@ -886,6 +1008,7 @@ def main() -> None:
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
     parser.add_argument("--r-db", help=argparse.SUPPRESS)  # internal: run r_db, print its JSON
     parser.add_argument("--empty-batch", help=argparse.SUPPRESS)  # internal: time empty batches, print the JSON
+    parser.add_argument("--delta", help=argparse.SUPPRESS)  # internal: run the Delta jobs, print their JSON
     args = parser.parse_args()
     global SPARK_CONN_ID
     SPARK_CONN_ID = args.spark_conn
@@ -894,6 +1017,12 @@ def main() -> None:
         topic, parallelism = args.empty_batch.rsplit(":", 1)
         job = empty_batch_in_this_process(topic, int(parallelism))
         print("EMPTY " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
+        return
+    if args.delta:
+        topic, events, parallelism, names, workdir = args.delta.split(":", 4)
+        found = delta_point(topic, int(events), int(parallelism), Path(workdir), names.split(","))
+        print("DELTA " + json.dumps([{k: v for k, v in asdict(job).items() if k != "records_per_s"} for job in found]),
+              flush=True)
         return
     if args.r_db:
         database, topic, events, parallelism, workdir = args.r_db.split(":", 4)

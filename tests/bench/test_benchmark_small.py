@@ -1,6 +1,12 @@
 """The benchmark's small setting: every job runs and checks its output, the JSON and the chart are written.
 
 Nothing here is about speed (the machine is shared); it keeps ``scripts/benchmark.py`` from rotting.
+
+The Delta Lake jobs (``eo_delta_append``, ``eo_delta_merge`` and their peers) are left out: they run in a Spark
+session of their own, started with Delta's jars and extension, and warm each job up first. At 3,000 events, on the
+two-core machine loaded by other tests, the whole setting took 211 s with them (their child process 89 s) against
+117 s without: far over the ~20 s they could cost here. The Delta sink's own tests
+(``tests/integration/test_delta_sink.py``) prove its output; ``make bench`` and ``--only`` run these jobs.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airf
 
 def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airflow_db):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    only = ",".join(sorted(JOBS - {"r_kafka_lines"}))  # r_kafka's second topic comes with it
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--sizes", "3000",
-                           "--parallelism", "2", "--json", str(out), "--chart", str(png)],
+                           "--parallelism", "2", "--only", only, "--json", str(out), "--chart", str(png)],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     jobs = {job["name"]: job for job in json.loads(out.read_text())}
