@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,18 +61,26 @@ def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | N
     ``driver``."""
     child_env = {k: v for k, v in os.environ.items() if k not in (FAILPOINTS_ENV, FAILPOINT_DIR_ENV)}
     child_env.update(env or {})
+    made = None  # a failpoint folder of our own, removed after the child (a caller's folder is the caller's)
     if fault:
-        child_env.update(arm(fault, directory=child_env.get(FAILPOINT_DIR_ENV) or tempfile.mkdtemp(prefix="eo-fp-")))
+        if not child_env.get(FAILPOINT_DIR_ENV):
+            made = tempfile.mkdtemp(prefix="eo-fp-")
+        child_env.update(arm(fault, directory=child_env.get(FAILPOINT_DIR_ENV) or made))
     args = [sys.executable, *args]
-    with subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
-        if fault:
-            register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)
-        try:
-            stdout, stderr = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            raise
+    try:
+        with subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as child:
+            if fault:
+                register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)
+            try:
+                stdout, stderr = child.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+                raise
+    finally:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
     return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
 
 
