@@ -4,6 +4,7 @@ one ``INSERT .. SELECT``."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -134,7 +135,25 @@ def csv_files(batches: Iterable[pa.RecordBatch], columns: Sequence[str],
     finally:
         if writer is not None:
             writer.close()
-        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):  # the last file was kept (:func:`kept_csv_files`)
+            os.unlink(path)
+
+
+@contextlib.contextmanager
+def kept_csv_files(batches: Iterable[pa.RecordBatch], columns: Sequence[str],
+                   sort_by: Sequence[str] = ()) -> Iterator[list[tuple[str, int]]]:
+    """All of :func:`csv_files` at once, kept until the block ends: a transaction that loads them can load them
+    again after a deadlock (they take the disk the staging path takes on the server)."""
+    kept: list[tuple[str, int]] = []
+    try:
+        for path, rows in csv_files(batches, columns, sort_by):
+            os.replace(path, f"{path}.{len(kept)}")
+            kept.append((f"{path}.{len(kept)}", rows))
+        yield kept
+    finally:
+        for path, _ in kept:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], types: Sequence[str]) -> int:

@@ -4,17 +4,27 @@ beyond what the job ships). In XA mode the whole partition is one branch, prepar
 from __future__ import annotations
 
 import dataclasses
+import random
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pymysql
+from pymysql.constants import ER
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.vote import write_while_voting
-from airflow_eo.mysql.bulk_load import csv_files, hex_columns, load_replacing, sink_array, stage, staging_types
+from airflow_eo.mysql.bulk_load import (
+    hex_columns,
+    kept_csv_files,
+    load_replacing,
+    sink_array,
+    stage,
+    staging_types,
+)
 from airflow_eo.mysql.connection import connect
 from airflow_eo.mysql.sql import (
     delete_statement,
@@ -29,6 +39,28 @@ from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_ear
 
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
 STATEMENT_MAX_CHARS = 2 * 1024 * 1024
+
+# The tasks of one batch write the same table at once, and InnoDB's next-key locks (an upsert of a row that exists,
+# a delete of one that does not) reach into key ranges the other tasks insert into: the server then picks one
+# transaction as a deadlock's victim and rolls it back, whole (seen: 2 in 16 runs of the tombstones test). A lock
+# wait timeout rolls back only its statement. Either way the transaction is rolled back and run again, as InnoDB's
+# manual asks of every application; Spark cannot retry one task of a barrier stage.
+RESTARTABLE = frozenset({ER.LOCK_DEADLOCK, ER.LOCK_WAIT_TIMEOUT})
+TRANSACTION_RUNS = 6
+
+
+def restarting(run: Callable[[], int], restart: Callable[[], None], runs: int = TRANSACTION_RUNS) -> int:
+    """``run()`` (one transaction's statements); after a deadlock or a lock wait timeout, ``restart()`` (roll the
+    transaction back, begin again) and run it again after a random pause, at most ``runs`` times in all."""
+    for attempt in range(1, runs + 1):
+        try:
+            return run()
+        except pymysql.err.OperationalError as exc:
+            if not (exc.args and exc.args[0] in RESTARTABLE) or attempt == runs:
+                raise
+        restart()
+        time.sleep(random.uniform(0, 0.05 * 2 ** attempt))  # apart, so the same two do not meet again at once
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,13 +99,21 @@ class PartitionWriter(SqlPartitionWriter):
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
                 write: Callable[[bool], int]
+
+                def restart() -> None:
+                    if xa is not None:
+                        xa.restart(xid)
+                    else:
+                        conn.rollback()
+
                 if types is None:
                     def write(commit: bool) -> int:
                         return self._write(conn, cur, _rows(stream, self.columns))
                 elif self.replace_rows and "FLOAT" not in types:
                     # (A float32's shortest text means another number in a DOUBLE column: staged as FLOAT, it does not.)
                     def write(commit: bool) -> int:
-                        return self._load_replacing(conn, cur, stream, hexed, commit)
+                        with kept_csv_files(stream, self.columns, sort_by=self.key_columns) as files:
+                            return restarting(lambda: self._load_replacing(conn, cur, files, hexed, commit), restart)
                 else:
                     # Before XA START: session-private rows that belong to no branch and no transaction.
                     staged = stage(cur, stream, self.columns, types)
@@ -82,7 +122,8 @@ class PartitionWriter(SqlPartitionWriter):
                     conn.commit()
 
                     def write(commit: bool) -> int:
-                        return self._write_staged(conn, cur, staged, hexed, commit)
+                        # The staged rows stay (committed before the transaction): the statements can run again.
+                        return restarting(lambda: self._write_staged(conn, cur, staged, hexed, commit), restart)
                 if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
                     clean, written = write_while_voting(agreed, lambda: write(False))
                     if not clean:
@@ -100,14 +141,13 @@ class PartitionWriter(SqlPartitionWriter):
         finally:
             conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
 
-    def _load_replacing(self, conn: pymysql.connections.Connection, cur: Any, batches: Iterable[pa.RecordBatch],
+    def _load_replacing(self, conn: pymysql.connections.Connection, cur: Any, files: Sequence[tuple[str, int]],
                         hexed: frozenset[int], commit: bool = True) -> int:
-        """The rows straight into the table with ``LOAD DATA .. REPLACE``, each file in key order (in the branch, or
-        one fenced transaction, committed here unless ``commit`` is False)."""
+        """The rows' files (each in key order) straight into the table with ``LOAD DATA .. REPLACE`` (in the branch,
+        or one fenced transaction, committed here unless ``commit`` is False)."""
         if self.fence is not None:
             self.fence.check(cur, "share")
-        written = load_replacing(cur, csv_files(batches, self.columns, sort_by=self.key_columns), self.table,
-                                 self.columns, hexed, self.stamped)
+        written = load_replacing(cur, files, self.table, self.columns, hexed, self.stamped)
         # The write is in flight (not committed or prepared yet) whichever writer fires this first.
         failpoint("during_write")
         if not self.xa and commit:
@@ -148,13 +188,10 @@ class PartitionWriter(SqlPartitionWriter):
             nonlocal written, chunk_bytes
             sql = full_sql if len(chunk) == self.rows_per_statement else upsert_statement(
                 self.table, self.columns, self.key_columns, self.updates, len(chunk), self.row_alias)
-            cur.execute(sql, [v for r in chunk for v in r])
+            self._transaction(conn, cur, sql, [v for r in chunk for v in r])
             written += len(chunk)
             chunk.clear()
             chunk_bytes = 0
-            failpoint("during_write")  # in flight: this statement is not committed or prepared yet
-            if not self.xa:
-                conn.commit()
             if self.fence is not None and not last:
                 self.fence.check(cur, "share")  # the next transaction's start
 
@@ -169,6 +206,25 @@ class PartitionWriter(SqlPartitionWriter):
             flush(last=True)
         return written
 
+    def _transaction(self, conn: pymysql.connections.Connection, cur: Any, statement: str, args: list[Any]) -> None:
+        """One statement of the multi-row path, committed on its own (upserts), or added to the branch (XA: a
+        deadlock there fails the task, as the branch's earlier statements are gone with it)."""
+        def run() -> int:
+            cur.execute(statement, args)
+            failpoint("during_write")  # in flight: this statement is not committed or prepared yet
+            if not self.xa:
+                conn.commit()
+            return 0
+
+        def restart() -> None:
+            conn.rollback()
+            if self.fence is not None:
+                self.fence.check(cur, "share")  # the new transaction's start
+
+        if self.xa:
+            run()
+        else:
+            restarting(run, restart)
 
     def _write_with_tombstones(self, conn: pymysql.connections.Connection, cur: Any, rows: Iterator[tuple]) -> int:
         """The multi-row path with tombstones: upserts and deletes run in offset order (runs of upserts between
@@ -189,10 +245,7 @@ class PartitionWriter(SqlPartitionWriter):
                 pending.clear()
             if self.fence is not None:
                 self.fence.check(cur, "share")
-            cur.execute(delete_statement(self.table, self.key_columns), [values[i] for i in keys])
-            failpoint("during_write")  # in flight: this delete is not committed or prepared yet
-            if not self.xa:
-                conn.commit()
+            self._transaction(conn, cur, delete_statement(self.table, self.key_columns), [values[i] for i in keys])
             count += 1
         if pending:
             count += upserts._write(conn, cur, iter(pending))

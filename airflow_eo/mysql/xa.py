@@ -22,6 +22,7 @@ from airflow_eo.core.xid import Xid, parse_recover_row
 from airflow_eo.mysql.connection import connect
 
 ER_XAER_NOTA = 1397  # unknown xid: already committed / rolled back
+ER_XAER_RMFAIL = 1399  # not allowed in the branch's state (a deadlock's victim is ROLLBACK ONLY)
 ER_SPECIFIC_ACCESS_DENIED = 1227
 
 
@@ -47,6 +48,19 @@ class XaFacade:
 
     def start(self, xid: Xid) -> None:
         with self.conn.cursor() as cur:
+            cur.execute(f"XA START {xid.sql()}")
+
+    def restart(self, xid: Xid) -> None:
+        """Rolls back the active branch ``xid`` and starts it again, empty: after a deadlock (the server rolled the
+        branch back and left it ROLLBACK ONLY, where ``XA END`` is refused; checked on MariaDB 10.11) or a lock wait
+        timeout (the statement alone was rolled back; the branch is still active)."""
+        with self.conn.cursor() as cur:
+            try:
+                cur.execute(f"XA END {xid.sql()}")
+            except pymysql.err.OperationalError as exc:
+                if not (exc.args and exc.args[0] == ER_XAER_RMFAIL):
+                    raise
+            cur.execute(f"XA ROLLBACK {xid.sql()}")
             cur.execute(f"XA START {xid.sql()}")
 
     def prepare(self, xid: Xid) -> None:

@@ -25,6 +25,7 @@ from tests.integration.page_views import (
     run_dag,
     sink_state,
 )
+from tests.support.children import why
 from tests.support.kafka import create_topic
 
 XA_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
@@ -49,7 +50,7 @@ def crash_at_every_point(dag_id: str, pipeline: str, points: list[str], bootstra
             logical_date = datetime.now(timezone.utc)  # that run committed: the next crash kills a new one
         crashed = run_dag(dag_id, logical_date, fault=point)
         assert crashed.returncode == -signal.SIGKILL, (
-            f"the run was not killed at {point}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}")
+            f"the run was not killed at {point}: rc={crashed.returncode}\n{why(crashed)}")
         assert batch_rows(mysql_kwargs, pipeline), "the batch row must be written before the crash point"
         if point == "after_prepare":
             assert our_prepared_branches(mysql_kwargs, pipeline), "the crash should leave prepared branches"
@@ -57,10 +58,10 @@ def crash_at_every_point(dag_id: str, pipeline: str, points: list[str], bootstra
         produce_page_views(bootstrap, 300)
 
     retried = run_dag(dag_id, logical_date)  # the same run again: resume or return the committed summary
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     produce_page_views(bootstrap, 700)
     later = run_dag(dag_id)  # a later run
-    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert later.returncode == 0, why(later)
     assert_exactly_once(mysql_kwargs, bootstrap, pipeline)
 
 
@@ -85,14 +86,14 @@ def test_hourly_interval_dag_survives_sigkill_and_replays_the_same_hour(bootstra
 
     # dag.test infers the manual data interval from the logical date: the hour that ends there.
     crashed = run_dag("page_view_events_hourly", hour(1)[1], fault="during_write", conf=conf)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["planned"]
 
     retried = run_dag("page_view_events_hourly", hour(1)[1], conf=conf)  # the same run again
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     assert sink_ids() == hours_truth(events, 1)
     earlier = run_dag("page_view_events_hourly", hour(0)[1], conf=conf)  # a backfilled earlier hour
-    assert earlier.returncode == 0, earlier.stdout[-3000:] + earlier.stderr[-3000:]
+    assert earlier.returncode == 0, why(earlier)
     assert sink_ids() == hours_truth(events, 0, 1)
     h0, h1 = sorted((b["ranges"] for b in batch_rows(mysql_kwargs, pipeline)), key=lambda r: r[0]["from_offset"])
     assert [r["until_offset"] for r in h0] == [r["from_offset"] for r in h1]

@@ -20,6 +20,7 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import run_child
+from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.postgres import MYSQL_STORE, PG_STORE, pg_rows, store_batches
 
@@ -138,24 +139,24 @@ def test_tombstones_delete_exactly_once_through_sigkills(database, bootstrap, my
     produced = first_batch()
     produce(bootstrap, topic, produced)
     crashed = child("first", "during_write")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     retried = child("first")
-    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     assert table_view() == compacted(produced)
 
     later = second_batch()
     produce(bootstrap, topic, later)
     produced += later
     crashed = child("second", "after_commit_point")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     assert store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)[-1]["state"] == "committed"
     retried = child("second")
-    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     expected = compacted(produced)
     assert table_view() == expected and "k00" not in expected and expected["k10"] == ("returned", 6)
 
     # A tombstone without a key names no row: a bad record with a clear error, nothing committed.
     produce(bootstrap, topic, [(None, None), upsert("k05", "not written", 8)])
     refused = child("third")
-    assert refused.returncode != 0 and "tombstone without a key" in refused.stderr, refused.stderr[-3000:]
+    assert refused.returncode != 0 and "tombstone without a key" in refused.stderr, why(refused)
     assert table_view() == expected

@@ -27,6 +27,7 @@ from tests.integration.page_views import (
     run_child,
 )
 from tests.integration.test_operations_cli import eo_json
+from tests.support.children import why
 from tests.support.kafka import create_topic
 
 
@@ -52,11 +53,11 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
 
     first = f"manual__{uuid.uuid4().hex}"
     crashed = child(job, first, "before_table_commit")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     assert table_rows(path) == [], "nothing of the batch may be in the table before its commit"
 
     crashed = child(job, first, "after_table_commit")  # the same run again: resumes its batch, commits the table
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     [batch] = batch_rows(mysql_kwargs, pipeline)
     assert batch["state"] == "planned", "the store must not know of the table's commit yet"
     txn = table_transaction(pipeline, batch["batch_id"], None)
@@ -70,15 +71,15 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
 
     second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
     crashed = child(job, second, "after_commit_point")
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
     assert "rolling forward" in crashed.stdout + crashed.stderr
     assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "committed"]
 
     retried = child(job, second)  # the committed run again: nothing to do
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     produce_page_views(bootstrap, 200, topic=topic_name)
     later = child(job, f"manual__{uuid.uuid4().hex}")
-    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert later.returncode == 0, why(later)
 
     events = [json.loads(r.value) for r in read_records(bootstrap, topic_name)[0]]  # in offset order
     last_user = {e["app_id"]: e["user_id"] for e in events}
@@ -100,7 +101,7 @@ def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, to
 
     def run_hour(h: int, run_id: str) -> dict[str, Any]:
         done = child({**job, "interval": [t.isoformat() for t in hour(h)]}, run_id)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == 0, why(done)
         return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
     run_hour(1, "backfill__h1")

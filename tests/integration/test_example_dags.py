@@ -17,6 +17,7 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
+from tests.support.children import why
 
 
 @pytest.mark.parametrize(("dag_id", "pipeline"), [("page_views_xa", XA_PIPELINE),
@@ -26,7 +27,7 @@ def test_several_runs_with_new_events_between_them(dag_id, pipeline, bootstrap, 
     produce_page_views(bootstrap, 500)
     for new_events in (300, 0, 0):  # new events, then none: the third run finds nothing to read
         done = run_dag(dag_id)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == 0, why(done)
         assert_exactly_once(mysql_kwargs, bootstrap, pipeline)
         if new_events:
             produce_page_views(bootstrap, new_events)
@@ -41,11 +42,11 @@ def test_cleared_committed_run_returns_its_summary_and_does_nothing(bootstrap, m
     produce_page_views(bootstrap, 100)
     logical_date = datetime.now(timezone.utc)
     first = run_dag("page_views_xa", logical_date)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 0, why(first)
     truth = assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
     produce_page_views(bootstrap, 50)
     again = run_dag("page_views_xa", logical_date)  # same logical date = the same run, cleared
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.returncode == 0, why(again)
     assert "already committed" in again.stdout + again.stderr
     assert len(batch_rows(mysql_kwargs, XA_PIPELINE)) == 1
     from tests.integration.page_views import sink_state
@@ -58,7 +59,7 @@ def test_page_views_pg_counts_each_event_once_all_on_postgres(bootstrap, postgre
     reset_page_views_pg(postgres_kwargs)
     produce_page_views(bootstrap, 400)
     done = run_dag("page_views_pg")  # one run (the crash chains of tests/integration/test_postgres_sinks run more)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     pv_per_app, _, ends = ground_truth(bootstrap, TOPIC)
     with psycopg.connect(**postgres_kwargs) as conn:
         assert dict(conn.execute("SELECT app_id, pv FROM app_pv").fetchall()) == pv_per_app

@@ -18,6 +18,7 @@ from examples.state import reset_ip_counts
 from examples.topics import read_topic
 from tests.integration.operator_harness import rows, run
 from tests.integration.page_views import run_dag
+from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import group_positions, kafka_adapter
 
@@ -38,7 +39,7 @@ def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db
     ip_counts.produce_lines(bootstrap, 2000)
     for more in (1500, 0, 0):  # new lines, then none: the third run commits an empty batch
         done = run_dag("ip_counts_kafka")
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.returncode == 0, why(done)
         assert_exact(bootstrap, mysql_kwargs)
         if more:
             ip_counts.produce_lines(bootstrap, more)
@@ -52,7 +53,7 @@ def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, ai
     # after_kafka_commit last: the retry after it must roll the store forward, not run the batch again.
     for point in ["before_produce", "mid_produce", "after_last_send", "after_kafka_commit"]:
         crashed = run_dag("ip_counts_kafka", logical_date, fault=point)
-        assert crashed.returncode == -signal.SIGKILL, f"not killed at {point}: {crashed.stderr[-3000:]}"
+        assert crashed.returncode == -signal.SIGKILL, f"not killed at {point}: {why(crashed)}"
         # What a read_committed consumer sees of a batch: all of it or none of it. Until the Kafka commit no
         # record of the batch, even once every record was sent; after it, every line of the planned 4,000 once
         # (the counts of one batch sum to its lines), before the store knows.
@@ -63,11 +64,11 @@ def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, ai
                 "the batch's records were not in the log: the read_committed check above proves nothing"
         ip_counts.produce_lines(bootstrap, 300)
     retried = run_dag("ip_counts_kafka", logical_date)
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     assert "rolling forward" in retried.stdout + retried.stderr
     ip_counts.produce_lines(bootstrap, 700)
     later = run_dag("ip_counts_kafka")
-    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert later.returncode == 0, why(later)
     assert_exact(bootstrap, mysql_kwargs)
     # The killed attempts' records reached the log and were aborted: only read_uncommitted sees them.
     uncommitted = ip_counts.output_counts(bootstrap, "read_uncommitted")

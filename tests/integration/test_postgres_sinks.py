@@ -36,6 +36,7 @@ from tests.support.bad_records import (
     assert_headers_kept,
     run_with_driver_dead_letters,
 )
+from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.postgres import (
     COUNTS_DDL,
@@ -78,7 +79,7 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
         crashed = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
                             fault=point, env=env)
         assert crashed.returncode == -signal.SIGKILL, (
-            f"the run was not killed at {point}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}")
+            f"the run was not killed at {point}: rc={crashed.returncode}\n{why(crashed)}")
         assert store_batches(store, postgres_kwargs, mysql_kwargs, pipeline), "the batch row comes first"
         if point == "after_prepare":
             assert prepared_gids(postgres_kwargs, pipeline), "the crash should leave prepared transactions"
@@ -93,10 +94,10 @@ def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres
         produce_page_views(bootstrap, 100, topic=job["topic"])
 
     retried = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]  # the same run again
+    assert retried.returncode == 0, why(retried)  # the same run again
     produce_page_views(bootstrap, 200, topic=job["topic"])
     later = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "later"})], env=env)
-    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert later.returncode == 0, why(later)
 
     assert prepared_gids(postgres_kwargs, pipeline) == [], "prepared transactions were left behind"
     batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)

@@ -27,6 +27,7 @@ from tests.integration.page_views import (
     our_prepared_branches,
     run_child,
 )
+from tests.support.children import why
 from tests.support.kafka import create_topic
 
 POINTS = {
@@ -64,7 +65,7 @@ def test_the_replacing_load_survives_sigkill_at_each_step(kind, bootstrap, mysql
             run_id = f"manual__{uuid.uuid4().hex}"  # that run committed: the next crash kills a new one
         crashed = child(run_id, point)
         assert crashed.returncode == -signal.SIGKILL, (
-            f"the run was not killed at {point}: rc={crashed.returncode}\n{crashed.stderr[-3000:]}")
+            f"the run was not killed at {point}: rc={crashed.returncode}\n{why(crashed)}")
         if kind == "xa" and point in ("during_write", "after_task_prepare=kill(driver)", "after_prepare"):
             assert batch_rows(mysql_kwargs, pipeline)[-1]["state"] != "committed"
             assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}")[0][0] == committed_records(
@@ -74,10 +75,10 @@ def test_the_replacing_load_survives_sigkill_at_each_step(kind, bootstrap, mysql
         events += produce_page_views(bootstrap, 150, topic=topic_name)
 
     retried = child(run_id)  # the same run again: resumes its batch, or returns the committed summary
-    assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+    assert retried.returncode == 0, why(retried)
     events += produce_page_views(bootstrap, 200, topic=topic_name)
     later = child(f"manual__{uuid.uuid4().hex}")
-    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert later.returncode == 0, why(later)
 
     written = {r[0]: (r[1], r[2], r[3].isoformat(timespec="milliseconds"))
                for r in rows(mysql_kwargs, f"SELECT event_id, app_id, user_id, ts FROM {table}")}

@@ -15,6 +15,7 @@ from examples.page_views import produce_page_views
 from examples.topics import read_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import REPO, committed_offsets, run_dag
+from tests.support.children import why
 
 REGIONS = ("eu", "us")
 
@@ -47,7 +48,7 @@ def test_two_dags_from_one_factory_run_concurrently_and_a_mapped_task_reads_both
         assert committed_offsets(mysql_kwargs, f"page_view_events_{region}") == ends[region]
 
     mapped = run_dag("page_view_events_mapped")
-    assert mapped.returncode == 0, mapped.stdout[-3000:] + mapped.stderr[-3000:]
+    assert mapped.returncode == 0, why(mapped)
     for region in REGIONS:  # each mapped instance is its own pipeline, named after its topics
         pipeline = f"page_view_events_mapped.store_events.page_views_{region}"
         assert committed_offsets(mysql_kwargs, pipeline) == ends[region]

@@ -18,6 +18,7 @@ from airflow_eo.kafka.offsets import group_id
 from examples.page_views import TOPIC, produce_page_views
 from examples.state import our_prepared_branches
 from tests.integration.page_views import XA_PIPELINE, committed_offsets, reset, run_dag
+from tests.support.children import why
 from tests.support.cli import eo
 
 DAG_ID, TASK_ID = "page_views_xa", "count_page_views"
@@ -73,7 +74,7 @@ def test_verify_finds_nothing_on_a_healthy_pipeline_then_each_drift_made_for_rea
     forget_runs(DAG_ID)
     produce_page_views(bootstrap, 300)
     done = run_dag(DAG_ID)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
 
     healthy = eo("verify", XA_PIPELINE)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
@@ -100,7 +101,7 @@ def test_verify_finds_nothing_on_a_healthy_pipeline_then_each_drift_made_for_rea
 
     produce_page_views(bootstrap, 100)
     killed = run_dag(DAG_ID, fault="after_commit_point")  # SIGKILL right after the store's commit point
-    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert killed.returncode == -9, why(killed)
     prepared = our_prepared_branches(mysql_kwargs, XA_PIPELINE)
     assert prepared
     drifted = eo("verify", XA_PIPELINE, "-o", "json")

@@ -34,6 +34,7 @@ from tests.integration.page_views import (
 )
 from tests.scheduler.airflow_services import AirflowServices, from_iso
 from tests.support import REPO
+from tests.support.children import why
 from tests.support.kafka import create_topic
 
 pytestmark = pytest.mark.timeout(1500)
@@ -297,6 +298,6 @@ def test_an_in_doubt_batch_is_recovered_after_a_human_approves_it_as_that_approv
     audit = rows(mysql_kwargs, "SELECT actor, action, reason FROM eo_audit WHERE pipeline_id = %s", (XA_PIPELINE,))
     assert audit == [(f"airflow:{approver}", "recover", "crash after the commit point")]
     done = run_dag(XA_PIPELINE)  # the pipeline goes on, exactly once
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     assert_exactly_once(mysql_kwargs, bootstrap, XA_PIPELINE)
     airflow.pause(dag_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
+import subprocess
 import sys
 import threading
 
@@ -18,3 +20,20 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def why(child: subprocess.CompletedProcess, limit: int = 6000) -> str:
+    """What a failed child printed that says why, for an assertion's message: the Python tracebacks and error
+    lines (a Spark task's own traceback sits at the top of a long Java trace, where a tail never reaches), then
+    the last lines. Java frames (``\\tat ...``) are left out."""
+    lines = [line for line in (child.stderr or "").splitlines() if not line.lstrip().startswith("at ")]
+    salient = [i for i, line in enumerate(lines) if line.startswith("Traceback") or _ERROR.search(line)]
+    picked: list[str] = []
+    for i in salient:
+        picked.extend(lines[i:i + 12] if lines[i].startswith("Traceback") else lines[i:i + 1])
+    head = "\n".join(dict.fromkeys(picked))[: limit // 2]
+    tail = "\n".join(lines)[-(limit // 2):]
+    return f"exit {child.returncode}; errors:\n{head}\n... last lines:\n{tail}"
+
+
+_ERROR = re.compile(r"(Error|Exception|Caused by)[:\s]")
