@@ -69,6 +69,7 @@ from airflow_eo.core.planning import (
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, check_contiguous
 from airflow_eo.core.recovery import BatchAction, BatchDecision, BranchDecision, SinkRecovery, decide_unfinished
+from airflow_eo.core.refusals import ValueRule
 from airflow_eo.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,15 @@ class ExecutorDeadLetters(Protocol):
     def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
         """The dead-letter table's partition writer for this batch's attempt; creates the table first when it is
         missing (DDL, on the driver, before any branch of the batch starts)."""
+
+
+class ValueChecks(Protocol):
+    """A sink that knows values its table refuses (optional): the engine checks them where the records are parsed,
+    so that such a record is a bad record (``on_bad_record``), not a write that fails every run of the batch. Only
+    the records of a batch without a transform are checked (a transform's output row is no one record)."""
+
+    def value_rules(self, output: Sequence[tuple[str, str]]) -> Sequence[ValueRule]:
+        """The rules of the ``output`` columns' values (name, Spark ``simpleString`` type)."""
 
 
 class Engine(Protocol):

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.postgres import connection, migrations, sql
 from airflow_eo.postgres.prepared import prepared_session
@@ -36,6 +37,7 @@ class PostgresDatabase(SqlDatabase):
 
     name = "PostgreSQL"
     conn_type = "postgres"
+    refuses_nul_in_text = True
     dialect = POSTGRES
     branch_name = "prepared transaction"
     spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
@@ -101,6 +103,15 @@ class PostgresDatabase(SqlDatabase):
         cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                     "AND NOT attisdropped ORDER BY attnum", (sql.quote_table(table),))
         return [row[0] for row in cur.fetchall()]
+
+    def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
+        # atttypmod of varchar(n) and char(n) is n + 4 (the varlena header).
+        cur.execute("SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull, t.typname, "
+                    "CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4 THEN a.atttypmod - 4 END "
+                    "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = to_regclass(%s) "
+                    "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (sql.quote_table(table),))
+        return [ColumnFacts(name, shown, bool(nullable), max_chars=chars, int_range=integer_range(type_name))
+                for name, shown, nullable, type_name, chars in cur.fetchall()]
 
     def fence_advice(self, store_kwargs: Mapping[str, Any]) -> str:
         return "in the store's database are fenced by it: GRANT SELECT ON eo_pipeline, eo_interval TO that user"

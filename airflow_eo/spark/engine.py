@@ -45,6 +45,7 @@ from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
+from airflow_eo.spark.refusals import refuse_unstorable
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class SparkBatchEngine:
         spark.addTag(self._job_tag)
         try:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
+            if self.transform is None:  # a record is a row of the table: what the table refuses, it is refused here
+                parsed = refuse_unstorable(parsed, payload, sink)
             # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
             # (lazily, in this order) only when the decision needs them.
             strategy = choose_write_strategy(

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+from airflow_eo.core.refusals import ColumnFacts
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.sqlstore.dialect import StoreDialect
 
@@ -44,6 +45,8 @@ class SqlDatabase:
     case_insensitive_columns: ClassVar[bool] = False
     #: who may run an ALTER TABLE, for messages (``a user with the ALTER privilege``)
     alter_role: ClassVar[str] = "the table's owner"
+    #: whether its text types refuse a NUL character (PostgreSQL's do)
+    refuses_nul_in_text: ClassVar[bool] = False
     #: the keys of connect_kwargs that say where the database is (an upsert sink there is fenced by the store)
     location_keys: ClassVar[tuple[str, ...]] = ("host", "port")
 
@@ -130,6 +133,11 @@ class SqlDatabase:
     def table_columns(self, cur: Any, table: str) -> list[str]:
         """The columns of ``table`` in order; empty when it does not exist."""
         raise NotImplementedError
+
+    def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
+        """What the catalog says of each column of ``table`` (lengths, integer ranges, NOT NULL), for the values
+        checked before the write (:mod:`airflow_eo.core.refusals`); none: no value is checked."""
+        return []
 
     def store_schema(self, store_kwargs: Mapping[str, Any]) -> str | None:
         """What qualifies the store's tables read from a sink's connection to the same database (None: the

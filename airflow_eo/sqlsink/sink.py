@@ -19,6 +19,7 @@ from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext, BatchRecord,
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.recovery import SinkRecovery
+from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.sqlsink.columns import add_new_columns
@@ -62,6 +63,7 @@ class SqlTableSink:
         self.name, self.table, self.key_columns = name, table, tuple(key_columns)
         self.updates, self.dead_letter_table = dict(updates), dead_letter_table
         self.table_columns: list[str] = []
+        self.column_facts: list[ColumnFacts] = []
         self.add_missing_columns = add_missing_columns
 
     # -- checks before any side effect
@@ -76,8 +78,15 @@ class SqlTableSink:
                                      f"{self.connect_kwargs.get('user')!r}: {db.describe(exc)}") from exc
         try:
             self._check_target(conn)
+            with conn.cursor() as cur:
+                self.column_facts = db.column_facts(cur, self.table)
         finally:
             conn.close()
+
+    def value_rules(self, output: Sequence[tuple[str, str]]) -> list[ValueRule]:
+        """What the table refuses of the ``output`` columns' values (name, Spark type), checked where the records
+        are parsed: such a record is a bad record, not a failed write (:mod:`airflow_eo.core.refusals`)."""
+        return value_rules(self.table, self.column_facts, output, self.database.refuses_nul_in_text)
 
     def _check_target(self, conn: Any) -> None:
         """The database's reads of its server and of the target table (sets :attr:`table_columns`)."""

@@ -1,0 +1,48 @@
+"""Values the sink's table refuses, found where the records are parsed: each rule of the sink
+(:class:`~airflow_eo.core.protocol.ValueChecks`, :mod:`airflow_eo.core.refusals`) becomes a Spark condition, and a
+record that breaks one gets its ``_eo_error`` (a bad record: dead-lettered or failing the batch, by
+``on_bad_record``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.config import DELETE_COLUMN
+from airflow_eo.core.refusals import Check, ValueRule
+from airflow_eo.spark.parsing import named_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+
+def refuse_unstorable(parsed: DataFrame, payload: Sequence[str], sink: Any) -> DataFrame:
+    """``parsed`` with an ``_eo_error`` for every good record whose payload the sink's table refuses (the first
+    rule it breaks); ``parsed`` itself when the sink checks no value."""
+    from pyspark.sql import functions as F
+
+    rules_of = getattr(sink, "value_rules", None)
+    if rules_of is None:
+        return parsed
+    fields = parsed.select(*named_columns(payload)).schema.fields
+    rules: Sequence[ValueRule] = rules_of([(f.name, f.dataType.simpleString()) for f in fields])
+    if not rules:
+        return parsed
+    deleted = (F.col(DELETE_COLUMN) if DELETE_COLUMN in payload else F.lit(False))
+    refusals = [F.when(_breaks(rule, deleted), F.lit(rule.message)) for rule in rules]
+    return parsed.withColumn("_eo_error", F.coalesce(F.col("_eo_error"), *refusals))
+
+
+def _breaks(rule: ValueRule, deleted: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    [value] = named_columns([rule.column])
+    if rule.check is Check.NOT_NULL:
+        return value.isNull() & ~deleted  # a tombstone's row has only its key
+    if rule.check is Check.CHARS:
+        return F.char_length(value) > rule.limit
+    if rule.check is Check.BYTES:
+        return F.octet_length(value) > rule.limit
+    if rule.check is Check.NUL:
+        return F.instr(value, "\u0000") > 0
+    return (value < rule.low) | (value > rule.limit)  # Check.RANGE

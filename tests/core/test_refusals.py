@@ -1,0 +1,36 @@
+"""The value rules a table's catalog implies for an output (pure: :mod:`airflow_eo.core.refusals`)."""
+
+from __future__ import annotations
+
+from airflow_eo.core.refusals import Check, ColumnFacts, integer_range, value_rules
+
+FACTS = [
+    ColumnFacts("id", "varchar(16)", False, max_chars=16),
+    ColumnFacts("note", "text", True, max_bytes=65535),
+    ColumnFacts("n", "integer", True, int_range=integer_range("integer")),
+    ColumnFacts("big", "bigint", True, int_range=integer_range("bigint")),
+    ColumnFacts("u", "int(10) unsigned", True, int_range=integer_range("int", unsigned=True)),
+    ColumnFacts("flag", "boolean", False),
+]
+
+
+def test_strings_get_their_lengths_and_nul_only_where_the_database_refuses_it():
+    rules = value_rules("t", FACTS, [("id", "string"), ("note", "string")], refuses_nul=True)
+    assert [(r.column, r.check, r.limit) for r in rules] == [
+        ("id", Check.NOT_NULL, 0), ("id", Check.CHARS, 16), ("id", Check.NUL, 0),
+        ("note", Check.BYTES, 65535), ("note", Check.NUL, 0)]
+    assert "column 'id' of table t is varchar(16)" in rules[1].message and "16 characters" in rules[1].message
+    assert all(r.check is not Check.NUL for r in value_rules("t", FACTS, [("id", "string")], refuses_nul=False))
+
+
+def test_integers_get_a_range_only_where_the_column_is_narrower_than_the_output():
+    rules = value_rules("t", FACTS, [("n", "bigint"), ("big", "bigint"), ("u", "int"), ("n", "int")],
+                        refuses_nul=False)
+    assert [(r.column, r.low, r.limit) for r in rules] == [("n", -2**31, 2**31 - 1), ("u", 0, 2**32 - 1)]
+    assert "outside 0 .. 4294967295" in rules[1].message
+
+
+def test_not_null_columns_and_unknown_ones():
+    rules = value_rules("t", FACTS, [("flag", "boolean"), ("added", "string")], refuses_nul=True)
+    assert [(r.column, r.check) for r in rules] == [("flag", Check.NOT_NULL)]
+    assert integer_range("text") is None and integer_range("SMALLINT") == (-32768, 32767)
