@@ -1,20 +1,17 @@
-"""The PostgreSQL sinks under the real operator (real Kafka, Spark, PostgreSQL and MariaDB): each sink equals the
-ground truth read from the topic after a SIGKILL at every protocol step it passes, with the offset store on the same
-PostgreSQL database (the upsert sink: fenced) and on MySQL (the two-phase sink: mixed); no prepared transaction is
-left and the committed batches tile the topic."""
+"""The PostgreSQL sinks under the real operator (real Kafka, Spark, PostgreSQL and MariaDB): checks before any side
+effect, bad records and dead letters, interval mode, the store on PostgreSQL, a server killed. Their crash chains (a
+SIGKILL at every protocol step) are those of every SQL sink kind: ``test_sink_crash_chains.py``."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -23,20 +20,18 @@ from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
 from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
-from examples.page_views import ground_truth, produce_page_views
+from examples.page_views import produce_page_views
 from tests.integration.operator_harness import operator, rows, run
-from tests.integration.page_views import assert_contiguous, hour, hours_truth, produce_hours, run_child
+from tests.integration.page_views import hour, hours_truth, produce_hours
 from tests.support.bad_records import (
     BAD_HEADERS,
     BAD_VALUES,
     assert_headers_kept,
     run_with_driver_dead_letters,
 )
-from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.postgres import (
     COUNTS_DDL,
@@ -46,14 +41,8 @@ from tests.support.postgres import (
     pg_rows,
     pg_table,
     prepared_gids,
-    store_batches,
 )
 from tests.support.stack import load_stack, server_folder
-
-# after_plan is before any sink code runs: the MySQL XA chain covers it.
-TWO_PHASE_POINTS = ["during_write", "after_prepare", "in_store_commit", "after_commit_point",
-                    "between_xa_commits"]
-UPSERT_POINTS = ["during_write", "in_store_commit", "after_commit_point"]
 
 
 @pytest.fixture
@@ -61,86 +50,6 @@ def pg_store(monkeypatch, postgres_kwargs) -> str:
     """The connection id of an offset store on the stack's PostgreSQL (the sinks' database)."""
     monkeypatch.setenv(f"AIRFLOW_CONN_{PG_STORE.upper()}", os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
     return PG_STORE
-
-
-def crash_chain(job: dict[str, Any], points: list[str], bootstrap: str, postgres_kwargs: dict[str, Any],
-                mysql_kwargs: dict[str, Any], visible: Any) -> None:
-    """One run SIGKILLed at each point in turn (as ``test_crash.crash_at_every_point``), then the same run again,
-    more events and a later run."""
-    store, pipeline = job["offset_store_conn_id"], job["pipeline_id"]
-    OffsetStoreHook(store).get_store().migrate()  # its tables exist before the first batch is read back
-    produce_page_views(bootstrap, 600, topic=job["topic"])
-    run_id = f"manual__{uuid.uuid4().hex}"
-    env = {f"AIRFLOW_CONN_{PG_STORE.upper()}": os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"]}
-    for point in points:
-        batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)
-        if batches and batches[-1]["state"] == "committed":
-            run_id = f"manual__{uuid.uuid4().hex}"  # that run committed: the next crash kills a new one
-        crashed = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
-                            fault=point, env=env)
-        assert crashed.returncode == -signal.SIGKILL, (
-            f"the run was not killed at {point}: rc={crashed.returncode}\n{why(crashed)}")
-        assert store_batches(store, postgres_kwargs, mysql_kwargs, pipeline), "the batch row comes first"
-        if point == "after_prepare":
-            assert prepared_gids(postgres_kwargs, pipeline), "the crash should leave prepared transactions"
-            assert not visible(), "nothing may be visible before the commit point"
-        if point in ("after_prepare", "after_commit_point"):  # `airflow eo status` lists them, with the decision
-            in_doubt = pipeline_operations(store, "kafka_default").status(pipeline).in_doubt
-            gids = prepared_gids(postgres_kwargs, pipeline)
-            assert sorted(b.decision.xid for b in in_doubt) == sorted(gids)
-            assert bool(gids) is (job["sink"]["kind"] == "PostgresTwoPhaseSink")
-            expected = "rollback" if point == "after_prepare" else "commit"
-            assert {b.decision.action.value for b in in_doubt} <= {expected}
-        produce_page_views(bootstrap, 100, topic=job["topic"])
-
-    retried = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], env=env)
-    assert retried.returncode == 0, why(retried)  # the same run again
-    produce_page_views(bootstrap, 200, topic=job["topic"])
-    later = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "later"})], env=env)
-    assert later.returncode == 0, why(later)
-
-    assert prepared_gids(postgres_kwargs, pipeline) == [], "prepared transactions were left behind"
-    batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline)
-    assert_contiguous(batches)
-    _, _, ends = ground_truth(bootstrap, job["topic"])
-    committed: dict[int, int] = {}
-    for batch in batches:
-        if batch["state"] == "committed":
-            committed.update({r["partition"]: r["until_offset"] for r in batch["ranges"]})
-    assert committed == ends, "the committed batches do not reach the end of the topic"
-
-
-def test_two_phase_sink_with_the_store_on_mysql_survives_sigkill_at_every_step(bootstrap, postgres_kwargs,
-                                                                              mysql_kwargs, pg_store, airflow_db):
-    topic = create_topic(bootstrap, f"pg2pc_{uuid.uuid4().hex[:8]}", 3)
-    table = pg_table(postgres_kwargs, COUNTS_DDL, "app_pv")
-    job = {"topic": topic, "pipeline_id": f"pg2pc_{topic}", "offset_store_conn_id": MYSQL_STORE,
-           "transform": "airflow_eo.examples.page_views.count_per_app",
-           "sink": {"kind": "PostgresTwoPhaseSink", "table": table, "key_columns": ["app_id"],
-                    "updates": {"pv": "add"}}}
-    crash_chain(job, TWO_PHASE_POINTS, bootstrap, postgres_kwargs, mysql_kwargs,
-                visible=lambda: pg_rows(postgres_kwargs, f"SELECT * FROM {table}"))
-    pv_per_app, _, _ = ground_truth(bootstrap, topic)
-    assert dict(pg_rows(postgres_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_per_app
-    # airflow eo reads the pipeline through the sink's capabilities: nothing in doubt, nothing unfinished.
-    status = pipeline_operations(MYSQL_STORE, "kafka_default").status(job["pipeline_id"])
-    assert status.in_doubt == [] and status.unfinished == []
-
-
-def test_upsert_sink_fenced_by_the_store_on_postgres_survives_sigkill_at_every_step(bootstrap, postgres_kwargs,
-                                                                                   mysql_kwargs, pg_store,
-                                                                                   airflow_db):
-    topic = create_topic(bootstrap, f"pgup_{uuid.uuid4().hex[:8]}", 3)
-    table = pg_table(postgres_kwargs, EVENTS_DDL, "pv_events")
-    job = {"topic": topic, "pipeline_id": f"pgup_{topic}", "offset_store_conn_id": pg_store,
-           "sink": {"kind": "PostgresUpsertSink", "table": table, "key_columns": ["event_id"]}}
-    crash_chain(job, UPSERT_POINTS, bootstrap, postgres_kwargs, mysql_kwargs, visible=lambda: False)
-    _, event_ids, _ = ground_truth(bootstrap, topic)
-    written = [r[0] for r in pg_rows(postgres_kwargs, f"SELECT event_id FROM {table}")]
-    assert len(written) == len(event_ids) and set(written) == event_ids
-    # The sink's writes are fenced: the adapter built for this store checks the pipeline's epoch.
-    sink = build_sink(PostgresUpsertSink(table=table, key_columns=["event_id"]), job["pipeline_id"], pg_store)
-    assert sink.store_kwargs is not None  # type: ignore[attr-defined]
 
 
 def test_checks_refuse_bad_targets_before_any_side_effect(postgres_kwargs, pg_store):

@@ -24,7 +24,8 @@ from tests.support.kafka import create_topic
 from tests.support.postgres import MYSQL_STORE, pg_rows
 
 SCHEMA = "id STRING NOT NULL, name STRING, n BIGINT, note STRING"
-DDL = "CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, name VARCHAR(8) NOT NULL, n INTEGER NULL, note TEXT NULL)"
+DDL = ("CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, name VARCHAR(8) NOT NULL, n INTEGER NULL, "
+       "note TEXT NULL)")
 
 SINKS = {
     "mysql-upsert": (MySqlUpsertSink, {}),
@@ -65,7 +66,7 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
     database = kind.split("-")[0]
     spec_class, options = SINKS[kind]
     table = f"refused_{uuid.uuid4().hex[:8]}"
-    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (  # noqa: E731
+    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
         lambda sql: pg_rows(postgres_kwargs, sql))
     query(DDL.format(table=table))
     create_topic(bootstrap, topic_name, 1)
