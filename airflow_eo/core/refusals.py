@@ -22,6 +22,7 @@ class Check(Enum):
     NUL = "nul"  # no NUL character (PostgreSQL's text types refuse it)
     RANGE = "range"  # an integer from ``low`` to ``limit`` (a narrower integer column than the output's)
     NOT_NULL = "not_null"  # a value (a NOT NULL column)
+    CHARSET = "charset"  # no character the column's character set lacks (``pattern`` finds one)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ColumnFacts:
     max_bytes: int | None = None
     #: the integers the column holds (an integer column)
     int_range: tuple[int, int] | None = None
+    #: the text column's character set where the database has one per column (MySQL's ``latin1``, ``utf8mb4`` ..)
+    charset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,31 @@ class ValueRule:
     message: str
     limit: int = 0
     low: int = 0
+    #: a Java regular expression that finds a refused character (``Check.CHARSET``)
+    pattern: str = ""
 
 
 #: The integers each integer type holds (signed; unsigned ones: 0 to twice the maximum + 1).
 INTEGER_BITS = {"tinyint": 8, "smallint": 16, "int2": 16, "mediumint": 24, "int": 32, "integer": 32, "int4": 32,
                 "bigint": 64, "int8": 64}
+
+#: MySQL's character sets whose bytes are UTF-8's (a TEXT column's limit counts these bytes).
+UTF8_CHARSETS = frozenset({"utf8mb4", "utf8mb3", "utf8"})
+#: MySQL's character sets of one byte per character (a TEXT column's limit counts characters).
+SINGLE_BYTE_CHARSETS = frozenset({"latin1", "ascii"})
+#: What a character set cannot store, as a Java regular expression that finds such a character. MySQL's latin1 is
+#: Windows-1252, whose five unassigned bytes hold the C1 controls of the same number (checked on MariaDB 10.11:
+#: U+0081 is stored, U+0080 refused); utf8mb3 lacks the characters beyond the Basic Multilingual Plane (emoji).
+_CP1252_EXTRAS = "".join(rf"\x{{{c:04X}}}" for c in (
+    0x20AC, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x017D, 0x2018,
+    0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x017E, 0x0178, 0x81,
+    0x8D, 0x8F, 0x90, 0x9D))
+REFUSED_CHARACTERS = {
+    "utf8mb3": r"[\x{10000}-\x{10FFFF}]",
+    "utf8": r"[\x{10000}-\x{10FFFF}]",
+    "ascii": r"[^\x{00}-\x{7F}]",
+    "latin1": rf"[^\x{{00}}-\x{{7F}}\x{{A0}}-\x{{FF}}{_CP1252_EXTRAS}]",
+}
 
 #: Spark's integer types (``simpleString``) and their bits.
 _SPARK_INTEGER_BITS = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
@@ -82,9 +105,16 @@ def value_rules(table: str, facts: Sequence[ColumnFacts], output: Sequence[tuple
             if column.max_chars is not None:
                 rules.append(ValueRule(name, Check.CHARS, f"{where}: the value is longer than {column.max_chars} "
                                        "characters", limit=column.max_chars))
-            if column.max_bytes is not None:
+            if column.max_bytes is not None and column.charset in UTF8_CHARSETS:
                 rules.append(ValueRule(name, Check.BYTES, f"{where}: the value is longer than {column.max_bytes} "
                                        "bytes of UTF-8", limit=column.max_bytes))
+            elif column.max_bytes is not None and column.charset in SINGLE_BYTE_CHARSETS:
+                rules.append(ValueRule(name, Check.CHARS, f"{where}: the value is longer than {column.max_bytes} "
+                                       "characters", limit=column.max_bytes))
+            if column.charset in REFUSED_CHARACTERS:
+                rules.append(ValueRule(name, Check.CHARSET, f"{where} in character set {column.charset}: the value "
+                                       "holds a character that character set lacks",
+                                       pattern=REFUSED_CHARACTERS[column.charset]))
             if refuses_nul:
                 rules.append(ValueRule(name, Check.NUL, f"{where}: the value holds a NUL character (\\u0000), "
                                        "which the database cannot store in text"))

@@ -121,17 +121,18 @@ class MySqlDatabase(SqlDatabase):
     def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
         schema, name = split_table(table)
         cur.execute("SELECT COLUMN_NAME, COLUMN_TYPE, DATA_TYPE, IS_NULLABLE, CHARACTER_MAXIMUM_LENGTH, "
-                    "CHARACTER_OCTET_LENGTH FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-                    "COALESCE(%s, DATABASE()) AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, name))
+                    "CHARACTER_OCTET_LENGTH, CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA "
+                    "= COALESCE(%s, DATABASE()) AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, name))
         facts = []
-        for column, column_type, data_type, nullable, chars, octets in cur.fetchall():
+        for column, column_type, data_type, nullable, chars, octets, charset in cur.fetchall():
             data_type = data_type.lower()
             facts.append(ColumnFacts(
                 column, column_type, nullable == "YES",
                 max_chars=int(chars) if data_type in ("char", "varchar") else None,
                 # The TEXT types hold bytes (LONGTEXT's 4 GiB: more than a Spark string).
                 max_bytes=int(octets) if data_type in ("tinytext", "text", "mediumtext") else None,
-                int_range=integer_range(data_type, "unsigned" in column_type.lower())))
+                int_range=integer_range(data_type, "unsigned" in column_type.lower()),
+                charset=charset.lower() if charset else None))
         return facts
 
     def store_schema(self, store_kwargs: Mapping[str, Any]) -> str | None:

@@ -45,4 +45,6 @@ def _breaks(rule: ValueRule, deleted: Column) -> Column:
         return F.octet_length(value) > rule.limit
     if rule.check is Check.NUL:
         return F.instr(value, "\u0000") > 0
+    if rule.check is Check.CHARSET:
+        return value.rlike(rule.pattern)
     return (value < rule.low) | (value > rule.limit)  # Check.RANGE

@@ -68,7 +68,7 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
     table = f"refused_{uuid.uuid4().hex[:8]}"
     query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
         lambda sql: pg_rows(postgres_kwargs, sql))
-    query(DDL.format(table=table))
+    query(DDL.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
     create_topic(bootstrap, topic_name, 1)
     produced = events()
     produce(bootstrap, topic_name, produced)
