@@ -46,5 +46,7 @@ def _breaks(rule: ValueRule, deleted: Column) -> Column:
     if rule.check is Check.NUL:
         return F.instr(value, "\u0000") > 0
     if rule.check is Check.CHARSET:
-        return value.rlike(rule.pattern)
+        # Only a value with a character beyond ASCII (more bytes than characters) meets the regular expression,
+        # which costs ~20 times the rest of the checks (measured: 2,000,000 rows of 3 columns, 9.0 s against 0.5 s).
+        return (F.octet_length(value) > F.char_length(value)) & value.rlike(rule.pattern)
     return (value < rule.low) | (value > rule.limit)  # Check.RANGE
