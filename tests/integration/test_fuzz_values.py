@@ -14,14 +14,13 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from tests.integration.operator_harness import operator, rows, run
-from tests.support.kafka import create_topic
+from tests.support.kafka import create_topic, produce_json
 from tests.support.postgres import MYSQL_STORE, pg_rows
 
 SCHEMA = "id STRING NOT NULL, s STRING, n BIGINT"
@@ -73,10 +72,7 @@ def test_generated_values_are_stored_as_produced_or_dead_lettered(target, bootst
         query(DDL.format(table=table) + (f" DEFAULT CHARSET={target.split('-')[1]}" if database == "mysql" else ""))
         create_topic(bootstrap, topic, 2)
         produced = [{"id": uuid.uuid4().hex, **r} for r in records]
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        for record in produced:
-            producer.produce(topic, json.dumps(record).encode())
-        assert producer.flush(30) == 0
+        produce_json(bootstrap, topic, produced)
         spec = (MySqlUpsertSink if database == "mysql" else PostgresUpsertSink)(table=table, key_columns=["id"])
         op = operator(topic, spec, pipeline_id=f"fuzz_{topic}", schema=SCHEMA, on_bad_record="dead_letter")
         summary = run(op)

@@ -14,13 +14,12 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from airflow_eo.core.errors import BadRecordError
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink, PostgresUpsertSink
 from tests.integration.operator_harness import operator, rows, run
-from tests.support.kafka import create_topic
+from tests.support.kafka import create_topic, produce_json
 from tests.support.postgres import MYSQL_STORE, pg_rows
 
 SCHEMA = "id STRING NOT NULL, name STRING, n BIGINT, note STRING"
@@ -48,13 +47,6 @@ CASES: list[tuple[dict[str, Any], dict[str, str]]] = [
 ]
 
 
-def produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for event in events:
-        producer.produce(topic, json.dumps(event).encode())
-    assert producer.flush(30) == 0
-
-
 def events() -> list[dict[str, Any]]:
     good = [{"id": f"good-{i:02d}", "name": f"n{i}", "n": i, "note": f"note {i}"} for i in range(20)]
     return good[:10] + [event for event, _ in CASES] + good[10:]
@@ -71,7 +63,7 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
     query(DDL.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
     create_topic(bootstrap, topic_name, 1)
     produced = events()
-    produce(bootstrap, topic_name, produced)
+    produce_json(bootstrap, topic_name, produced)
     spec = spec_class(table=table, key_columns=["id"], **options)
 
     with pytest.raises(BadRecordError, match=rf"{topic_name}\[0\] offset 10: column 'name' of table {table} is "
