@@ -564,6 +564,16 @@ def airflow_dags_reserialize(lines: dict[str, str]) -> None:
     print(f"stack: the DAGs of {lines['AIRFLOW__CORE__DAGS_FOLDER']} written to the metadata database")
 
 
+def spark_class_archive() -> None:
+    """The Spark driver's class-data-sharing archive (:mod:`airflow_eo.spark.class_archive`), made now rather than
+    in the background of the first batch: every driver started after it (each DAG run's, each test's) starts ~3 s
+    sooner. Once per pyspark and Java, ~15 s; a failure only costs the speed-up."""
+    done = subprocess.run([sys.executable, "-m", "airflow_eo.spark.class_archive", "--cache", str(CACHE)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    said = (done.stdout.strip().splitlines() or [f"not made (exit {done.returncode})"])[-1]
+    print(f"stack: {said}")
+
+
 # --------------------------------------------------------------------------- commands
 
 def up() -> None:
@@ -575,21 +585,29 @@ def up() -> None:
     env_file = write_env(lines)
     airflow_db_migrate(lines)
     airflow_dags_reserialize(lines)
+    spark_class_archive()
     print(f"stack: up; connections in {env_file} (source it)")
 
 
 def stop(name: str, pid_file: Path, how: signal.Signals = signal.SIGTERM) -> None:
-    pid = pid_alive(pid_file)
-    if not pid:
-        return
-    os.killpg(pid, how)
+    stop_together({name: pid_file}, how)
+
+
+def stop_together(services: dict[str, Path], how: signal.Signals = signal.SIGTERM) -> None:
+    """Signal every service at once, give them 30 s together, then SIGKILL what is left. The nodes of a KRaft
+    cluster must go together: stopped one after another, the last voter waits for a quorum that is gone and takes
+    the whole 30 s (seen: a 35 s teardown of the three-node cluster)."""
+    running = {name: (pid_file, pid) for name, pid_file in services.items() if (pid := pid_alive(pid_file))}
+    for _, pid in running.values():
+        os.killpg(pid, how)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and pid_alive(pid_file):
+    while time.monotonic() < deadline and any(pid_alive(pid_file) for pid_file, _ in running.values()):
         time.sleep(0.3)
-    if pid_alive(pid_file):
-        os.killpg(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)
-    print(f"stack: {name} stopped")
+    for name, (pid_file, pid) in running.items():
+        if pid_alive(pid_file):
+            os.killpg(pid, signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+        print(f"stack: {name} stopped")
 
 
 def down() -> None:
@@ -749,8 +767,8 @@ def kafka_cluster_ready(bootstrap: str) -> bool:
 
 
 def kafka_cluster_down() -> None:
-    for node_id in KAFKA_CLUSTER_PORTS:
-        stop(f"Kafka cluster node {node_id}", kafka_cluster_node(node_id)[0] / "kafka.pid")
+    stop_together({f"Kafka cluster node {node_id}": kafka_cluster_node(node_id)[0] / "kafka.pid"
+                   for node_id in KAFKA_CLUSTER_PORTS})
 
 
 if __name__ == "__main__":

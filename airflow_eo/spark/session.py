@@ -15,6 +15,7 @@ from urllib.parse import quote, quote_plus, unquote
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import executor_env
+from airflow_eo.spark.class_archive import with_class_archive
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,8 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
         refuse_master_for_connect(merged)
     else:
         merged.update(executor_env())  # crash tests only: armed failpoints reach a cluster's executors
+        merged["spark.driver.extraJavaOptions"] = with_class_archive(merged.get("spark.driver.extraJavaOptions", ""),
+                                                                     connector_cache_dir())
     local = not remote and (master or "local").startswith("local")
     # Every builder call is inside the try: pyspark validates the URL at remote() and at each config(), and its
     # errors echo the URL, token included (percent-encoded: a spelling Airflow's masker does not know).
@@ -329,6 +332,10 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
             if local:
                 # Local executors run this very Python (with airflow_eo installed), bound to loopback.
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+                # Nothing outside this machine talks to a local driver: its RPC and block manager listen on loopback
+                # (by default on the address the host name resolves to, e.g. a LAN interface's).
+                for key in ("spark.driver.bindAddress", "spark.driver.host"):
+                    merged.setdefault(key, "127.0.0.1")
             elif "spark.pyspark.python" in merged:
                 # A classic session started from a running Python tells executors PYSPARK_PYTHON, never
                 # the conf (which only spark-submit's launcher reads): the cluster's Python must go there.

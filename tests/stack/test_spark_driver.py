@@ -1,0 +1,43 @@
+"""The driver every batch starts: it listens on loopback only, and its JVM maps the class-data-sharing archive that
+``make up`` made (:mod:`airflow_eo.spark.class_archive`), which is what makes it start ~3 s sooner."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import psutil
+
+from airflow_eo.spark.class_archive import archive_path, usable, with_class_archive
+from airflow_eo.spark.session import connector_cache_dir, get_session
+
+
+def driver_jvm() -> psutil.Process:
+    return psutil.Process(get_session().sparkContext._gateway.proc.pid)
+
+
+def test_a_local_driver_listens_on_loopback_only():
+    listening = [c.laddr for c in driver_jvm().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening, "the driver's RPC and block manager listen somewhere"
+    outside = [a for a in listening if not ipaddress.ip_address(a.ip.removeprefix("::ffff:")).is_loopback]
+    assert outside == [], f"the driver listens beyond loopback: {outside}"
+
+
+def test_the_driver_jvm_maps_the_class_archive_made_by_make_up():
+    archive = archive_path(connector_cache_dir())
+    assert archive is not None and archive.exists(), f"make up did not make {archive}"
+    assert f"-XX:SharedArchiveFile={archive}" in get_session().sparkContext.getConf().get(
+        "spark.driver.extraJavaOptions")
+    mapped = {m.path for m in driver_jvm().memory_maps(grouped=True)}
+    assert str(archive) in mapped, "the driver's JVM does not use the archive"
+
+
+def test_an_archive_cut_short_is_not_usable_and_the_users_own_cds_options_are_kept(tmp_path: Path):
+    archive = archive_path(connector_cache_dir())
+    assert archive is not None and usable(archive)
+    cut = tmp_path / "cut.jsa"
+    cut.write_bytes(archive.read_bytes()[:1_000_000])
+    assert not usable(cut), "a JVM must be seen to refuse a half-written archive (build() checks before renaming)"
+    own = "-Xmx2g -XX:SharedArchiveFile=/opt/mine.jsa"
+    assert with_class_archive(own, connector_cache_dir()) == own
+    assert with_class_archive("-Xshare:off", connector_cache_dir()) == "-Xshare:off"
