@@ -25,6 +25,8 @@ from pathlib import Path
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 #: A lock older than this is a builder that died (SIGKILL, a reboot): another may start.
 STALE_LOCK_SECONDS = 600
+#: Archives kept in the cache folder, the newest first.
+KEPT = 4
 
 
 def java_binary() -> Path | None:
@@ -122,9 +124,17 @@ def build(path: Path) -> bool:
         if not usable(partial):
             return False
         partial.replace(path)
+        _prune(path.parent, keep=path)
         return True
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _prune(folder: Path, keep: Path, newest: int = KEPT) -> None:
+    """Remove all but the ``newest`` archives (~140 MB each): every clone, venv or Java update keys one of its own."""
+    archives = sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in [a for a in archives if a != keep][newest - 1:]:
+        old.unlink(missing_ok=True)
 
 
 def usable(archive: Path) -> bool:
