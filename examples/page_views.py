@@ -70,6 +70,21 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
     return events
 
 
+def resend_page_views(bootstrap: str, events: Sequence[dict[str, Any]], count: int, topic: str = TOPIC,
+                      seed: int | None = None) -> list[dict[str, Any]]:
+    """Re-send ``count`` of ``events`` (chosen at random, an event maybe more than once), as an at-least-once
+    producer does after a timeout: the same value at a new offset, every other one under another key (so it may
+    land in another partition, as a re-run upstream job's copy would). Returns the copies sent."""
+    chosen = random.Random(seed).choices(list(events), k=count) if events else []
+    producer = _producer(bootstrap)
+    for i, event in enumerate(chosen):
+        key = event["app_id"].encode() if i % 2 == 0 else f"resent-{i}".encode()
+        _send(producer, topic, json.dumps(event).encode(), key)
+    if producer.flush(60) != 0:
+        raise RuntimeError("not every re-sent page view was delivered within 60s")
+    return chosen
+
+
 def produce_avro_page_views(bootstrap: str, topic: str, events: Sequence[dict[str, Any]],
                             schema_ids: Sequence[int] = (1, 2)) -> None:
     """``events`` (as :func:`page_view` makes them) as Confluent-framed Avro, keyed by app like the JSON ones: the
@@ -112,12 +127,16 @@ def _send(producer: Any, topic: str, value: bytes, key: bytes, timestamp_ms: int
     producer.poll(0)
 
 
-def ground_truth(bootstrap: str, topic: str = TOPIC) -> tuple[dict[str, int], set[str], dict[int, int]]:
-    """(page views per app, event ids, end offset per partition) of every committed record in the topic."""
+def ground_truth(bootstrap: str, topic: str = TOPIC, per_event: bool = False
+                 ) -> tuple[dict[str, int], set[str], dict[int, int]]:
+    """(page views per app, event ids, end offset per partition) of every committed record in the topic;
+    ``per_event``: each event id counted once however often it was sent (``dedup_key=["event_id"]``)."""
     from collections import Counter
 
     records, ends = read_topic(bootstrap, topic)
     events = [json.loads(not_null(value)) for _, value in records]
+    if per_event:
+        events = list({e["event_id"]: e for e in events}.values())
     return dict(Counter(e["app_id"] for e in events)), {e["event_id"] for e in events}, ends
 
 

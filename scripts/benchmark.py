@@ -101,8 +101,8 @@ DELTA_JOBS = (*DELTA_PEERS, *DELTA_OURS)
 PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
-OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_counts", "eo_kafka_txn", *DEAD_LETTERS, *PG_OURS,
-        *DELTA_OURS)
+OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup", "eo_xa_counts", "eo_kafka_txn",
+        *DEAD_LETTERS, *PG_OURS, *DELTA_OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
@@ -111,6 +111,8 @@ PEERS_OF = {
     "spark_kafka_writer": ("spark_kafka_writer",), "eo_kafka_txn": ("spark_kafka_writer",),
     # The same pipeline and events, the values Confluent-framed Avro instead of JSON: the format's cost.
     "eo_xa_events_avro": ("eo_xa_events",),
+    # The same pipeline with dedup_key on a topic where a tenth of the records re-send an event: the check's cost.
+    "eo_xa_events_dedup": ("eo_xa_events",),
     # PostgreSQL: the same events into a table of the same shape on PostgreSQL.
     **{name: PG_PEERS for name in (*PG_PEERS, *PG_OURS)},
     # Delta Lake: the same parsed events into a fresh table at a local path (the MERGE against the appends too: what
@@ -120,7 +122,7 @@ PEERS_OF = {
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
-                "eo_upsert", "eo_xa_events", "eo_xa_events_avro")
+                "eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup")
 PG_EVENTS_SHAPE = (*PG_PEERS, *PG_OURS)
 
 
@@ -585,6 +587,7 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
     seconds = time.monotonic() - started
     expect("records in", summary.records_in, events)
     job_dead_letters[name] = summary.dead_letters
+    job_duplicates[name] = summary.duplicates
     phases = dict(summary.seconds)
     job = Job(name, events, parallelism, seconds, phases)
     job.protocol_share = sum(phases.get(k, 0.0) for k in ("plan", "commit", "finalize")) / seconds
@@ -592,6 +595,7 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
 
 
 job_dead_letters: dict[str, int] = {}
+job_duplicates: dict[str, int] = {}
 
 
 class _ThroughTheDriver:
@@ -649,6 +653,27 @@ def eo_xa_events_avro(avro_topic: str, events: int, parallelism: int) -> Job:
     # every event's ts came through: each was decoded with its writer schema, not as a row of NULLs
     expect("rows (and their timestamps) in the XA table", tuple(sql(f"SELECT COUNT(*), COUNT(ts) FROM `{table}`")[0]),
            (events, events))
+    return job
+
+
+def eo_xa_events_dedup(bootstrap: str, events: int, parallelism: int) -> Job:
+    """``eo_xa_events`` with ``dedup_key=["event_id"]``, its seen-id table holding the previous run's ids: a first
+    batch (not measured) over ``events`` page views, then the measured batch over ``events`` records of which a tenth
+    re-send events of either run (half under another key, so into another partition). The table must hold each
+    event once and the batch must report every copy."""
+    topic = f"bench_dedup_{uuid.uuid4().hex[:8]}"
+    ensure_topic(bootstrap, topic)
+    first = page_views.produce_page_views(bootstrap, events, topic=topic)
+    table = fresh_table("page_view_events", "xadedup")
+    sink = MySqlXaSink(table=table, key_columns=["event_id"])
+    parse = ParseConfig(schema=page_views.SCHEMA, write_partitions=parallelism, dedup_key=("event_id",))
+    ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse)  # the previous run
+    second = page_views.produce_page_views(bootstrap, events - events // 10, topic=topic)
+    copies = page_views.resend_page_views(bootstrap, first + second, events // 10, topic=topic, seed=events)
+    del first
+    job = ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse)
+    expect("events in the XA table, copies dropped", (table_rows(table), job_duplicates["eo_xa_events_dedup"]),
+           (2 * events - events // 10, len(copies)))
     return job
 
 
@@ -865,6 +890,7 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_upsert", lambda: eo_upsert(topic, events, parallelism)),
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
             ("eo_xa_events_avro", lambda: eo_xa_events_avro(avro_topic, events, parallelism)),
+            ("eo_xa_events_dedup", lambda: eo_xa_events_dedup(bootstrap, events, parallelism)),
             ("spark_jdbc_append_counts", lambda: spark_jdbc_append_counts(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),
             ("spark_kafka_writer", lambda: spark_kafka_writer(lines_topic, events, parallelism)),

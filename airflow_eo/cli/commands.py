@@ -160,7 +160,7 @@ def history(args: Any, ops: PipelineOperations) -> None:
     batch_rows = [{"batch": b["batch_id"], "run": b["run_id"], "state": b["state"],
                    **({"interval": b["interval"]} if b["interval"] else {}), "ranges": _ranges(b["ranges"]),
                    "in": _unknown(b["records_in"], "-"), "out": _unknown(b["rows_out"], "-"),
-                   "dead": _unknown(b["dead_letters"], "-"),
+                   "dead": _unknown(b["dead_letters"], "-"), "dup": _unknown(b["duplicates"], "-"),
                    "seconds": " ".join(f"{k}={v:g}" for k, v in b["seconds"].items()),
                    "skipped (lost)": _ranges(b["skipped"]) or "-", "notes": _flags(b),
                    "at (UTC)": _when(b["committed_at"] or b["created_at"])} for b in batches]

@@ -191,6 +191,8 @@ class ExecutionResult:
     records_in: int = 0
     rows_out: int = 0
     dead_letters: int = 0
+    #: records dropped as copies of an event already seen (``dedup_key``); they count in ``records_in``
+    duplicates: int = 0
     xids: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -242,6 +244,7 @@ class BatchSummary:
     records_in: int = 0
     rows_out: int = 0
     dead_letters: int = 0
+    duplicates: int = 0
     resumed: bool = False
     replayed: bool = False
     already_committed: bool = False  # a cleared run that had committed: nothing was done
@@ -258,7 +261,7 @@ class BatchSummary:
            **flags: Any) -> BatchSummary:
         result = result or ExecutionResult()
         return cls(batch.pipeline_id, batch.batch_id, run_id, epoch, tuple(batch.ranges), tuple(batch.skipped),
-                   result.records_in, result.rows_out, result.dead_letters, interval=batch.interval,
+                   result.records_in, result.rows_out, result.dead_letters, result.duplicates, interval=batch.interval,
                    seconds=dict(result.seconds), **flags)
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +276,7 @@ class BatchSummary:
             "records_in": self.records_in,
             "rows_out": self.rows_out,
             "dead_letters": self.dead_letters,
+            "duplicates": self.duplicates,
             "resumed": self.resumed,
             "replayed": self.replayed,
             "already_committed": self.already_committed,
@@ -292,7 +296,8 @@ class BatchSummary:
             ranges=tuple(OffsetRange(**r) for r in data.get("ranges") or ()),
             skipped=tuple(OffsetRange(**r) for r in data.get("skipped") or ()),
             records_in=int(data.get("records_in") or 0), rows_out=int(data.get("rows_out") or 0),
-            dead_letters=int(data.get("dead_letters") or 0), resumed=bool(data.get("resumed")),
+            dead_letters=int(data.get("dead_letters") or 0), duplicates=int(data.get("duplicates") or 0),
+            resumed=bool(data.get("resumed")),
             replayed=bool(data.get("replayed")), already_committed=bool(data.get("already_committed")),
             rolled_forward=bool(data.get("rolled_forward")),
             interval=None if not interval else Interval(datetime.fromisoformat(interval["start"]),

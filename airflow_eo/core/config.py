@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from airflow_eo.core.dedup import DEFAULT_RETENTION, check_dedup
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 
@@ -183,6 +185,11 @@ class ParseConfig:
     key_protobuf_message: str | None = None
     #: the sink's key columns when tombstones delete rows (``on_tombstone="delete"``); empty: they are bad records
     delete_keys: tuple[str, ...] = ()
+    #: columns of the parsed record that identify an event (``dedup_key``): copies re-sent at other offsets are
+    #: dropped before the transform (:mod:`airflow_eo.core.dedup`); empty: every record counts
+    dedup_key: tuple[str, ...] = ()
+    #: how long (in record time) an event id is remembered (``dedup_retention``)
+    dedup_retention: timedelta = DEFAULT_RETENTION
 
     def __post_init__(self) -> None:
         value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
@@ -198,6 +205,7 @@ class ParseConfig:
         if self.write_partitions is not None and self.write_partitions < 1:
             raise ConfigurationError("write_partitions must be a positive number of Spark tasks (or None)")
         self._check_keys_and_avro()
+        object.__setattr__(self, "dedup_key", tuple(self.dedup_key))
         if self.delete_keys:
             object.__setattr__(self, "delete_keys", tuple(self.delete_keys))
             if self.key_format is KeyFormat.BYTES:
@@ -320,6 +328,8 @@ class SinkTraits(Protocol):
     def keeps_dead_letters(self) -> bool: ...
     @property
     def delete_keys(self) -> tuple[str, ...]: ...
+    @property
+    def keeps_seen_ids(self) -> bool: ...
 
 
 def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records_per_run: int | None,
@@ -339,6 +349,8 @@ def check_pipeline(sink: SinkTraits, mode: Mode, parse: ParseConfig, max_records
         raise ConfigurationError("max_records_per_run must be a positive number of records (or None)")
     if parse.on_bad_record is BadRecordPolicy.DEAD_LETTER and not sink.keeps_dead_letters:
         raise ConfigurationError(f"{sink.name} supports on_bad_record='fail' only (no dead-letter table)")
+    check_dedup(parse.dedup_key, parse.dedup_retention, interval_mode=mode is Mode.INTERVAL, sink_name=sink.name,
+                sink_keeps_seen_ids=sink.keeps_seen_ids)
     if mode is Mode.INTERVAL:
         # Interval mode replays intervals (backfills, clears): refuse what a replay would double count.
         if not sink.replay_safe:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -57,6 +57,7 @@ from airflow_eo.core.batch import (
     WriteResult,
 )
 from airflow_eo.core.config import SinkRecord
+from airflow_eo.core.dedup import SeenAt
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import (
@@ -156,6 +157,19 @@ class ExecutorDeadLetters(Protocol):
     def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
         """The dead-letter table's partition writer for this batch's attempt; creates the table first when it is
         missing (DDL, on the driver, before any branch of the batch starts)."""
+
+
+class SeenIds(Protocol):
+    """A sink that keeps the event ids of ``dedup_key`` (:mod:`airflow_eo.core.dedup`) in its database, written with
+    the output so that they commit exactly when it does."""
+
+    def seen_id_writer(self, batch: BatchContext) -> PartitionWriter:
+        """The seen-id table's partition writer for this batch's attempt (its own branch / fenced transaction per
+        task, committed with the batch's); creates the table first when it is missing."""
+    def seen_id_lookup(self, batch: BatchContext) -> Callable[[Iterable[str]], Mapping[str, SeenAt]]:
+        """Where the given ids were seen by this pipeline's committed batches (picklable: the executors call it)."""
+    def purge_seen_ids(self, pipeline_id: str, before_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` ids seen before ``before_ms``; how many went."""
 
 
 class ValueChecks(Protocol):

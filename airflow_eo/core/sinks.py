@@ -50,6 +50,8 @@ class SinkCapabilities:
     interval_replay: bool = False
     #: it deletes rows for tombstones (``on_tombstone="delete"``)
     deletes: bool = False
+    #: it keeps the event ids a batch saw in its database, committed with the output (``dedup_key``)
+    seen_ids: bool = False
     #: its commit point is a table format's own commit (Delta, Iceberg), whose log records each batch: status reads
     #: it there
     table_commits: bool = False
@@ -88,6 +90,10 @@ class SinkSpec(ABC):
     @property
     def keeps_dead_letters(self) -> bool:
         return self.capabilities.dead_letters
+
+    @property
+    def keeps_seen_ids(self) -> bool:
+        return self.capabilities.seen_ids
 
     @property
     def delete_keys(self) -> tuple[str, ...]:

@@ -22,11 +22,11 @@ def _describe(exc: BaseException) -> str:
 # of one fails with a clear error.
 register_driver(Driver("mysql", "MySQL / MariaDB", "pymysql", ("err.MySQLError",), extra="mysql",
                        describe=_describe))
-register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
+register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True, seen_ids=True,
                                                 connection_type="mysql"),
               build_upsert)
 register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                            connection_type="mysql"), build_xa)
+                                            seen_ids=True, connection_type="mysql"), build_xa)
 
 
 def _store(connection: ConnectionInfo) -> PipelineLedger:

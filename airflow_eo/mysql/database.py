@@ -17,6 +17,7 @@ from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.mysql import connection, migrations, sql
 from airflow_eo.mysql.xa import xa_session
 from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 MYSQL = StoreDialect(
@@ -112,6 +113,14 @@ class MySqlDatabase(SqlDatabase):
     def dead_letter_ddl(self, table: str) -> str:
         return sql.dead_letter_ddl(table)
 
+    def seen_id_ddl(self, table: str) -> str:
+        return seen_id_table_ddl(sql.quote_table(table), inline_index=", KEY eo_seen_ids_age (pipeline_id, seen_at)",
+                                 table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 "
+                                               f"COLLATE={sql.DEAD_LETTER_COLLATION}")
+
+    def purge_seen_ids_statement(self, table: str) -> str:
+        return f"DELETE FROM {sql.quote_table(table)} WHERE pipeline_id = %s AND seen_at < %s LIMIT %s"
+
     def table_columns(self, cur: Any, table: str) -> list[str]:
         schema, name = split_table(table)
         cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) "
@@ -144,6 +153,9 @@ class MySqlDatabase(SqlDatabase):
 
     def lock_wait(self, seconds: int) -> str:
         return f"SET SESSION lock_wait_timeout = {int(seconds)}"
+
+    def row_lock_wait(self, seconds: int) -> str:
+        return f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}"
 
     @contextlib.contextmanager
     def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:

@@ -2,7 +2,8 @@
 
 Every metric is tagged ``pipeline_id`` (backends without tags drop them):
 
-- ``airflow_eo.batch.records_in``, ``airflow_eo.batch.rows_out``, ``airflow_eo.batch.dead_letters``: counters;
+- ``airflow_eo.batch.records_in``, ``airflow_eo.batch.rows_out``, ``airflow_eo.batch.dead_letters``,
+  ``airflow_eo.batch.duplicates`` (records dropped as copies of an event, ``dedup_key``): counters;
 - ``airflow_eo.batch.committed``: a counter, +1 per batch committed or replayed;
 - ``airflow_eo.lag``: a gauge, the offsets left to process right after the commit (continuous mode);
 - ``airflow_eo.batch.seconds.<phase>``: timers per phase of the batch (``plan``, ``read_transform``,
@@ -53,6 +54,7 @@ def emit_batch_metrics(summary: BatchSummary, lag: Mapping[str, int] | None, sta
     stats.incr(f"{PREFIX}.batch.records_in", summary.records_in, tags=tags)
     stats.incr(f"{PREFIX}.batch.rows_out", summary.rows_out, tags=tags)
     stats.incr(f"{PREFIX}.batch.dead_letters", summary.dead_letters, tags=tags)
+    stats.incr(f"{PREFIX}.batch.duplicates", summary.duplicates, tags=tags)
     if lag is not None:
         stats.gauge(f"{PREFIX}.lag", sum(lag.values()), tags=tags)
     for phase, seconds in summary.seconds.items():

@@ -21,6 +21,7 @@ from airflow_eo.core.config import (
     check_pipeline,
     choice,
 )
+from airflow_eo.core.dedup import DEFAULT_RETENTION
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.planning import Interval
@@ -103,6 +104,12 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param skip_lost_records: when records were deleted by retention before being read,
         skip them (recorded in the batch) instead of failing.
     :param on_bad_record: ``fail`` (default) or ``dead_letter``.
+    :param dedup_key: columns of the parsed record (value or key columns) that identify an event: a record whose
+        event was already seen (earlier in the batch, or by a committed batch within ``dedup_retention``) is a copy
+        re-sent by an at-least-once producer and is dropped before the transform, counted as ``duplicates``. The ids
+        are kept in the sink's database (``eo_seen_ids``), committed with the output. MySQL/MariaDB and PostgreSQL
+        sinks, continuous mode (README, "Duplicates").
+    :param dedup_retention: how long, in record (Kafka timestamp) time, an event id is remembered; default 7 days.
     :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
         with ``offsets_for_times``; backfills and clears replay intervals, so only the upsert sinks,
@@ -165,6 +172,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         protobuf_descriptor: str | None = None,
         protobuf_message: str | None = None,
         key_protobuf_message: str | None = None,
+        dedup_key: Sequence[str] | str | None = None,
+        dedup_retention: timedelta = DEFAULT_RETENTION,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -184,6 +193,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.schema_registry_conn_id = schema_registry_conn_id
         self.protobuf_descriptor, self.protobuf_message = protobuf_descriptor, protobuf_message
         self.key_protobuf_message = key_protobuf_message
+        self.dedup_key = (dedup_key,) if isinstance(dedup_key, str) else tuple(dedup_key or ())
+        self.dedup_retention = dedup_retention
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO
@@ -283,8 +294,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         self._emit_metrics(summary, store, kafka_hook)
         self._mirror_group(summary, store, kafka_hook)
         self.log.info(
-            "pipeline %s batch %s: %s records in, %s rows out, %s dead letters%s; seconds %s",
+            "pipeline %s batch %s: %s records in, %s rows out, %s dead letters, %s duplicates%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
+            summary.duplicates,
             " (already committed earlier)" if summary.already_committed else "", dict(summary.seconds),
         )
         result = self._summary = summary.to_dict()
@@ -302,7 +314,8 @@ class KafkaMicroBatchOperator(BaseOperator):
                            framing=self.framing,  # type: ignore[arg-type]
                            writer_schemas=self.writer_schemas, protobuf_descriptor=self.protobuf_descriptor,
                            protobuf_message=self.protobuf_message, key_protobuf_message=self.key_protobuf_message,
-                           delete_keys=self.sink.delete_keys)
+                           delete_keys=self.sink.delete_keys, dedup_key=self.dedup_key,
+                           dedup_retention=self.dedup_retention)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

@@ -694,7 +694,8 @@ def batch_dict(batch: BatchInfo) -> dict[str, Any]:
             "ranges": [_range(r) for r in b.ranges], "skipped": [_range(r) for r in b.skipped],
             "interval": None if b.interval is None else str(b.interval),
             "records_in": s.records_in if s else None, "rows_out": s.rows_out if s else None,
-            "dead_letters": s.dead_letters if s else None, "seconds": dict(s.seconds) if s else {},
+            "dead_letters": s.dead_letters if s else None, "duplicates": s.duplicates if s else None,
+            "seconds": dict(s.seconds) if s else {},
             "resumed": bool(s and s.resumed), "replayed": bool(s and s.replayed),
             "rolled_forward": bool(s and s.rolled_forward),
             "created_at": _iso(batch.created_at), "committed_at": _iso(batch.committed_at)}

@@ -16,9 +16,9 @@ from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, 
 # of one fails with a clear error.
 register_driver(Driver("postgres", "PostgreSQL", "psycopg", ("Error",), extra="postgres"))
 register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
-                                                   connection_type="postgres"), build_upsert)
+                                                   seen_ids=True, connection_type="postgres"), build_upsert)
 register_sink(PostgresTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                                     connection_type="postgres"), build_two_phase)
+                                                     seen_ids=True, connection_type="postgres"), build_two_phase)
 
 
 def _store(connection: ConnectionInfo) -> PipelineLedger:

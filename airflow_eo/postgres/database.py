@@ -15,6 +15,7 @@ from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.postgres import connection, migrations, sql
 from airflow_eo.postgres.prepared import prepared_session
 from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 POSTGRES = StoreDialect(
@@ -98,6 +99,19 @@ class PostgresDatabase(SqlDatabase):
 
     def dead_letter_ddl(self, table: str) -> str:
         return sql.dead_letter_ddl(table)
+
+    def seen_id_ddl(self, table: str) -> str:
+        return seen_id_table_ddl(sql.quote_table(table))
+
+    def seen_id_indexes(self, table: str) -> list[str]:
+        _, name = sql.split_table(table)
+        return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
+                "(pipeline_id, seen_at)"]
+
+    def purge_seen_ids_statement(self, table: str) -> str:
+        quoted = sql.quote_table(table)
+        return (f"DELETE FROM {quoted} WHERE ctid IN (SELECT ctid FROM {quoted} WHERE pipeline_id = %s "
+                "AND seen_at < %s LIMIT %s)")
 
     def table_columns(self, cur: Any, table: str) -> list[str]:
         cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "

@@ -37,12 +37,14 @@ from airflow_eo.core.batch import (
     dead_letter_partition,
 )
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
+from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
-from airflow_eo.core.protocol import Sink
+from airflow_eo.core.protocol import SeenIds, Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
+from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, seen_id_rows, with_event_ids
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
 from airflow_eo.spark.refusals import refuse_unstorable
@@ -153,27 +155,73 @@ class SparkBatchEngine:
         spark = self._spark = self.session_factory()
         self._job_tag = f"airflow_eo-{batch.pipeline_id}-{batch.batch_id}-{batch.epoch}".replace(" ", "_")
         spark.addTag(self._job_tag)
+        marked = None
         try:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
             if self.transform is None:  # a record is a row of the table: what the table refuses, it is refused here
                 parsed = refuse_unstorable(parsed, payload, sink)
-            # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
-            # (lazily, in this order) only when the decision needs them.
-            strategy = choose_write_strategy(
-                writes_visible_before_commit=sink.writes_visible_before_commit,
-                dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
-                transform=self.transform is not None,
-                barrier_possible=lambda: self._barrier_possible(spark),
-                can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))))
-            if strategy is WriteStrategy.ONE_PASS:
-                return self._write_then_validate(parsed, payload, batch, sink, vote=False)
-            if strategy is WriteStrategy.VOTE:
-                return self._write_then_validate(parsed, payload, batch, sink, vote=True)
-            if strategy is WriteStrategy.ONE_PASS_TRANSFORMED:
-                return self._transform_then_validate(spark, parsed, payload, batch, sink)
-            return self._validate_then_write(spark, parsed, payload, batch, sink)  # WriteStrategy.TWO_PASS
+            if self.parse.dedup_key:  # copies of events already seen are dropped before anything else sees them
+                marked, dedup = self._mark_duplicates(spark, parsed, batch, sink)
+                parsed = marked.where(~marked[DUPLICATE]).drop(ID, DUPLICATE, NEW)
+                return dedup.into(self._execute(spark, parsed, payload, batch, sink))
+            return self._execute(spark, parsed, payload, batch, sink)
         finally:
+            if marked is not None:
+                marked.unpersist()
             spark.removeTag(self._job_tag)
+
+    def _execute(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                 sink: Sink) -> ExecutionResult:
+        # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
+        # (lazily, in this order) only when the decision needs them.
+        strategy = choose_write_strategy(
+            writes_visible_before_commit=sink.writes_visible_before_commit,
+            dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
+            transform=self.transform is not None,
+            barrier_possible=lambda: self._barrier_possible(spark),
+            can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))))
+        if strategy is WriteStrategy.ONE_PASS:
+            return self._write_then_validate(parsed, payload, batch, sink, vote=False)
+        if strategy is WriteStrategy.VOTE:
+            return self._write_then_validate(parsed, payload, batch, sink, vote=True)
+        if strategy is WriteStrategy.ONE_PASS_TRANSFORMED:
+            return self._transform_then_validate(spark, parsed, payload, batch, sink)
+        return self._validate_then_write(spark, parsed, payload, batch, sink)  # WriteStrategy.TWO_PASS
+
+    def _mark_duplicates(self, spark: SparkSession, parsed: DataFrame, batch: BatchContext,
+                         sink: Sink) -> tuple[DataFrame, _Dedup]:
+        """The parsed records marked as copies or first sightings (:mod:`airflow_eo.spark.dedup`), kept by Spark for
+        the jobs that follow; the first sightings written to the sink's seen-id table (its own branches / fenced
+        transactions per task, committed with the batch's output) after a bounded purge of ids past retention."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        if not callable(getattr(sink, "seen_id_writer", None)):  # refused at parse time; a sink built by hand
+            raise ConfigurationError(f"dedup_key: {type(sink).__name__} keeps no seen ids")
+        seen: SeenIds = sink  # type: ignore[assignment]
+        t0 = time.monotonic()
+        retention = self.parse.dedup_retention
+        partitions = self.parse.write_partitions or _default_parallelism(spark)
+        marked = mark_duplicates(with_event_ids(parsed, self.parse.dedup_key), seen.seen_id_lookup(batch), retention,
+                                 partitions).persist(StorageLevel.MEMORY_AND_DISK)
+        counts = marked.agg(F.sum(F.col(DUPLICATE).cast("long")).alias("duplicates"),
+                            F.min(F.when(F.col(ID).isNotNull(), F.unix_millis(F.col("kafka_timestamp")))).alias(
+                                "oldest")).collect()[0]
+        duplicates = int(counts["duplicates"] or 0)
+        if counts["oldest"] is not None:
+            try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
+                purged = seen.purge_seen_ids(batch.pipeline_id, purge_cutoff(int(counts["oldest"]), retention),
+                                             PURGE_LIMIT)
+                if purged:
+                    log.info("dedup: %s event ids past retention removed", purged)
+            except Exception:
+                log.warning("dedup: could not remove event ids past retention (the next batch tries again)",
+                            exc_info=True)
+        written = self.run_partitions(WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id), self),
+                                      _SeenIdPartitions(seen.seen_id_writer(batch)))
+        failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
+        log.info("dedup: %s duplicate record(s) dropped, %s event id(s) seen first", duplicates, written.rows)
+        return marked, _Dedup(duplicates, list(written.xids), round(time.monotonic() - t0, 3))
 
     def _validate_then_write(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                              sink: Sink) -> ExecutionResult:
@@ -484,6 +532,39 @@ class SparkBatchEngine:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
         if self._spark is not None and self._job_tag:
             self._spark.interruptTag(self._job_tag)
+
+
+@dataclass(frozen=True)
+class _Dedup:
+    """What marking a batch's duplicates did: the copies dropped, the seen-id branches written, the seconds."""
+
+    duplicates: int
+    xids: list[str]
+    seconds: float
+
+    def into(self, result: ExecutionResult) -> ExecutionResult:
+        """``result`` of the deduplicated records, with the copies counted in (they were read) and the seen-id
+        branches committed with the output's."""
+        return ExecutionResult(records_in=result.records_in + self.duplicates, rows_out=result.rows_out,
+                               dead_letters=result.dead_letters, duplicates=self.duplicates,
+                               xids=[*self.xids, *result.xids], seconds={"dedup": self.seconds, **result.seconds})
+
+
+@dataclass(frozen=True)
+class _SeenIdPartitions:
+    """The seen-id table's writer run as a job's partition writer, numbered as seen-id writers are
+    (:func:`~airflow_eo.core.dedup.seen_id_partition`): its branches never take the place of the good rows' or the
+    dead letters' of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(SEEN_ID_KEY)
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        return self.writer(batches, seen_id_partition(partition), stage_id, attempt_id, agreed)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,18 @@ class SqlDatabase:
         """``CREATE TABLE IF NOT EXISTS`` of the dead-letter table at its newest version."""
         raise NotImplementedError
 
+    def seen_id_ddl(self, table: str) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (:mod:`airflow_eo.sqlsink.seen_ids`)."""
+        raise NotImplementedError
+
+    def seen_id_indexes(self, table: str) -> list[str]:
+        """Statements that add the seen-id table's purge index, when its DDL cannot hold it (idempotent)."""
+        return []
+
+    def purge_seen_ids_statement(self, table: str) -> str:
+        """``DELETE`` of at most ``%s`` rows of pipeline ``%s`` seen before ``%s`` (args: pipeline, before, limit)."""
+        raise NotImplementedError
+
     def dead_letter_upgrades(self, table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
         """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
         return missing_column_statements(table, columns, self.dead_letter_migrations, self.add_column_statement,
@@ -156,6 +168,10 @@ class SqlDatabase:
     def lock_wait(self, seconds: int) -> str:
         """The session statement that bounds how long DDL waits for other sessions' locks."""
         raise NotImplementedError
+
+    def row_lock_wait(self, seconds: int) -> str:
+        """The session statement that bounds how long a statement waits for another transaction's row locks."""
+        return self.lock_wait(seconds)
 
     # -- two-phase commit
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.config import DELETE_COLUMN
+from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
@@ -25,6 +26,7 @@ from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.sqlsink.columns import add_new_columns
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.dead_letters import read_dead_letters
+from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, SeenIdLookup, create_seen_id_table, purge_seen_ids
 from airflow_eo.sqlsink.writer import SqlPartitionWriter
 from airflow_eo.sqlstore.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S, write_dead_letters_through_driver
 from airflow_eo.sqlstore.fence import EpochFence
@@ -203,6 +205,24 @@ class SqlTableSink:
             have.append(column)
             log.info("%s: dead-letter table %s upgraded: %s", self.name, self.dead_letter_table, statement)
         return have
+
+    # -- seen event ids (dedup_key)
+
+    def seen_id_writer(self, batch: BatchContext) -> SqlPartitionWriter:
+        """The seen-id table's writer (:class:`~airflow_eo.core.protocol.SeenIds`): upserts keyed by pipeline and
+        id, each task in its own branch / fenced transaction as the good rows are, committed with the batch's.
+        Creates the table when missing, on the driver before any transaction of the batch starts."""
+        create_seen_id_table(self.database, self.connect_kwargs, SEEN_ID_TABLE)
+        return self._writer(batch, SEEN_ID_TABLE, SEEN_ID_FIELDS, SEEN_ID_KEY,
+                            {c: "replace" for c in SEEN_ID_FIELDS if c not in SEEN_ID_KEY})
+
+    def seen_id_lookup(self, batch: BatchContext) -> SeenIdLookup:
+        """Where this pipeline's event ids were seen by committed batches, read by the executors."""
+        return SeenIdLookup(self.database, self.connect_kwargs, SEEN_ID_TABLE, batch.pipeline_id)
+
+    def purge_seen_ids(self, pipeline_id: str, before_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` ids seen before ``before_ms`` (epoch ms), in a transaction of their own."""
+        return purge_seen_ids(self.database, self.connect_kwargs, SEEN_ID_TABLE, pipeline_id, before_ms, limit)
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

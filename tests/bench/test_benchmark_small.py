@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
         "airflow_consume_from_topic", "spark_jdbc_append_counts", "spark_kafka_writer", "eo_upsert", "eo_xa_events",
         "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters", "eo_xa_dead_letters_via_driver", "eo_empty_batch",
-        "r_db_pg", "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase", "eo_xa_events_avro"}
+        "r_db_pg", "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase", "eo_xa_events_avro",
+        "eo_xa_events_dedup"}
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 
 
@@ -50,6 +51,10 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
     # The same events as Confluent-framed Avro, against the same XA pipeline on JSON values (issue 21's ratio).
     assert jobs["eo_xa_events_avro"]["peer"] == "eo_xa_events"
     assert {"plan", "commit", "finalize", "write"} <= set(jobs["eo_xa_events_avro"]["phases"])
+    # dedup_key on the same events with a tenth re-sent, the seen-id table holding a previous run's ids (the job
+    # checks the table holds each event once and every copy was reported).
+    assert jobs["eo_xa_events_dedup"]["peer"] == "eo_xa_events"
+    assert {"dedup", "write", "commit"} <= set(jobs["eo_xa_events_dedup"]["phases"])
     assert jobs["eo_kafka_txn"]["peer"] == "spark_kafka_writer"
     # PostgreSQL: both sinks against Spark's JDBC append into PostgreSQL, the limit with COPY's rate.
     assert {jobs[n]["peer"] for n in ("eo_pg_upsert", "eo_pg_two_phase")} == {"spark_jdbc_append_pg"}

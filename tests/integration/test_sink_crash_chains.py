@@ -6,7 +6,13 @@ the topic, no prepared branch may be left, and the committed batches must tile t
 
 A two-phase kind counts page views per app (``add`` updates, with the offset store on MySQL); an upsert kind writes
 the events by id, fenced by the offset store on its own database. A kind's database is reached through its
-descriptor (:class:`~airflow_eo.sqlsink.database.SqlDatabase`): nothing below names a database."""
+descriptor (:class:`~airflow_eo.sqlsink.database.SqlDatabase`): nothing below names a database.
+
+The kinds of :data:`DEDUP_KINDS` (one two-phase and one upsert kind, one per database) run with
+``dedup_key=["event_id"]`` on a topic where the producer re-sent events (within a batch, across batches and into
+other partitions): each event must count once, the copies dropped by the committed batches must add up to the copies
+sent, and the seen-id table must hold each event once. The other kinds run without it: every path once, no chain
+twice (suite time)."""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import SINK_KINDS
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec
-from examples.page_views import ground_truth, produce_page_views
+from examples.page_views import ground_truth, produce_page_views, resend_page_views
 from tests.integration.page_views import assert_contiguous, run_child
 from tests.support.children import why
 from tests.support.kafka import create_topic
@@ -41,6 +47,8 @@ STORES = {"mysql": MYSQL_STORE, "postgres": PG_STORE}
 STORE_ENV = {f"AIRFLOW_CONN_{PG_STORE.upper()}": "AIRFLOW_CONN_POSTGRES_DEFAULT"}
 
 SQL_KINDS = sorted(name for name, spec in SINK_KINDS.items() if issubclass(spec, SqlTableSinkSpec))
+#: The kinds whose chain runs with dedup_key on a topic with re-sent events.
+DEDUP_KINDS = {"MySqlXaSink", "PostgresUpsertSink"}
 
 
 def test_every_sql_sink_kind_is_covered():
@@ -78,13 +86,24 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
            "sink": {"kind": kind, **sink_options}}
     if two_phase:
         job["transform"] = "airflow_eo.examples.page_views.count_per_app"
+    dedup = kind in DEDUP_KINDS
+    if dedup:
+        job["options"] = {"dedup_key": ["event_id"]}
+    produced: list[dict[str, Any]] = []
+    copies = 0
+
+    def produce(count: int) -> None:
+        nonlocal copies
+        produced.extend(produce_page_views(bootstrap, count, topic=topic))
+        if dedup:  # copies of this wave's and of earlier waves' events
+            copies += len(resend_page_views(bootstrap, produced, count // 5, topic=topic))
 
     def child(run_id: str, fault: str | None = None) -> Any:
         return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
                          fault=fault, env=env)
 
     OffsetStoreHook(store).get_store().migrate()  # its tables exist before the first batch is read back
-    produce_page_views(bootstrap, 600, topic=topic)
+    produce(600)
     run_id = f"manual__{uuid.uuid4().hex}"
     for point in TWO_PHASE_POINTS if two_phase else UPSERT_POINTS:
         found = batches()
@@ -103,18 +122,18 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
             assert bool(left) is two_phase
             expected = "rollback" if point == "after_prepare" else "commit"
             assert {b.decision.action.value for b in in_doubt} <= {expected}
-        produce_page_views(bootstrap, 100, topic=topic)
+        produce(100)
 
     retried = child(run_id)  # the same run again: resume, or return the committed summary
     assert retried.returncode == 0, why(retried)
-    produce_page_views(bootstrap, 200, topic=topic)
+    produce(200)
     later = child("later")
     assert later.returncode == 0, why(later)
 
     assert prepared() == [], "prepared branches were left behind"
     found = batches()
     assert_contiguous(found)
-    pv_per_app, event_ids, ends = ground_truth(bootstrap, topic)
+    pv_per_app, event_ids, ends = ground_truth(bootstrap, topic, per_event=dedup)
     committed: dict[int, int] = {}
     for batch in found:
         if batch["state"] == "committed":
@@ -128,6 +147,14 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
         assert adapter.store_kwargs is not None  # type: ignore[attr-defined]  # fenced by the store's epoch
     status = pipeline_operations(store, "kafka_default").status(pipeline)
     assert status.in_doubt == [] and status.unfinished == []
+    dropped = sum(b["summary"]["duplicates"] for b in found if b["state"] == "committed")
+    if dedup:
+        assert copies and dropped == copies, f"the committed batches dropped {dropped} copies of the {copies} sent"
+        seen = query(f"SELECT event_id, kafka_partition, kafka_offset FROM eo_seen_ids WHERE pipeline_id = "
+                     f"'{pipeline}'")
+        assert len(seen) == len(event_ids), "the seen-id table must hold each event once"
+    else:
+        assert dropped == 0
 
 
 def _query(database: Any, connect_kwargs: dict[str, Any]) -> Any:

@@ -137,3 +137,14 @@ def test_a_pipeline_id_the_store_would_cut_or_a_shell_would_read_differently_is_
     assert validate_pipeline_id("dag.task") == "dag.task"
     with pytest.raises(ConfigurationError, match="1 to 190 letters"):
         validate_pipeline_id(f"{'d' * 150}.{'t' * 50}")
+
+
+def test_dedup_key_is_taken_by_the_sql_sinks_and_refused_where_it_cannot_commit_with_the_output():
+    task = op(value_format="json", schema="event_id STRING", dedup_key="event_id", dedup_retention=timedelta(hours=6))
+    assert task.dedup_key == ("event_id",) and task.dedup_retention == timedelta(hours=6)
+    with pytest.raises(ConfigurationError, match="KafkaTransactionalSink has no table to keep them in"):
+        op(sink=KafkaTransactionalSink(topic="out"), dedup_key=["event_id"])
+    with pytest.raises(ConfigurationError, match="dedup_key with mode='interval'"):
+        op(mode="interval", dedup_key=["event_id"])
+    with pytest.raises(ConfigurationError, match="dedup_retention must be a positive timedelta"):
+        op(dedup_key=["event_id"], dedup_retention=timedelta(0))

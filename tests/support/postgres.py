@@ -40,6 +40,7 @@ def prepared_gids(postgres_kwargs: dict[str, Any], pipeline: str) -> list[str]:
 
 def store_batches(store: str, postgres_kwargs: dict[str, Any], mysql_kwargs: dict[str, Any],
                   pipeline: str) -> list[dict[str, Any]]:
-    sql = "SELECT batch_id, state, ranges FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id"
+    sql = "SELECT batch_id, state, ranges, summary FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id"
     found = pg_rows(postgres_kwargs, sql, (pipeline,)) if store == PG_STORE else rows(mysql_kwargs, sql, (pipeline,))
-    return [{"batch_id": b, "state": s, "ranges": json.loads(r) if isinstance(r, str) else r} for b, s, r in found]
+    return [{"batch_id": b, "state": s, "ranges": json.loads(r) if isinstance(r, str) else r,
+             "summary": json.loads(m) if isinstance(m, str) else m} for b, s, r, m in found]

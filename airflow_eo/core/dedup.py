@@ -1,0 +1,122 @@
+"""Exactly-once per event (``dedup_key``): which records are re-sent copies of an event, decided here.
+
+An at-least-once producer puts one event at two offsets. With ``dedup_key``, a record's event id is the hash of those
+columns' values; the first record of an id is *where it was seen*: its topic, partition, offset and Kafka timestamp
+(:class:`SeenAt`). The ids a batch sees first are written to the sink's seen-id table with its output, in the same
+branches / prepared transactions / fenced transactions (:data:`SEEN_ID_FIELDS`), so they commit exactly when the output
+does. A record is a duplicate when its id was seen *elsewhere* (:func:`is_duplicate`):
+
+- at another record earlier in the same batch: the batch's records of one id in (Kafka timestamp, partition, offset)
+  order, the first is the event and the others its copies (across partitions: a producer that re-sends may hash the
+  copy to another partition, or an upstream job may re-run into another topic);
+- at a record of an earlier batch that committed, remembered for ``retention`` of record time.
+
+Deciding by *where* an id was seen, never by *which batch* saw it, makes every replay give the rows it gave the first
+time: a retried batch, a cleared run or a rewind meets its own records in the table (the same position: not a
+duplicate) and the copies of them (another position: a duplicate), whichever attempt wrote the table. Retention is
+applied by the check (an id older than the record by more than ``retention`` is not a duplicate), so when the batches
+purge old ids (bounded, :func:`purge_cutoff`) changes no decision of a batch still to be replayed.
+
+Interval mode is refused (:func:`check_dedup`): a backfill of an earlier interval would find its events already seen
+by a later one, so the result would depend on the order the intervals ran in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from airflow_eo.core.errors import ConfigurationError
+
+#: How long an id is remembered unless ``dedup_retention`` says otherwise.
+DEFAULT_RETENTION = timedelta(days=7)
+#: The seen-id table's columns, in the order its writer gets them; ``seen_at`` is the record's Kafka timestamp in
+#: epoch milliseconds, ``event_id`` the hex of the first 128 bits of the SHA-256 of the key columns' JSON.
+SEEN_ID_FIELDS = ("pipeline_id", "event_id", "topic", "kafka_partition", "kafka_offset", "seen_at", "batch_id")
+#: An id is one row per pipeline: a later sighting (after retention) takes its place.
+SEEN_ID_KEY = ("pipeline_id", "event_id")
+#: Old ids a batch removes at most (its own transaction, before it writes): bounded work per batch.
+PURGE_LIMIT = 10_000
+
+
+@dataclass(frozen=True, order=True)
+class SeenAt:
+    """Where a record is: its Kafka timestamp (epoch ms) first, so that sorting orders a batch's copies of an id."""
+
+    timestamp_ms: int
+    topic: str
+    partition: int
+    offset: int
+
+    def position(self) -> tuple[str, int, int]:
+        return self.topic, self.partition, self.offset
+
+
+def is_duplicate(record: SeenAt, stored: SeenAt | None, retention: timedelta) -> bool:
+    """Whether ``record`` (the first of its id in its batch) copies the event the seen-id table has at ``stored``.
+
+    Not when the table has no such id, when it has this very record (a replay), when the stored sighting is older
+    than the record by more than ``retention``, or when it is a *later* record of the same partition (an id written
+    before ``dedup_key`` was set, or by a batch a rewind moved back before: never a duplicate of a later one)."""
+    if stored is None or stored.position() == record.position():
+        return False
+    if stored.timestamp_ms < record.timestamp_ms - retention_ms(retention):
+        return False
+    return not (stored.topic == record.topic and stored.partition == record.partition
+                and stored.offset > record.offset)
+
+
+def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -> tuple[int | None, bool]:
+    """A batch's records of one id (in any order) against the table's sighting of it: the index of the record kept
+    (None: all are copies of an earlier event), and whether it is to be written as the id's sighting.
+
+    A replay keeps the very record the table has (whatever the order of the others); else the first of the batch
+    in :class:`SeenAt` order, unless it copies the stored one (:func:`is_duplicate`)."""
+    if stored is not None:
+        for i, seen in enumerate(sightings):
+            if seen.position() == stored.position():
+                return i, False
+    first = min(range(len(sightings)), key=sightings.__getitem__)
+    if is_duplicate(sightings[first], stored, retention):
+        return None, False
+    return first, True
+
+
+def retention_ms(retention: timedelta) -> int:
+    return int(retention.total_seconds() * 1000)
+
+
+def purge_cutoff(oldest_record_ms: int, retention: timedelta) -> int:
+    """The ``seen_at`` below which a batch may remove ids: older than its oldest record by more than the retention,
+    so that no record of this batch (nor of a replay of it) can be a duplicate of them any more."""
+    return oldest_record_ms - retention_ms(retention)
+
+
+def seen_id_partition(partition: int) -> int:
+    """The partition number (in its xid) of the seen-id writer of Spark partition ``partition``: its own branch or
+    transaction, never that of the good rows (``partition``), of the dead letters (-2 - partition) or of the
+    driver (-1)."""
+    return -(1 << 30) - partition
+
+
+def check_dedup(key: tuple[str, ...], retention: timedelta, *, interval_mode: bool, sink_name: str,
+                sink_keeps_seen_ids: bool) -> None:
+    """The rules of ``dedup_key`` (checked at DAG parse time)."""
+    if not key:
+        return
+    if any(not isinstance(c, str) or not c for c in key):
+        raise ConfigurationError(f"dedup_key must name columns of the parsed record, e.g. ['event_id'], not {key!r}")
+    if len(set(key)) != len(key):
+        raise ConfigurationError(f"dedup_key names a column twice: {list(key)}")
+    if retention <= timedelta(0):
+        raise ConfigurationError(f"dedup_retention must be a positive timedelta, not {retention!r}")
+    if interval_mode:
+        raise ConfigurationError(
+            "dedup_key with mode='interval': a backfill of an earlier interval would find its events already seen "
+            "by a later interval, so what an interval holds would depend on the order the intervals ran in. Use "
+            "mode='continuous' for deduplication, or drop dedup_key and deduplicate in the transform")
+    if not sink_keeps_seen_ids:
+        raise ConfigurationError(
+            f"dedup_key with {sink_name}: the ids seen must commit with the output, in the sink's own transaction, "
+            f"and {sink_name} has no table to keep them in. Use a MySQL/MariaDB or PostgreSQL sink (the seen ids go "
+            "in their database), or drop dedup_key")

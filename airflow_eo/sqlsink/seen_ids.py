@@ -1,0 +1,86 @@
+"""The seen-id table of ``dedup_key`` (:mod:`airflow_eo.core.dedup`) in a SQL sink's database, once for every
+database: its DDL, the executors' look-up of a batch's ids, and the bounded purge of old ids. Its rows are written by
+the sink's own partition writer (upserts keyed by pipeline and id: its own branch or fenced transaction per task,
+committed with the batch's output)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_eo.core.dedup import SeenAt
+from airflow_eo.sqlsink.database import SqlDatabase
+
+#: The table's name, in the sink's database (the connection's default schema); one table, keyed by pipeline.
+SEEN_ID_TABLE = "eo_seen_ids"
+#: How long a purge waits for a row lock before it gives up (the next batch purges again).
+PURGE_LOCK_WAIT_S = 5
+#: Ids per look-up statement (bound parameters: a statement stays well below every driver's limit).
+LOOKUP_CHUNK = 1000
+
+
+def seen_id_table_ddl(quoted_table: str, inline_index: str = "", table_options: str = "") -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (``seen_at``: epoch ms), with a database's inline index
+    definition of the purge's (pipeline_id, seen_at) index, if it has one."""
+    return (f"CREATE TABLE IF NOT EXISTS {quoted_table} ("
+            "pipeline_id VARCHAR(190) NOT NULL, event_id CHAR(32) NOT NULL, topic VARCHAR(249) NOT NULL, "
+            "kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, seen_at BIGINT NOT NULL, "
+            f"batch_id BIGINT NOT NULL, PRIMARY KEY (pipeline_id, event_id){inline_index}){table_options}")
+
+
+@dataclass(frozen=True)
+class SeenIdLookup:
+    """Where a batch's event ids were seen before, read by the executors (picklable: a Spark task runs it)."""
+
+    database: SqlDatabase
+    connect_kwargs: Mapping[str, Any] = field(repr=False)  # holds the password
+    table: str
+    pipeline_id: str
+
+    def __call__(self, event_ids: Iterable[str]) -> dict[str, SeenAt]:
+        ids = list(event_ids)
+        found: dict[str, SeenAt] = {}
+        if not ids:
+            return found
+        conn = self.database.connect(self.connect_kwargs, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                for start in range(0, len(ids), LOOKUP_CHUNK):
+                    chunk = ids[start:start + LOOKUP_CHUNK]
+                    cur.execute(f"SELECT event_id, seen_at, topic, kafka_partition, kafka_offset FROM "
+                                f"{self.database.quote_table(self.table)} WHERE pipeline_id = %s AND event_id IN "
+                                f"({', '.join(['%s'] * len(chunk))})", (self.pipeline_id, *chunk))
+                    for event_id, seen_at, topic, partition, offset in cur.fetchall():
+                        found[event_id] = SeenAt(int(seen_at), topic, int(partition), int(offset))
+        finally:
+            conn.close()
+        return found
+
+
+def create_seen_id_table(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str) -> None:
+    """The table, when missing (DDL on the driver, before any branch of the batch starts: DDL may commit)."""
+    conn = database.connect(connect_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            if not database.table_columns(cur, table):
+                cur.execute(database.seen_id_ddl(table))
+                for statement in database.seen_id_indexes(table):
+                    cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def purge_seen_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str, pipeline_id: str,
+                   before_ms: int, limit: int) -> int:
+    """Remove at most ``limit`` of the pipeline's ids seen before ``before_ms``, in a transaction of their own;
+    returns how many went."""
+    conn = database.connect(connect_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            # Old ids next to another pipeline's prepared branch wait for it: a few seconds, then the next batch.
+            cur.execute(database.row_lock_wait(PURGE_LOCK_WAIT_S))
+            cur.execute(database.purge_seen_ids_statement(table), (pipeline_id, before_ms, limit))
+            return int(cur.rowcount or 0)
+    finally:
+        conn.close()
