@@ -58,6 +58,8 @@ POINTS: dict[str, Point] = {
     "task_write": Point("a Spark write task holds its connection and starts writing (pause, kill_executor)", None),
     "after_task_prepare": Point("a Spark task prepared its XA branch, before it reports (panic: Spark retries it)",
                                 None),
+    "after_seen_ids": Point("dedup_key: the batch's first sightings are prepared (two-phase) or committed (upsert) in "
+                            "the seen-id table; its output is not written yet"),
     "after_task_dead_letters": Point("a Spark task prepared (XA, PostgreSQL two-phase) or committed (upsert) the "
                                      "bad records it found, before it reports", "kill(driver)"),
 }

@@ -200,6 +200,7 @@ class SparkBatchEngine:
             raise ConfigurationError(f"dedup_key: {type(sink).__name__} keeps no seen ids")
         seen: SeenIds = sink  # type: ignore[assignment]
         t0 = time.monotonic()
+        writer = seen.seen_id_writer(batch)  # creates the table first: the look-ups read it
         retention = self.parse.dedup_retention
         partitions = self.parse.write_partitions or _default_parallelism(spark)
         marked = mark_duplicates(with_event_ids(parsed, self.parse.dedup_key), seen.seen_id_lookup(batch), retention,
@@ -218,7 +219,7 @@ class SparkBatchEngine:
                 log.warning("dedup: could not remove event ids past retention (the next batch tries again)",
                             exc_info=True)
         written = self.run_partitions(WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id), self),
-                                      _SeenIdPartitions(seen.seen_id_writer(batch)))
+                                      _SeenIdPartitions(writer))
         failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
         log.info("dedup: %s duplicate record(s) dropped, %s event id(s) seen first", duplicates, written.rows)
         return marked, _Dedup(duplicates, list(written.xids), round(time.monotonic() - t0, 3))

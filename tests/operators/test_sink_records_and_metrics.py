@@ -55,14 +55,14 @@ class FakeStats:
 
 def test_a_batch_emits_its_counts_lag_and_phases_tagged_by_pipeline():
     summary = BatchSummary("p.x", 3, "run", 2, (OffsetRange("t", 0, 0, 10),), records_in=10, rows_out=4,
-                           dead_letters=1, seconds={"plan": 0.5, "read_transform": 2.0, "commit": 0.25})
+                           dead_letters=1, duplicates=3, seconds={"plan": 0.5, "read_transform": 2.0, "commit": 0.25})
     stats = FakeStats()
     emit_batch_metrics(summary, {"t[0]": 7, "t[1]": 5}, stats)
     tags = {"pipeline_id": "p.x"}
     assert stats.calls == [
         ("incr", "airflow_eo.batch.committed", 1, tags), ("incr", "airflow_eo.batch.records_in", 10, tags),
         ("incr", "airflow_eo.batch.rows_out", 4, tags), ("incr", "airflow_eo.batch.dead_letters", 1, tags),
-        ("gauge", "airflow_eo.lag", 12, tags),
+        ("incr", "airflow_eo.batch.duplicates", 3, tags), ("gauge", "airflow_eo.lag", 12, tags),
         ("timing", "airflow_eo.batch.seconds.plan", timedelta(seconds=0.5), tags),
         ("timing", "airflow_eo.batch.seconds.read_transform", timedelta(seconds=2), tags),
         ("timing", "airflow_eo.batch.seconds.commit", timedelta(seconds=0.25), tags)]

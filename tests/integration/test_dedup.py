@@ -1,0 +1,106 @@
+"""``dedup_key`` on real Kafka, Spark and databases, in this process: the two SQL kinds the crash chains run without
+it (``test_sink_crash_chains.py`` runs MySqlXaSink and PostgresUpsertSink with it, SIGKILLed at every step), bad
+records beside copies, retention and its purge, and a rewind that replays the same decisions."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from airflow_eo.core.rewind import RewindKind, RewindTarget
+from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.sinks import MySqlUpsertSink, PostgresTwoPhaseSink
+from examples.page_views import produce_page_views, resend_page_views
+from examples.topics import read_topic
+from tests.integration.operator_harness import operator, run
+from tests.integration.test_sink_crash_chains import _query
+from tests.support.kafka import create_topic
+from tests.support.postgres import COUNTS_DDL, EVENTS_DDL
+
+NOW = datetime.now(timezone.utc)
+
+
+def events_in(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    records, _ = read_topic(bootstrap, topic)
+    return [json.loads(value) for _, value in records if value and value.startswith(b"{")]
+
+
+@pytest.mark.parametrize("kind", ["MySqlUpsertSink", "PostgresTwoPhaseSink"])
+def test_copies_count_once_and_bad_records_are_no_events(kind, bootstrap, airflow_db):
+    topic = create_topic(bootstrap, f"dedup_{uuid.uuid4().hex[:8]}", 3)
+    pipeline, table = f"dedup_{kind}_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
+    counts = kind == "PostgresTwoPhaseSink"
+    spec = (PostgresTwoPhaseSink(table=table, key_columns=["app_id"], updates={"pv": "add"}) if counts
+            else MySqlUpsertSink(table=table, key_columns=["event_id"]))
+    adapter = build_sink(spec, pipeline, "eo_offset_store")
+    query = _query(adapter.database, adapter.connect_kwargs)  # type: ignore[attr-defined]
+    query((COUNTS_DDL if counts else EVENTS_DDL).format(name=table))
+    options: dict[str, Any] = {"dedup_key": ["event_id"], "on_bad_record": "dead_letter"}
+    if counts:
+        options["transform"] = "airflow_eo.examples.page_views.count_per_app"
+
+    first = produce_page_views(bootstrap, 300, topic=topic, raw_values=[b"not json", b'{"app_id": 5}'])
+    copies = len(resend_page_views(bootstrap, first, 60, topic=topic, seed=1))
+    one = run(operator(topic, spec, pipeline, **options))
+    assert (one["duplicates"], one["dead_letters"], one["records_in"]) == (copies, 2, 300 + 2 + copies)
+
+    second = produce_page_views(bootstrap, 200, topic=topic)
+    copies = len(resend_page_views(bootstrap, first + second, 50, topic=topic, seed=2))
+    two = run(operator(topic, spec, pipeline, **options))
+    assert (two["duplicates"], two["dead_letters"], two["records_in"]) == (copies, 0, 200 + copies)
+
+    events = list({e["event_id"]: e for e in events_in(bootstrap, topic) if "event_id" in e}.values())
+    assert len(events) == 500
+    if counts:
+        assert {r["app_id"]: r["pv"] for r in query(f'SELECT app_id, pv FROM "{table}"')} == \
+            dict(Counter(e["app_id"] for e in events))
+    else:
+        assert sorted(r["event_id"] for r in query(f"SELECT event_id FROM `{table}`")) == \
+            sorted(e["event_id"] for e in events)
+    seen = query(f"SELECT COUNT(*) AS n FROM eo_seen_ids WHERE pipeline_id = '{pipeline}'")
+    assert seen[0]["n"] == 500, "one seen id per event, none for a bad record"
+
+
+def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, mysql_kwargs, airflow_db):
+    topic = create_topic(bootstrap, f"dedup_ret_{uuid.uuid4().hex[:8]}", 2)
+    pipeline, table = f"dedup_ret_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
+    spec = MySqlUpsertSink(table=table, key_columns=["event_id"])
+    query = _query(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs)  # type: ignore[attr-defined]
+    query(EVENTS_DDL.format(name=table))
+    options = {"dedup_key": ["event_id"], "dedup_retention": timedelta(hours=1)}
+    three_hours_ago = [NOW - timedelta(hours=3, seconds=-i) for i in range(100)]
+    old = produce_page_views(bootstrap, 0, topic=topic, timestamps=three_hours_ago)
+    assert run(operator(topic, spec, pipeline, **options))["duplicates"] == 0
+
+    new = produce_page_views(bootstrap, 100, topic=topic)  # now: the old ids are past retention
+    resent_old = resend_page_views(bootstrap, old[:30], 30, topic=topic, seed=3)
+    resent_new = resend_page_views(bootstrap, new, 20, topic=topic, seed=4)
+    done = run(operator(topic, spec, pipeline, **options))
+    assert done["duplicates"] == len(resent_new) + (len(resent_old) - len({e["event_id"] for e in resent_old})), \
+        "copies of the old events count again (once each); copies of this batch's own do not"
+    kept = query(f"SELECT seen_at FROM eo_seen_ids WHERE pipeline_id = '{pipeline}'")
+    assert len(kept) == len(new) + len({e["event_id"] for e in resent_old}), \
+        "the ids past retention that no copy brought back were purged, the copies' seen anew"
+    assert min(r["seen_at"] for r in kept) > (NOW - timedelta(hours=2)).timestamp() * 1000
+
+
+def test_a_rewind_replays_the_same_decisions(bootstrap, mysql_kwargs, airflow_db):
+    topic = create_topic(bootstrap, f"dedup_rw_{uuid.uuid4().hex[:8]}", 2)
+    pipeline, table = f"dedup_rw_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
+    spec = MySqlUpsertSink(table=table, key_columns=["event_id"])
+    query = _query(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs)  # type: ignore[attr-defined]
+    query(EVENTS_DDL.format(name=table))
+    events = produce_page_views(bootstrap, 200, topic=topic)
+    copies = len(resend_page_views(bootstrap, events, 40, topic=topic, seed=5))
+    first = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
+    ops = pipeline_operations("eo_offset_store", "kafka_default")
+    assert ops.rewind(pipeline, RewindTarget(RewindKind.EARLIEST), apply=True, reason="test").applied
+    again = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
+    assert first["duplicates"] == again["duplicates"] == copies and again["rows_out"] == first["rows_out"] == 200
+    assert len(query(f"SELECT event_id FROM `{table}`")) == 200
