@@ -265,6 +265,25 @@ def check_sink_commits(unfinished: Sequence[BatchRecord], committed_by_sink: Ite
         "`airflow eo recover --apply`, records it")) for b in unfinished if b.batch_id in done]
 
 
+def check_open_transactions(open_on_output: Mapping[TopicPartition, tuple[int, int]],
+                            unfinished: Sequence[BatchRecord]) -> list[Finding]:
+    """Transactions open on a Kafka sink's output topic while none of the pipeline's batches is unfinished: a
+    producer that died mid-batch without its transaction being aborted yet (this pipeline's, or another writer of
+    the topic). ``read_committed`` readers see nothing past the last stable offset until it ends. With a batch
+    unfinished, an open transaction may be its own: nothing is said.
+
+    :param open_on_output: (last stable offset, end offset) of each partition where they differ.
+    :param unfinished: the store's unfinished batches.
+    """
+    if unfinished:
+        return []
+    return [Finding(Check.IN_DOUBT, _tp(key), (
+        f"a transaction is open (last stable offset {stable}, end {end}) while no batch of this pipeline is "
+        "unfinished: read_committed consumers see nothing past it until it ends. It is aborted by the broker when "
+        "its transaction.timeout.ms passes, or by the pipeline's next run if it is this pipeline's"))
+        for key, (stable, end) in sorted(open_on_output.items())]
+
+
 # --------------------------------------------------------------------------- (d) Airflow runs
 
 

@@ -24,7 +24,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
 from airflow_eo.core.sinks import no_dead_letters
-from airflow_eo.kafka.offsets import alter_group_offsets, group_id, read_group_offsets
+from airflow_eo.kafka.offsets import KafkaOffsetSource, alter_group_offsets, group_id, read_group_offsets
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -111,6 +111,14 @@ class KafkaTransactionalAdapter:
         """The group's committed offsets of ``partitions``, once no transaction's offsets are pending on them
         (:func:`~airflow_eo.kafka.offsets.read_group_offsets`); one without a committed offset is left out."""
         return read_group_offsets(self._admin, group_id(self.pipeline_id), partitions, self.name)
+
+    def open_transactions(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """The output topic's partitions where a transaction is open, with (last stable offset, end offset): a
+        ``read_committed`` reader stops at the first until the transaction ends (``airflow eo verify``)."""
+        source = KafkaOffsetSource(dict(self.config))
+        partitions = source.partitions([self.topic])
+        stable, ends = source.last_stable(partitions), source.high_watermarks(partitions)
+        return {key: (stable[key], end) for key, end in ends.items() if stable.get(key, end) < end}
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
         """The unfinished batches Kafka committed (the group reached their ends) but the store did not."""

@@ -46,6 +46,7 @@ from airflow_eo.core.verify import (
     check_branches,
     check_interval_tiling,
     check_mirror,
+    check_open_transactions,
     check_runs,
     check_sink_commits,
     check_tiling,
@@ -441,8 +442,10 @@ class PipelineOperations:
             group = self._kafka_group(info.pipeline_id, info)
             assert group is not None  # a consumer_group kind
             unfinished = [b for b in batches if b.state in UNFINISHED]
-            return _Verified(check_sink_commits(unfinished, group.committed_batches(unfinished) if unfinished else ()),
-                             "in-doubt: no Kafka transaction committed a batch the store has not recorded")
+            findings = check_sink_commits(unfinished, group.committed_batches(unfinished) if unfinished else ())
+            findings += check_open_transactions(group.open_transactions(), unfinished)
+            return _Verified(findings, "in-doubt: no Kafka transaction committed a batch the store has not recorded, "
+                                       "none is open on the output topic between batches")
         except Exception as exc:
             return _Verified(unchecked=f"in-doubt: the sink could not be read ({self._said(exc, 'in-doubt')})")
 

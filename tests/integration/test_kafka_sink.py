@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import signal
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from airflow_eo.core.errors import BadRecordError
+from airflow_eo.core.verify import Check
+from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink
@@ -137,6 +140,36 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
     stored = rows(mysql_kwargs, "SELECT kafka_partition, next_offset FROM eo_offset WHERE pipeline_id = %s",
                   (op.pipeline_id,))
     assert sorted(stored) == [(0, 5), (1, 5)]
+
+
+def test_verify_names_a_transaction_left_open_on_the_output_topic(bootstrap, topic_name):
+    """``airflow eo verify``: a transaction open on the output topic while no batch is unfinished (a producer that
+    died mid-batch) holds back every read_committed reader; verify names the partition until it ends."""
+    source = create_topic(bootstrap, f"{topic_name}_in", 1)
+    out = create_topic(bootstrap, f"{topic_name}_out", 2)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(3):
+        producer.produce(source, f"line {i}".encode())
+    producer.flush(30)
+    op = KafkaMicroBatchOperator(task_id="verify_out", pipeline_id=f"p_{topic_name}", topics=[source],
+                                 value_format="string", transform="SELECT value AS key, value FROM kafka_batch",
+                                 sink=KafkaTransactionalSink(topic=out))
+    run(op)
+    ops = pipeline_operations("eo_offset_store", "kafka_default")
+
+    def in_doubt() -> list[Any]:
+        return [f for f in ops.verify(op.pipeline_id).findings if f.check is Check.IN_DOUBT]
+
+    assert in_doubt() == []
+    stray = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"stray-{topic_name}"})
+    stray.init_transactions(30)
+    stray.begin_transaction()
+    stray.produce(out, b"never committed", partition=1)
+    stray.flush(30)
+    [found] = in_doubt()
+    assert found.subject == f"{out}[1]" and "a transaction is open (last stable offset" in found.message
+    stray.abort_transaction(30)
+    assert in_doubt() == []
 
 
 def test_binary_key_and_value_columns_are_produced_as_they_are(bootstrap, mysql_kwargs, topic_name):

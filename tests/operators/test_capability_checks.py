@@ -86,7 +86,7 @@ def test_a_kind_keeping_a_consumer_group_whose_adapter_cannot_read_it_is_named(h
     ops, info = operations()
     with pytest.raises(ConfigurationError, match=r"'consumer_group' capability.* does not implement "
                                                  r"ConsumerGroupSink \(it has no committed_batches, "
-                                                 r"move_group_offsets\)"):
+                                                 r"move_group_offsets, open_transactions\)"):
         ops._kafka_group(P, info)
 
 
