@@ -24,6 +24,7 @@ from tests.integration.page_views import run_dag
 from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import group_positions, kafka_adapter
+from tests.support.lineage import assert_batch_lineage, completes, file_transport
 
 PIPELINE = "ip_counts_kafka"
 
@@ -37,15 +38,22 @@ def assert_exact(bootstrap: str, mysql_kwargs: dict) -> None:
     assert states <= {"committed", "aborted"}
 
 
-def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db):
+def test_several_runs_sum_to_the_true_counts(bootstrap, mysql_kwargs, airflow_db, tmp_path):
     reset_ip_counts(bootstrap, mysql_kwargs)
     ip_counts.produce_lines(bootstrap, 2000)
+    lineage = tmp_path / "openlineage.json"
     for more in (1500, 0, 0):  # new lines, then none: the third run commits an empty batch
-        done = run_dag("ip_counts_kafka")
+        done = run_dag("ip_counts_kafka", env=file_transport(lineage))
         assert done.returncode == 0, why(done)
         assert_exact(bootstrap, mysql_kwargs)
         if more:
             ip_counts.produce_lines(bootstrap, more)
+    # Each run's COMPLETE event as the OpenLineage provider's file transport wrote it: the output topic in the
+    # Kafka naming of the spec (kafka://bootstrap + topic), like the input.
+    facets = [assert_batch_lineage(e, [(f"kafka://{bootstrap}", ip_counts.SOURCE)],
+                                   (f"kafka://{bootstrap}", ip_counts.SINK), PIPELINE)
+              for e in completes(lineage, "ip_counts_kafka.count_ips")]
+    assert [f["recordsIn"] for f in facets] == [2000, 1500, 0]
 
 
 def test_sigkill_at_each_step_keeps_the_output_exact(bootstrap, mysql_kwargs, airflow_db):
