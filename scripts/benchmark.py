@@ -572,7 +572,7 @@ def airflow_consume_from_topic(topic: str, events: int, parallelism: int) -> Job
 def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallelism: int,
          schema: str | None = page_views.SCHEMA, on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
          wrap: Callable[[Any], Any] | None = None, store_conn_id: str | None = None,
-         parse: ParseConfig | None = None) -> Job:
+         parse: ParseConfig | None = None, run_id: str = "bench") -> Job:
     """One batch of our sink over the whole topic; ``store_conn_id``: the offset store's connection (default: the
     default store, on MariaDB), also given to the sink (a sink on the store's database is fenced by it); ``parse``:
     see :func:`engine`."""
@@ -580,7 +580,7 @@ def ours(name: str, sink: Any, transform: Any, topic: str, events: int, parallel
     pipeline_id = f"bench_{name}_{topic}"
     store = (OffsetStoreHook(store_conn_id) if store_conn_id else OffsetStoreHook()).get_store()
     started = time.monotonic()
-    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="bench", topics=[topic]),
+    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id=run_id, topics=[topic]),
                         store=store, source=kafka.get_offset_source(),
                         engine=engine(parallelism, transform, schema, on_bad_record, parse),
                         sink=(wrap or (lambda adapter: adapter))(build_sink(sink, pipeline_id, store_conn_id)))
@@ -667,7 +667,7 @@ def eo_xa_events_dedup(bootstrap: str, events: int, parallelism: int) -> Job:
     table = fresh_table("page_view_events", "xadedup")
     sink = MySqlXaSink(table=table, key_columns=["event_id"])
     parse = ParseConfig(schema=page_views.SCHEMA, write_partitions=parallelism, dedup_key=("event_id",))
-    ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse)  # the previous run
+    ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse, run_id="previous")
     second = page_views.produce_page_views(bootstrap, events - events // 10, topic=topic)
     copies = page_views.resend_page_views(bootstrap, first + second, events // 10, topic=topic, seed=events)
     del first

@@ -27,14 +27,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.xid import pipeline_key
 
 #: How long an id is remembered unless ``dedup_retention`` says otherwise.
 DEFAULT_RETENTION = timedelta(days=7)
-#: The seen-id table's columns, in the order its writer gets them; ``seen_at`` is the record's Kafka timestamp in
-#: epoch milliseconds, ``event_id`` the hex of the first 128 bits of the SHA-256 of the key columns' JSON.
-SEEN_ID_FIELDS = ("pipeline_id", "event_id", "topic", "kafka_partition", "kafka_offset", "seen_at", "batch_id")
+#: The seen-id table's columns, in the order its writer gets them: ``pipeline_key`` (:func:`seen_pipeline_key`),
+#: ``event_id`` the first 128 bits of the SHA-256 of the key columns' JSON, ``seen_at`` the record's Kafka timestamp in
+#: epoch milliseconds. Both keys are short bytes: the table holds a row per event, and its index pages are what a
+#: batch's look-ups read.
+SEEN_ID_FIELDS = ("pipeline_key", "event_id", "topic", "kafka_partition", "kafka_offset", "seen_at", "batch_id")
 #: An id is one row per pipeline: a later sighting (after retention) takes its place.
-SEEN_ID_KEY = ("pipeline_id", "event_id")
+SEEN_ID_KEY = ("pipeline_key", "event_id")
 #: Old ids a batch removes at most (its own transaction, before it writes): bounded work per batch.
 PURGE_LIMIT = 10_000
 
@@ -90,6 +93,11 @@ def purge_cutoff(oldest_record_ms: int, retention: timedelta) -> int:
     """The ``seen_at`` below which a batch may remove ids: older than its oldest record by more than the retention,
     so that no record of this batch (nor of a replay of it) can be a duplicate of them any more."""
     return oldest_record_ms - retention_ms(retention)
+
+
+def seen_pipeline_key(pipeline_id: str) -> bytes:
+    """The pipeline's key in the seen-id table: the first 64 bits of the SHA-1 of its id (the xids' pipeline key)."""
+    return bytes.fromhex(pipeline_key(pipeline_id))[:8]
 
 
 def seen_id_partition(partition: int) -> int:

@@ -114,12 +114,13 @@ class MySqlDatabase(SqlDatabase):
         return sql.dead_letter_ddl(table)
 
     def seen_id_ddl(self, table: str) -> str:
-        return seen_id_table_ddl(sql.quote_table(table), inline_index=", KEY eo_seen_ids_age (pipeline_id, seen_at)",
+        return seen_id_table_ddl(sql.quote_table(table), "LONGBLOB", "BINARY({n})",
+                                 inline_index=", KEY eo_seen_ids_age (pipeline_key, seen_at)",
                                  table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 "
                                                f"COLLATE={sql.DEAD_LETTER_COLLATION}")
 
     def purge_seen_ids_statement(self, table: str) -> str:
-        return f"DELETE FROM {sql.quote_table(table)} WHERE pipeline_id = %s AND seen_at < %s LIMIT %s"
+        return f"DELETE FROM {sql.quote_table(table)} WHERE pipeline_key = %s AND seen_at < %s LIMIT %s"
 
     def table_columns(self, cur: Any, table: str) -> list[str]:
         schema, name = split_table(table)

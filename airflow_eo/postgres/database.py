@@ -101,16 +101,16 @@ class PostgresDatabase(SqlDatabase):
         return sql.dead_letter_ddl(table)
 
     def seen_id_ddl(self, table: str) -> str:
-        return seen_id_table_ddl(sql.quote_table(table))
+        return seen_id_table_ddl(sql.quote_table(table), "BYTEA", "BYTEA")
 
     def seen_id_indexes(self, table: str) -> list[str]:
         _, name = sql.split_table(table)
         return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
-                "(pipeline_id, seen_at)"]
+                "(pipeline_key, seen_at)"]
 
     def purge_seen_ids_statement(self, table: str) -> str:
         quoted = sql.quote_table(table)
-        return (f"DELETE FROM {quoted} WHERE ctid IN (SELECT ctid FROM {quoted} WHERE pipeline_id = %s "
+        return (f"DELETE FROM {quoted} WHERE ctid IN (SELECT ctid FROM {quoted} WHERE pipeline_key = %s "
                 "AND seen_at < %s LIMIT %s)")
 
     def table_columns(self, cur: Any, table: str) -> list[str]:

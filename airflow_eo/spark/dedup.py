@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.dedup import SeenAt, keep
+from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
 
 def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
-    """``parsed`` with ``_eo_id``: the hex of the first 128 bits of the SHA-256 of the key columns' JSON, for good
+    """``parsed`` with ``_eo_id``: the first 128 bits of the SHA-256 of the key columns' JSON (16 bytes), for good
     records (NULL for bad ones, which are no event)."""
     from pyspark.sql import functions as F
 
@@ -31,10 +31,11 @@ def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
         raise ConfigurationError(f"dedup_key names column(s) {', '.join(missing)} that the parsed records lack; "
                                  f"their columns are {', '.join(shown)}")
     identity = F.to_json(F.struct(*[F.col(f"`{c}`").alias(c) for c in key]))
-    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull(), F.substring(F.sha2(identity, 256), 1, 32)))
+    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull(),
+                                        F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
 
 
-def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[str]], Mapping[str, SeenAt]],
+def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
                     retention: timedelta, partitions: int) -> DataFrame:
     """The records (with ``_eo_id``) spread by id into ``partitions`` tasks, each marked ``_eo_dup`` / ``_eo_new``."""
     from pyspark.sql import functions as F
@@ -55,38 +56,42 @@ def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[str]], Mapping
     return positional.mapInArrow(marked, schema).toDF(*names, DUPLICATE, NEW)
 
 
-def _marked(batches: Iterable[Any], columns: Mapping[str, int], lookup: Callable[[Iterable[str]], Mapping[str, SeenAt]],
-            retention: timedelta) -> Iterator[Any]:
-    """One task's records (every record of its ids) with their marks."""
+def _marked(batches: Iterable[Any], columns: Mapping[str, int],
+            lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]], retention: timedelta) -> Iterator[Any]:
+    """One task's records (every record of its ids) with their marks. Most ids are one record never seen before:
+    those are marked with Arrow's compute functions; only the records of ids seen twice in the batch or found in the
+    table are decided one by one (:func:`~airflow_eo.core.dedup.keep`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
         return
-    ids = table.column(columns[ID]).to_pylist()
-    times = pc.cast(table.column(columns["kafka_timestamp"]), pa.int64()).to_pylist()  # microseconds
-    topics = table.column(columns["kafka_topic"]).to_pylist()
-    partitions = table.column(columns["kafka_partition"]).to_pylist()
-    offsets = table.column(columns["kafka_offset"]).to_pylist()
-    rows_of: dict[str, list[int]] = {}
-    for row, event_id in enumerate(ids):
-        if event_id is not None:
-            rows_of.setdefault(event_id, []).append(row)
-    stored = lookup(rows_of)
+    ids = table.column(columns[ID]).combine_chunks()
+    valid = pc.is_valid(ids)
+    counted = pc.value_counts(ids.filter(valid))
+    stored = lookup(counted.field("values").to_pylist())
+    repeated = counted.field("values").filter(pc.greater(counted.field("counts"), 1))
+    special = pa.array([*repeated.to_pylist(), *stored], ids.type)
+    one_by_one = pc.fill_null(pc.is_in(ids, value_set=special), False)
+    new = pc.and_(valid, pc.invert(one_by_one)).to_pylist()  # a single record of an id never seen: the event
     duplicate = [False] * table.num_rows
-    new = [False] * table.num_rows
-    for event_id, rows in rows_of.items():
-        seen = stored.get(event_id)
-        if len(rows) == 1 and seen is None:  # most ids: one record, never seen
-            new[rows[0]] = True
-            continue
-        sightings = [SeenAt((times[r] or 0) // 1000, topics[r], partitions[r], offsets[r]) for r in rows]
-        kept, write = keep(sightings, seen, retention)
-        for i, row in enumerate(rows):
-            duplicate[row] = i != kept
-        if kept is not None and write:
-            new[rows[kept]] = True
+    rows = pc.indices_nonzero(one_by_one).to_pylist()
+    if rows:
+        picked = table.take(pa.array(rows, pa.int64()))
+        times = pc.cast(picked.column(columns["kafka_timestamp"]), pa.int64()).to_pylist()  # microseconds
+        topics = picked.column(columns["kafka_topic"]).to_pylist()
+        partitions = picked.column(columns["kafka_partition"]).to_pylist()
+        offsets = picked.column(columns["kafka_offset"]).to_pylist()
+        rows_of: dict[bytes, list[int]] = {}
+        for i, event_id in enumerate(picked.column(columns[ID]).to_pylist()):
+            rows_of.setdefault(event_id, []).append(i)
+        for event_id, group in rows_of.items():
+            sightings = [SeenAt((times[i] or 0) // 1000, topics[i], partitions[i], offsets[i]) for i in group]
+            kept, write = keep(sightings, stored.get(event_id), retention)
+            for n, i in enumerate(group):
+                duplicate[rows[i]] = n != kept
+                new[rows[i]] = n == kept and write
     marks = table.append_column(DUPLICATE, pa.array(duplicate, pa.bool_()))
     yield from marks.append_column(NEW, pa.array(new, pa.bool_())).to_batches()
 
@@ -96,7 +101,8 @@ def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int) -> DataFram
     from pyspark.sql import functions as F
 
     return marked.where(F.col(NEW)).select(
-        F.lit(pipeline_id).alias("pipeline_id"), F.col(ID).alias("event_id"), F.col("kafka_topic").alias("topic"),
+        F.lit(bytearray(seen_pipeline_key(pipeline_id))).alias("pipeline_key"), F.col(ID).alias("event_id"),
+        F.col("kafka_topic").alias("topic"),
         F.col("kafka_partition"), F.col("kafka_offset"),
         F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long").alias("seen_at"),
         F.lit(batch_id).cast("long").alias("batch_id"))

