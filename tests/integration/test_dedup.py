@@ -68,12 +68,19 @@ def test_copies_count_once_and_bad_records_are_no_events(kind, bootstrap, airflo
     assert len(seen) == 500, "one seen id per event, none for a bad record"
 
 
-def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, mysql_kwargs, airflow_db):
-    topic = create_topic(bootstrap, f"dedup_ret_{uuid.uuid4().hex[:8]}", 2)
-    pipeline, table = f"dedup_ret_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
+def upsert_pipeline(bootstrap: str, name: str) -> tuple[str, str, MySqlUpsertSink, Any]:
+    """A topic of two partitions, and an upsert pipeline writing its events by id into a fresh MySQL table:
+    (topic, pipeline id, sink spec, the sink's adapter)."""
+    topic = create_topic(bootstrap, f"{name}_{uuid.uuid4().hex[:8]}", 2)
+    pipeline, table = f"{name}_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
     spec = MySqlUpsertSink(table=table, key_columns=["event_id"])
-    query = _query(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs)  # type: ignore[attr-defined]
-    query(EVENTS_DDL.format(name=table))
+    adapter = build_sink(spec, pipeline, "eo_offset_store")
+    _query(adapter.database, adapter.connect_kwargs)(EVENTS_DDL.format(name=table))  # type: ignore[attr-defined]
+    return topic, pipeline, spec, adapter
+
+
+def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, airflow_db):
+    topic, pipeline, spec, adapter = upsert_pipeline(bootstrap, "dedup_ret")
     options = {"dedup_key": ["event_id"], "dedup_retention": timedelta(hours=1)}
     three_hours_ago = [NOW - timedelta(hours=3, seconds=-i) for i in range(100)]
     old = produce_page_views(bootstrap, 0, topic=topic, timestamps=three_hours_ago)
@@ -85,18 +92,15 @@ def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, mys
     done = run(operator(topic, spec, pipeline, **options))
     assert done["duplicates"] == len(resent_new) + (len(resent_old) - len({e["event_id"] for e in resent_old})), \
         "copies of the old events count again (once each); copies of this batch's own do not"
-    kept = seen_rows(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs, pipeline)  # type: ignore[attr-defined]
+    kept = seen_rows(adapter.database, adapter.connect_kwargs, pipeline)
     assert len(kept) == len(new) + len({e["event_id"] for e in resent_old}), \
         "the ids past retention that no copy brought back were purged, the copies' seen anew"
     assert min(r["seen_at"] for r in kept) > (NOW - timedelta(hours=2)).timestamp() * 1000
 
 
-def test_a_rewind_replays_the_same_decisions(bootstrap, mysql_kwargs, airflow_db):
-    topic = create_topic(bootstrap, f"dedup_rw_{uuid.uuid4().hex[:8]}", 2)
-    pipeline, table = f"dedup_rw_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
-    spec = MySqlUpsertSink(table=table, key_columns=["event_id"])
-    query = _query(build_sink(spec, pipeline, "eo_offset_store").database, mysql_kwargs)  # type: ignore[attr-defined]
-    query(EVENTS_DDL.format(name=table))
+def test_a_rewind_replays_the_same_decisions(bootstrap, airflow_db):
+    topic, pipeline, spec, adapter = upsert_pipeline(bootstrap, "dedup_rw")
+    query = _query(adapter.database, adapter.connect_kwargs)
     events = produce_page_views(bootstrap, 200, topic=topic)
     copies = len(resend_page_views(bootstrap, events, 40, topic=topic, seed=5))
     first = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
@@ -104,4 +108,4 @@ def test_a_rewind_replays_the_same_decisions(bootstrap, mysql_kwargs, airflow_db
     assert ops.rewind(pipeline, RewindTarget(RewindKind.EARLIEST), apply=True, reason="test").applied
     again = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
     assert first["duplicates"] == again["duplicates"] == copies and again["rows_out"] == first["rows_out"] == 200
-    assert len(query(f"SELECT event_id FROM `{table}`")) == 200
+    assert len(query(f"SELECT event_id FROM `{spec.table}`")) == 200

@@ -150,18 +150,26 @@ def test_a_batch_with_empty_output_commits_offsets_only(bootstrap, mysql_kwargs,
     assert sorted(stored) == [(0, 5), (1, 5)]
 
 
-def test_verify_names_a_transaction_left_open_on_the_output_topic(bootstrap, topic_name):
-    """``airflow eo verify``: a transaction open on the output topic while no batch is unfinished (a producer that
-    died mid-batch) holds back every read_committed reader; verify names the partition until it ends."""
+def lines_to_topic(bootstrap: str, topic_name: str, value_format: str,
+                   out_partitions: int = 1) -> tuple[KafkaMicroBatchOperator, str]:
+    """Three lines in a topic of their own, and an operator copying each (as key and value) to an output topic:
+    (the operator, the output topic)."""
     source = create_topic(bootstrap, f"{topic_name}_in", 1)
-    out = create_topic(bootstrap, f"{topic_name}_out", 2)
+    out = create_topic(bootstrap, f"{topic_name}_out", out_partitions)
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(3):
         producer.produce(source, f"line {i}".encode())
     producer.flush(30)
-    op = KafkaMicroBatchOperator(task_id="verify_out", pipeline_id=f"p_{topic_name}", topics=[source],
-                                 value_format="string", transform="SELECT value AS key, value FROM kafka_batch",
+    op = KafkaMicroBatchOperator(task_id="lines_out", pipeline_id=f"p_{topic_name}", topics=[source],
+                                 value_format=value_format, transform="SELECT value AS key, value FROM kafka_batch",
                                  sink=KafkaTransactionalSink(topic=out))
+    return op, out
+
+
+def test_verify_names_a_transaction_left_open_on_the_output_topic(bootstrap, topic_name):
+    """``airflow eo verify``: a transaction open on the output topic while no batch is unfinished (a producer that
+    died mid-batch) holds back every read_committed reader; verify names the partition until it ends."""
+    op, out = lines_to_topic(bootstrap, topic_name, "string", out_partitions=2)
     run(op)
     ops = pipeline_operations("eo_offset_store", "kafka_default")
 
@@ -182,15 +190,7 @@ def test_verify_names_a_transaction_left_open_on_the_output_topic(bootstrap, top
 
 def test_binary_key_and_value_columns_are_produced_as_they_are(bootstrap, mysql_kwargs, topic_name):
     # Spark hands BINARY values to the driver as bytearray, which the producer refuses (read-only bytes only).
-    source = create_topic(bootstrap, f"{topic_name}_in", 1)
-    out = create_topic(bootstrap, f"{topic_name}_out", 1)
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(3):
-        producer.produce(source, f"line {i}".encode())
-    producer.flush(30)
-    op = KafkaMicroBatchOperator(task_id="binary_out", pipeline_id=f"p_{topic_name}", topics=[source],
-                                 value_format="bytes", transform="SELECT value AS key, value FROM kafka_batch",
-                                 sink=KafkaTransactionalSink(topic=out))
+    op, out = lines_to_topic(bootstrap, topic_name, "bytes")
     assert run(op)["rows_out"] == 3
     assert sorted(read_topic(bootstrap, out)[0]) == [(f"line {i}".encode(),) * 2 for i in range(3)]
 
