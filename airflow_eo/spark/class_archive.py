@@ -13,12 +13,15 @@ jars), so a stale one costs nothing but the speed-up. ``EO_CLASS_ARCHIVE=off`` t
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: Logging of the JVM's CDS off: an archive it cannot use (another Java) is a warning on every start otherwise, and
 #: making one warns for each class it leaves out (signed jars, classes of ``spark.jars``).
@@ -61,12 +64,15 @@ def with_class_archive(java_options: str, cache: Path) -> str:
     if not enabled() or "SharedArchiveFile" in java_options or "ArchiveClassesAtExit" in java_options \
             or "-Xshare:off" in java_options:
         return java_options
-    path = archive_path(cache)
-    if path is None:
-        return java_options
-    if path.exists():
-        return " ".join(o for o in (java_options.strip(), f"-XX:SharedArchiveFile={path}", QUIET) if o)
-    start_builder(path)
+    try:
+        path = archive_path(cache)
+        if path is None:
+            return java_options
+        if path.exists():
+            return " ".join(o for o in (java_options.strip(), f"-XX:SharedArchiveFile={path}", QUIET) if o)
+        start_builder(path)
+    except OSError as exc:  # a cache folder it cannot write (a read-only home): only the speed-up is lost
+        log.warning("Spark driver class archive: %s; sessions start without it", exc)
     return java_options
 
 

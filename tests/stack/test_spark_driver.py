@@ -41,3 +41,9 @@ def test_an_archive_cut_short_is_not_usable_and_the_users_own_cds_options_are_ke
     own = "-Xmx2g -XX:SharedArchiveFile=/opt/mine.jsa"
     assert with_class_archive(own, connector_cache_dir()) == own
     assert with_class_archive("-Xshare:off", connector_cache_dir()) == "-Xshare:off"
+
+
+def test_a_cache_folder_that_cannot_be_written_only_costs_the_speed_up(tmp_path: Path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")  # the archive folder would be under a file: mkdir fails, as on a read-only home
+    assert with_class_archive("-Xmx1g", blocked) == "-Xmx1g"
