@@ -53,3 +53,4 @@ def test_an_id_seen_by_an_earlier_batch_drops_every_copy_and_a_replay_keeps_its_
 def test_an_id_past_retention_is_seen_anew():
     old = SeenAt(int(T0.timestamp() * 1000) - 10 * 86_400_000, "t", 0, 0)
     assert marks([("a", 0, 5, 30)], {"a": old}) == {5: (False, True)}
+
