@@ -64,8 +64,9 @@ def _marked(batches: Iterable[Any], columns: Mapping[str, int],
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows == 0:
+    received = list(batches)  # none at all for a task whose partition is empty (few ids, or an empty batch)
+    table = pa.Table.from_batches(received) if received else None
+    if table is None or table.num_rows == 0:
         return
     ids = table.column(columns[ID]).combine_chunks()
     valid = pc.is_valid(ids)

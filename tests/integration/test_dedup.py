@@ -109,3 +109,6 @@ def test_a_rewind_replays_the_same_decisions(bootstrap, airflow_db):
     again = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
     assert first["duplicates"] == again["duplicates"] == copies and again["rows_out"] == first["rows_out"] == 200
     assert len(query(f"SELECT event_id FROM `{spec.table}`")) == 200
+    produce_page_views(bootstrap, 1, topic=topic)  # one id: one of the two tasks gets an empty partition
+    one = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
+    assert (one["records_in"], one["duplicates"], one["rows_out"]) == (1, 0, 1)

@@ -54,3 +54,9 @@ def test_an_id_past_retention_is_seen_anew():
     old = SeenAt(int(T0.timestamp() * 1000) - 10 * 86_400_000, "t", 0, 0)
     assert marks([("a", 0, 5, 30)], {"a": old}) == {5: (False, True)}
 
+
+def test_a_task_with_an_empty_partition_marks_nothing_and_asks_nothing():
+    def lookup(ids):
+        raise AssertionError("an empty partition has no ids to look up")
+
+    assert list(_marked(iter(()), {}, lookup, timedelta(days=7))) == []
