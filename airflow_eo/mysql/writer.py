@@ -16,6 +16,7 @@ from pymysql.constants import ER
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.refused_rows import refusal_text
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.mysql.bulk_load import (
     hex_columns,
@@ -34,7 +35,7 @@ from airflow_eo.mysql.sql import (
     upsert_from_staging_statement,
     upsert_statement,
 )
-from airflow_eo.mysql.xa import XaFacade
+from airflow_eo.mysql.xa import XaFacade, xa_session
 from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
@@ -47,6 +48,19 @@ STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 # manual asks of every application; Spark cannot retry one task of a barrier stage.
 RESTARTABLE = frozenset({ER.LOCK_DEADLOCK, ER.LOCK_WAIT_TIMEOUT})
 TRANSACTION_RUNS = 6
+
+# The server's errors that refuse a row's values (in strict mode): what a dead letter can hold instead of the row.
+REFUSED_VALUE_ERRORS = frozenset({
+    ER.BAD_NULL_ERROR, ER.DUP_ENTRY, ER.DATA_TOO_LONG, ER.WARN_DATA_OUT_OF_RANGE, ER.WARN_DATA_TRUNCATED,
+    ER.TRUNCATED_WRONG_VALUE, ER.TRUNCATED_WRONG_VALUE_FOR_FIELD, ER.NO_REFERENCED_ROW, ER.NO_REFERENCED_ROW_2,
+    ER.ROW_IS_REFERENCED, ER.ROW_IS_REFERENCED_2, ER.WARN_NULL_TO_NOTNULL,
+    ER.DIVISION_BY_ZERO,
+    1644,  # ER_SIGNAL_EXCEPTION: a trigger's SIGNAL
+    1690,  # ER_DATA_OUT_OF_RANGE: an "add" beyond the column's type
+    3819,  # MySQL 8's ER_CHECK_CONSTRAINT_VIOLATED
+    4025,  # MariaDB's ER_CONSTRAINT_FAILED (CHECK constraints, JSON columns' JSON_VALID)
+    3140,  # MySQL 8's ER_INVALID_JSON_TEXT (a JSON column)
+})
 
 
 def restarting(run: Callable[[], int], restart: Callable[[], None], runs: int = TRANSACTION_RUNS) -> int:
@@ -94,14 +108,17 @@ class PartitionWriter(SqlPartitionWriter):
             xa = XaFacade(conn) if self.xa else None
             xid = self.xid(partition, stage_id, attempt_id)
             if xa is not None:
-                rollback_earlier_attempts(xa, xid)
+                # On an autocommit session of its own: on this one (autocommit off) MariaDB refuses XA ROLLBACK of
+                # another session's branch with XAER_OUTSIDE, even right after connecting (checked on 10.11).
+                with xa_session(self.connect_kwargs) as own:
+                    rollback_earlier_attempts(own, xid)
             with conn.cursor() as cur:
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
                 write: Callable[[bool], int]
 
                 def restart() -> None:
-                    if xa is not None:
+                    if xa is not None and not self.probe:
                         xa.restart(xid)
                     else:
                         conn.rollback()
@@ -124,6 +141,10 @@ class PartitionWriter(SqlPartitionWriter):
                     def write(commit: bool) -> int:
                         # The staged rows stay (committed before the transaction): the statements can run again.
                         return restarting(lambda: self._write_staged(conn, cur, staged, hexed, commit), restart)
+                if self.probe:  # one plain transaction, rolled back: no branch, nothing anyone sees
+                    written = write(False)
+                    conn.rollback()
+                    return None, written
                 if agreed is not None:  # held: written uncommitted while the tasks vote, committed if all agree
                     clean, written = write_while_voting(agreed, lambda: write(False))
                     if not clean:
@@ -140,6 +161,11 @@ class PartitionWriter(SqlPartitionWriter):
             return None, written
         finally:
             conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
+
+    def refusal(self, exc: BaseException) -> str | None:
+        if isinstance(exc, pymysql.err.MySQLError) and len(exc.args) > 1 and exc.args[0] in REFUSED_VALUE_ERRORS:
+            return refusal_text(f"{exc.args[1]} (MySQL error {exc.args[0]})")
+        return None
 
     def _load_replacing(self, conn: pymysql.connections.Connection, cur: Any, files: Sequence[tuple[str, int]],
                         hexed: frozenset[int], commit: bool = True) -> int:
@@ -212,7 +238,7 @@ class PartitionWriter(SqlPartitionWriter):
         def run() -> int:
             cur.execute(statement, args)
             failpoint("during_write")  # in flight: this statement is not committed or prepared yet
-            if not self.xa:
+            if not self.xa and not self.probe:
                 conn.commit()
             return 0
 
@@ -221,8 +247,8 @@ class PartitionWriter(SqlPartitionWriter):
             if self.fence is not None:
                 self.fence.check(cur, "share")  # the new transaction's start
 
-        if self.xa:
-            run()
+        if self.xa or self.probe:
+            run()  # a restart would roll back the statements before this one
         else:
             restarting(run, restart)
 

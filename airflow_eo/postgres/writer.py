@@ -12,16 +12,19 @@ ends it with ``PREPARE TRANSACTION``.
 from __future__ import annotations
 
 import io
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.refused_rows import refusal_text
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
@@ -39,6 +42,12 @@ from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_ear
 
 #: Bytes of CSV handed to COPY at a time.
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
+# SQLSTATE classes and codes that refuse a row's values: data exceptions (22: out of range, invalid text for the
+# type ..), integrity constraint violations (23: NOT NULL, foreign key, unique, CHECK, exclusion) and a trigger's
+# RAISE EXCEPTION (P0001).
+REFUSED_VALUE_CLASSES = ("22", "23")
+REFUSED_VALUE_CODES = frozenset({"P0001"})
+_COPY_COLUMN = re.compile(r"^COPY [^,]+, line \d+, column ([^:]+):", re.MULTILINE)
 # Every value quoted, nulls as the bare empty field: PostgreSQL's CSV reads "" as an empty string, nothing as NULL.
 _CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
 
@@ -114,6 +123,9 @@ class PartitionWriter(SqlPartitionWriter):
                         return None, 0
                 else:
                     upsert()
+            if self.probe:  # rolled back: nothing anyone sees, no prepared transaction
+                conn.rollback()
+                return None, staged
             if prepared is not None:
                 prepared.prepare(xid)
                 return xid.encode(), staged
@@ -121,6 +133,20 @@ class PartitionWriter(SqlPartitionWriter):
             return None, staged
         finally:
             conn.close()  # a prepared transaction survives this; an open one is rolled back
+
+    def refusal(self, exc: BaseException) -> str | None:
+        state = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+        if state is None or not (state.startswith(REFUSED_VALUE_CLASSES) or state in REFUSED_VALUE_CODES):
+            return None
+        diag = exc.diag  # type: ignore[attr-defined]
+        column = diag.column_name
+        if column is None:  # COPY names it only in its context: 'COPY <staging>, line 1, column price: "1234.5"'
+            found = _COPY_COLUMN.search(diag.context or "")
+            column = found.group(1) if found else None
+        named = ", ".join(f"{what} {value}" for what, value in (("column", column),
+                                                                ("constraint", diag.constraint_name)) if value)
+        return refusal_text(f"{diag.message_primary or exc}" + (f" ({named})" if named else "")
+                            + f" (SQLSTATE {state})")
 
     def _rollback_earlier_attempts(self, xid: Xid) -> None:
         # On its own autocommit session: ROLLBACK PREPARED may not run inside this task's transaction.

@@ -43,11 +43,19 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import SeenIds, Sink
 from airflow_eo.core.ranges import spark_offsets
+from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, seen_id_rows, with_event_ids
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
 from airflow_eo.spark.refusals import refuse_unstorable
+from airflow_eo.spark.refused_rows import (
+    WriteRefused,
+    find_refused,
+    mark_refused,
+    raise_if_refused,
+    refused_write,
+)
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -163,12 +171,55 @@ class SparkBatchEngine:
             if self.parse.dedup_key:  # copies of events already seen are dropped before anything else sees them
                 marked, dedup = self._mark_duplicates(spark, parsed, batch, sink)
                 parsed = marked.where(~marked[DUPLICATE]).drop(ID, DUPLICATE, NEW)
-                return dedup.into(self._execute(spark, parsed, payload, batch, sink))
-            return self._execute(spark, parsed, payload, batch, sink)
+                return dedup.into(self._execute_around_refusals(spark, parsed, payload, batch, sink))
+            return self._execute_around_refusals(spark, parsed, payload, batch, sink)
         finally:
             if marked is not None:
                 marked.unpersist()
             spark.removeTag(self._job_tag)
+
+    def _execute_around_refusals(self, spark: SparkSession, parsed: DataFrame, payload: list[str],
+                                 batch: BatchContext, sink: Sink) -> ExecutionResult:
+        """:meth:`_execute`; when the table refused a row that no rule could tell before (a constraint, a trigger:
+        :mod:`airflow_eo.core.refused_rows`), the records it refuses are found by probes and become bad records, and
+        the batch is written again (what the failed write left prepared is rolled back by the probes and the new
+        write's tasks; an upsert sink's rows are written again, the same). Under ``on_bad_record="fail"`` the batch
+        fails naming the first. A transform's output row cannot be traced to a record: the batch fails."""
+        for _ in range(REFUSAL_ROUNDS):
+            try:
+                return self._execute(spark, parsed, payload, batch, sink)
+            except WriteRefused as refused:
+                table = getattr(sink, "table", None)
+                if table is None or getattr(refused.writer, "table", None) != table:
+                    raise  # the dead-letter or seen-id table: no record of the batch to blame
+                if self.transform is not None:
+                    raise BadRecordError(
+                        f"table {table} refused a row of the transform's output: {refused.error}. A transformed row "
+                        "is not one record, so it cannot become a dead letter: nothing was committed. Change the "
+                        "transform (filter what the table refuses) or the table.") from refused
+                found, more = find_refused(parsed, refused.writer,
+                                           self.parse.write_partitions or _default_parallelism(spark))
+                if not found:
+                    raise BadRecordError(
+                        f"table {table} refused a row of this batch ({refused.error}), but no record alone: rows "
+                        "refused only together (two records of one unique value?). Nothing was committed.") from refused
+                first = found[0]
+                where = f"{first.topic}[{first.partition}] offset {first.offset}"
+                if more:
+                    raise BadRecordError(
+                        f"table {table} refuses more than {MAX_REFUSED_PER_TASK} records of one write task; the "
+                        f"first: {where}: {first.error}. Nothing was committed. Fix the table or the producer."
+                    ) from refused
+                if self.parse.on_bad_record is BadRecordPolicy.FAIL:
+                    raise BadRecordError(
+                        f"table {table} refused {len(found)} record(s) of this batch; the first: {where}: "
+                        f"{first.error}. Nothing was committed. Fix the producer or the table, or set "
+                        "on_bad_record='dead_letter' to divert them to the dead-letter table.") from refused
+                log.warning("table %s refused %s record(s) (the first: %s: %s): they become dead letters and the "
+                            "batch is written again without them", table, len(found), where, first.error)
+                parsed = mark_refused(parsed, found, table)
+        raise BadRecordError(f"table {getattr(sink, 'table', '?')} still refused rows after {REFUSAL_ROUNDS} rounds "
+                             "of finding them: nothing was committed")
 
     def _execute(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                  sink: Sink) -> ExecutionResult:
@@ -457,8 +508,12 @@ class SparkBatchEngine:
                 counted.set()
 
             rows_in = good_batches()
-            xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(),
-                               agreed if hold else None)
+            try:
+                xid, rows = writer(rows_in, ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId(),
+                                   agreed if hold else None)
+            except Exception as exc:
+                raise_if_refused(writer, exc)  # marked: the driver finds the records the table refuses
+                raise
             for _ in rows_in:  # a writer that stopped early: the rest of the partition is still counted
                 pass
             if hold:
@@ -480,8 +535,15 @@ class SparkBatchEngine:
                 schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("rows", pa.int64()),
                                   ("records", pa.int64()), ("bad", pa.int64())]))
 
-        reports = keyed.mapInArrow(write_partition, "xid string, dead_xid string, rows long, records long, bad long",
-                                   barrier=hold).collect()
+        try:
+            reports = keyed.mapInArrow(write_partition,
+                                       "xid string, dead_xid string, rows long, records long, bad long",
+                                       barrier=hold).collect()
+        except Exception as exc:
+            refused = refused_write(writer, exc)
+            if refused is not None:
+                raise refused from exc
+            raise
         counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else \
             _observed_counts(plan.observation)
         xids = [x for r in reports for x in (r["xid"], r["dead_xid"]) if x]

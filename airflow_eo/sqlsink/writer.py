@@ -27,12 +27,20 @@ class SqlPartitionWriter:
     epoch: int
     #: upsert sink where the offset store is: each write transaction first checks the attempt's epoch
     fence: EpochFence | None = None
+    #: write the rows in one transaction and roll it back, whatever the sink kind: a probe for rows the table refuses
+    #: (:mod:`airflow_eo.core.refused_rows`); earlier attempts' branches of the task are still rolled back first
+    probe: bool = False
 
     def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
         """Write the partition's rows (held uncommitted while the tasks vote when ``agreed`` is given): the xid of
         its prepared branch (two-phase) and the rows written."""
         raise NotImplementedError
+
+    def refusal(self, exc: BaseException) -> str | None:
+        """The database's error when ``exc`` is the table refusing a row's values (a constraint, a trigger, a value
+        out of a column's range), else None (the connection, a lock, anything the same rows could pass on retry)."""
+        return None
 
     def xid(self, partition: int, stage_id: int, attempt_id: int) -> Xid:
         """This task attempt's branch id."""

@@ -5,12 +5,16 @@ Spark, MariaDB and PostgreSQL, every SQL sink kind, MySQL's bulk and statement p
 
 Refused here: a string longer than its ``VARCHAR(n)``, ``NULL`` for a ``NOT NULL`` column, an integer outside an
 ``INTEGER`` column (the record's field is a ``BIGINT``), a NUL character in PostgreSQL text, more bytes than MySQL's
-``TEXT`` holds. The same values are stored where the database takes them (NUL on MySQL, long text on PostgreSQL)."""
+``TEXT`` holds. The same values are stored where the database takes them (NUL on MySQL, long text on PostgreSQL).
+
+Refused only when written (no catalog rule can tell them: the write fails, probes find the records): a ``CHECK``
+constraint, a foreign key, a trigger that raises, a ``DECIMAL`` out of its precision."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -22,9 +26,20 @@ from tests.integration.operator_harness import operator, rows, run
 from tests.support.kafka import create_topic, produce_json
 from tests.support.postgres import MYSQL_STORE, pg_rows
 
-SCHEMA = "id STRING NOT NULL, name STRING, n BIGINT, note STRING"
+SCHEMA = "id STRING NOT NULL, name STRING, n BIGINT, note STRING, parent STRING, price DECIMAL(10,2)"
 DDL = ("CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, name VARCHAR(8) NOT NULL, n INTEGER NULL, "
-       "note TEXT NULL)")
+       "note TEXT NULL, parent VARCHAR(8) NULL, price DECIMAL(5,2) NULL, "
+       "CONSTRAINT {table}_n_not_666 CHECK (n IS NULL OR n <> 666), "
+       "FOREIGN KEY (parent) REFERENCES {table}_parents (code))")
+PARENTS = "CREATE TABLE {table}_parents (code VARCHAR(8) NOT NULL PRIMARY KEY)"
+TRIGGER = {
+    "mysql": ["CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} FOR EACH ROW BEGIN IF NEW.name = 'forbid' "
+              "THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the name forbid is refused'; END IF; END"],
+    "postgres": ["CREATE FUNCTION {table}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.name = "
+                 "'forbid' THEN RAISE EXCEPTION 'the name forbid is refused'; END IF; RETURN NEW; END $$",
+                 "CREATE TRIGGER {table}_refuse BEFORE INSERT OR UPDATE ON {table} FOR EACH ROW "
+                 "EXECUTE FUNCTION {table}_refuse()"],
+}
 
 SINKS = {
     "mysql-upsert": (MySqlUpsertSink, {}),
@@ -47,9 +62,31 @@ CASES: list[tuple[dict[str, Any], dict[str, str]]] = [
 ]
 
 
+#: (event, what the database's error for it names); all refused on both databases, found only by the write
+WRITE_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"id": "check", "name": "c", "n": 666, "note": None}, "n_not_666"),
+    ({"id": "orphan", "name": "o", "n": 6, "note": None, "parent": "nobody"}, "parent"),
+    ({"id": "trigger", "name": "forbid", "n": 7, "note": None}, "the name forbid is refused"),
+    ({"id": "price", "name": "p", "n": 8, "note": None, "price": 1234.5}, "price"),
+]
+
+
 def events() -> list[dict[str, Any]]:
     good = [{"id": f"good-{i:02d}", "name": f"n{i}", "n": i, "note": f"note {i}"} for i in range(20)]
     return good[:10] + [event for event, _ in CASES] + good[10:]
+
+
+def written_late() -> list[dict[str, Any]]:
+    """Refused by the table only at the write, among good records (one with a parent, one with a price)."""
+    good = [{"id": f"late-{i:02d}", "name": f"l{i}", "n": 100 + i, "note": None} for i in range(12)]
+    good[3].update(parent="p1")
+    good[4].update(price=999.99)
+    return good[:5] + [event for event, _ in WRITE_CASES] + good[5:]
+
+
+def _stored(event: dict[str, Any]) -> tuple:
+    price = event.get("price")
+    return event["name"], event["n"], event["note"], event.get("parent"), None if price is None else Decimal(str(price))
 
 
 @pytest.mark.parametrize("kind", SINKS)
@@ -60,7 +97,11 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
     table = f"refused_{uuid.uuid4().hex[:8]}"
     query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
         lambda sql: pg_rows(postgres_kwargs, sql))
+    query(PARENTS.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
+    query(f"INSERT INTO {table}_parents VALUES ('p1')")
     query(DDL.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
+    for statement in TRIGGER[database]:
+        query(statement.format(table=table))
     create_topic(bootstrap, topic_name, 1)
     produced = events()
     produce_json(bootstrap, topic_name, produced)
@@ -71,14 +112,45 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
         run(operator(topic_name, spec, pipeline_id=f"fail_{topic_name}", schema=SCHEMA))
     assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
 
+    late = written_late()  # after the failed run: its batch above ends before them
+    produce_json(bootstrap, topic_name, late)
+    produced += late
     op = operator(topic_name, spec, pipeline_id=f"dead_{topic_name}", schema=SCHEMA, on_bad_record="dead_letter")
     summary = run(op)
     refused = {e["id"]: columns[database] for e, columns in CASES if database in columns}
-    assert (summary["records_in"], summary["dead_letters"]) == (len(produced), len(refused))
-    stored = {r[0]: tuple(r[1:]) for r in query(f"SELECT id, name, n, note FROM {table}")}
-    assert stored == {e["id"]: (e["name"], e["n"], e["note"]) for e in produced if e["id"] not in refused}
+    at_write = {e["id"]: named for e, named in WRITE_CASES}
+    assert (summary["records_in"], summary["dead_letters"]) == (len(produced), len(refused) + len(at_write))
+    stored = {r[0]: tuple(r[1:]) for r in query(f"SELECT id, name, n, note, parent, price FROM {table}")}
+    assert stored == {e["id"]: _stored(e) for e in produced if e["id"] not in refused and e["id"] not in at_write}
     dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 50)  # type: ignore[attr-defined]
-    assert {json.loads(bytes(d["raw_value"]))["id"]: d["error"] for d in dead}.keys() == refused.keys()
-    for d in dead:
-        column = refused[json.loads(bytes(d["raw_value"]))["id"]]
-        assert f"column {column!r} of table {table}" in d["error"], d["error"]
+    errors = {json.loads(bytes(d["raw_value"]))["id"]: d["error"] for d in dead}
+    assert errors.keys() == refused.keys() | at_write.keys()
+    for key, column in refused.items():
+        assert f"column {column!r} of table {table}" in errors[key], errors[key]
+    for key, named in at_write.items():
+        assert errors[key].startswith(f"table {table} refused it: ") and named in errors[key], errors[key]
+
+
+@pytest.mark.parametrize("kind", ["mysql-xa", "postgres-upsert"])  # a one-pass write, and the upsert's vote
+def test_a_row_refused_at_the_write_fails_the_batch_naming_its_record_under_fail(kind, bootstrap, mysql_kwargs,
+                                                                                  postgres_kwargs, topic_name):
+    database = kind.split("-")[0]
+    spec_class, options = SINKS[kind]
+    table = f"refused_{uuid.uuid4().hex[:8]}"
+    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
+        lambda sql: pg_rows(postgres_kwargs, sql))
+    query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, n INTEGER NULL, "
+          f"CONSTRAINT {table}_small CHECK (n < 100))")
+    create_topic(bootstrap, topic_name, 1)
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "n": 100 if i == 3 else i} for i in range(6)])
+    spec = spec_class(table=table, key_columns=["id"], **options)
+
+    with pytest.raises(BadRecordError, match=rf"table {table} refused 1 record\(s\) of this batch; the first: "
+                                             rf"{topic_name}\[0\] offset 3: .*{table}_small"):
+        run(operator(topic_name, spec, pipeline_id=f"fail_{topic_name}", schema="id STRING, n BIGINT"))
+    assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+    if database == "mysql":  # a transform's row is no one record: the batch fails saying so
+        with pytest.raises(BadRecordError, match=rf"table {table} refused a row of the transform's output"):
+            run(operator(topic_name, spec, pipeline_id=f"transformed_{topic_name}", schema="id STRING, n BIGINT",
+                         on_bad_record="dead_letter", transform="SELECT id, n * 50 AS n FROM kafka_batch"))
+        assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0

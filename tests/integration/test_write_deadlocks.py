@@ -92,3 +92,31 @@ def _call(writer: PartitionWriter, rows: pa.RecordBatch) -> Any:
         return writer([rows], 0, 0, 0)
     except Exception as exc:  # shown by the test's unpacking
         return exc, None
+
+
+def test_an_xa_task_attempt_rolls_back_its_earlier_attempts_prepared_branch_and_a_probe_leaves_nothing(
+        mysql, mysql_kwargs):
+    """A task's new attempt (a Spark retry, or the probes after a refused write) first rolls back the branch its
+    earlier attempt prepared, which holds the rows' locks: on the writer's own connection (autocommit off) MariaDB
+    refused that XA ROLLBACK with XAER_OUTSIDE, so the attempt failed. A probe then writes and keeps nothing."""
+    table = f"dl_{uuid.uuid4().hex[:8]}"
+    with mysql.cursor() as cur:
+        cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)")
+    writer = PartitionWriter(connect_kwargs=mysql_kwargs, table=table, columns=("id", "v"), key_columns=("id",),
+                             updates={}, row_alias=False, rows_per_statement=100, xa=True, bulk_load=True,
+                             pipeline_key=pipeline_key(f"dl-{uuid.uuid4().hex[:6]}"), batch_id=1, epoch=1)
+    rows = pa.RecordBatch.from_pylist([{"id": i, "v": 7} for i in range(3)],
+                                      schema=pa.schema([("id", pa.int64()), ("v", pa.int64())]))
+    earlier, _ = writer([rows], 0, 1, 1)
+    assert earlier is not None
+    probe = dataclasses.replace(writer, probe=True)
+    assert probe([rows], 0, 2, 2) == (None, 3)  # waited for no lock: the earlier branch is gone
+    xa = XaFacade(mysql)
+    assert Xid.decode(earlier) not in xa.recover()
+    assert [x for x in xa.recover() if x.pipeline_key == writer.pipeline_key] == []
+    later, written = writer([rows], 0, 3, 3)
+    assert written == 3 and later is not None and xa.commit(Xid.decode(later))
+    with mysql.cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM `{table}`")
+        assert cur.fetchone()[0] == 3
+        cur.execute(f"DROP TABLE `{table}`")

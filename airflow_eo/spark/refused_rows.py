@@ -1,0 +1,125 @@
+"""The Spark side of rows a table refuses only when written (:mod:`airflow_eo.core.refused_rows`): a write task's
+refusal marked so the driver can tell it, the job that finds the refused records by probing, and the parsed records
+with those marked bad."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.refused_rows import REFUSED_MARK, TooManyRefused, isolate_refused
+from airflow_eo.spark.parsing import named_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+_POSITION = ("_eo_ref_topic", "_eo_ref_partition", "_eo_ref_offset")
+_MARKED = re.compile(re.escape(REFUSED_MARK) + r" ([^\n]*)")
+
+
+class WriteRefused(Exception):
+    """A partition writer's task failed on a row its table refuses (the job's error held :data:`REFUSED_MARK`)."""
+
+    def __init__(self, writer: Any, error: str) -> None:
+        super().__init__(f"the table refused a row: {error}")
+        self.writer = writer
+        self.error = error
+
+
+@dataclass(frozen=True, order=True)
+class RefusedRecord:
+    """A record whose output row the table refused alone, with the database's error."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: str
+
+
+def raise_if_refused(writer: Any, exc: BaseException) -> None:
+    """In a write task: re-raise ``exc`` marked when ``writer`` says it is its table refusing a row's values."""
+    refusal = getattr(writer, "refusal", None)
+    text = refusal(exc) if callable(refusal) else None
+    if text is not None:
+        raise RuntimeError(f"{REFUSED_MARK} {text}") from exc
+
+
+def refused_write(writer: Any, exc: BaseException) -> WriteRefused | None:
+    """On the driver: the failed write job's error as :class:`WriteRefused` when a task marked it (and ``writer``
+    can probe), else None."""
+    found = _MARKED.search(str(exc))
+    if found is None or not hasattr(writer, "probe"):
+        return None
+    return WriteRefused(writer, found.group(1).strip())
+
+
+def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[RefusedRecord], bool]:
+    """The good records whose rows ``writer``'s table refuses alone, in one Spark job: every task gets the rows the
+    write's task of its number got (the same spread by key) and isolates its refused rows with probes, in
+    transactions its writer rolls back (which also roll back the failed write's prepared branches of the task).
+    Returns the records found, by position, and whether some task found more than it may isolate."""
+    from pyspark.sql import functions as F
+
+    columns = list(writer.columns)
+    source = parsed.where(F.col("_eo_error").isNull()).select(
+        *named_columns(columns), *(F.col(c).alias(a) for c, a in zip(
+            ("kafka_topic", "kafka_partition", "kafka_offset"), _POSITION, strict=True)))
+    keyed = source.repartition(partitions, *named_columns(writer.key_columns))
+    names = keyed.columns
+    keyed = keyed.toDF(*(f"_eo_c{i}" for i in range(len(names))))  # mapInArrow parses its input's names
+    probing = dataclasses.replace(writer, probe=True)
+
+    def isolate(renamed: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        batches = [batch.rename_columns(names) for batch in renamed if batch.num_rows]
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        rows = table.select(columns)
+        ctx = TaskContext.get()
+        assert ctx is not None, "mapInArrow runs this inside a Spark task"
+
+        def probe(lo: int, hi: int) -> str | None:
+            try:
+                probing(rows.slice(lo, hi - lo).to_batches(), ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+            except Exception as exc:
+                text = probing.refusal(exc)
+                if text is None:
+                    raise
+                return str(text)
+            return None
+
+        try:
+            found, more = isolate_refused(table.num_rows, probe), False
+        except TooManyRefused as exc:
+            found, more = exc.found, True
+        at = table.select(list(_POSITION)).take(pa.array([row.index for row in found], pa.int64()))
+        yield pa.RecordBatch.from_pydict(
+            {"topic": at.column(0).combine_chunks(), "partition": at.column(1).combine_chunks(),
+             "offset": at.column(2).combine_chunks(), "error": [row.error for row in found],
+             "more": [more] * len(found)},
+            schema=pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                              ("error", pa.string()), ("more", pa.bool_())]))
+
+    rows = keyed.mapInArrow(isolate, "topic string, partition int, offset long, error string, more boolean").collect()
+    found = sorted(RefusedRecord(r["topic"], r["partition"], r["offset"], r["error"]) for r in rows)
+    return found, any(r["more"] for r in rows)
+
+
+def mark_refused(parsed: DataFrame, refused: list[RefusedRecord], table: str) -> DataFrame:
+    """``parsed`` with each refused record a bad record (``_eo_error`` names the table and the database's error)."""
+    from pyspark.sql import functions as F
+
+    spark = parsed.sparkSession
+    found = spark.createDataFrame(
+        [(r.topic, r.partition, r.offset, f"table {table} refused it: {r.error}") for r in refused],
+        f"{_POSITION[0]} string, {_POSITION[1]} int, {_POSITION[2]} long, _eo_ref_error string")
+    on = ((F.col("kafka_topic") == F.col(_POSITION[0])) & (F.col("kafka_partition") == F.col(_POSITION[1]))
+          & (F.col("kafka_offset") == F.col(_POSITION[2])))
+    return parsed.join(F.broadcast(found), on, "left").withColumn(
+        "_eo_error", F.coalesce(F.col("_eo_error"), F.col("_eo_ref_error"))).drop(*found.columns)
