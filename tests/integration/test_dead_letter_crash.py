@@ -6,10 +6,15 @@ finished that write (``after_task_dead_letters``), then the same run is retried:
 before the commit point and the upsert sink's early dead letters are rewritten in place; at the end the sink holds
 every good record once, the dead-letter table every bad record once, of the committed batch, and no prepared branch
 is left. The PostgreSQL two-phase sink has its offset store on MySQL.
+
+The table also refuses some good records, by a ``CHECK`` constraint no rule sees before the write: the first write
+fails on them, probes find them, and the kill falls in the batch's second write (the one without them), so the
+retry goes through the refusals again from the start. They end as dead letters too, and nowhere else.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +58,10 @@ def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, boot
     def sink_rows(sql: str, args: tuple = ()) -> list[tuple]:
         return pg_rows(postgres_kwargs, sql, args) if pg else rows(mysql_kwargs, sql, args)
 
+    refused = good[::130]  # 4 of 400, spread over the tasks
+    sink_rows(f"ALTER TABLE {table} ADD CONSTRAINT {table}_refused CHECK (event_id NOT IN "
+              f"({', '.join(repr(e['event_id']) for e in refused)}))")
+
     def prepared(pipeline: str) -> list[str]:
         return prepared_gids(postgres_kwargs, pipeline) if pg else our_prepared_branches(mysql_kwargs, pipeline)
 
@@ -76,10 +85,14 @@ def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, boot
 
     sink = SINKS[kind](table=table, key_columns=["event_id"])
     retried = run(operator(topic_name, sink, on_bad_record="dead_letter", write_partitions=2), "run-1")
-    assert retried["resumed"] and (retried["rows_out"], retried["dead_letters"]) == (400, len(BAD_VALUES))
-    assert sorted(r[0] for r in sink_rows(f"SELECT event_id FROM {table}")) == sorted(e["event_id"] for e in good)
-    dead = sink_rows("SELECT raw_value, batch_id FROM eo_dead_letter WHERE pipeline_id = %s", (pipeline,))
-    assert sorted(bytes(d[0]) for d in dead) == sorted(BAD_VALUES)
+    assert retried["resumed"] and (retried["rows_out"], retried["dead_letters"]) == (
+        400 - len(refused), len(BAD_VALUES) + len(refused))
+    assert sorted(r[0] for r in sink_rows(f"SELECT event_id FROM {table}")) == sorted(
+        e["event_id"] for e in good if e not in refused)
+    dead = sink_rows("SELECT raw_value, batch_id, error FROM eo_dead_letter WHERE pipeline_id = %s", (pipeline,))
+    assert sorted(bytes(d[0]) for d in dead if not d[2].startswith(f"table {table} refused it")) == sorted(BAD_VALUES)
+    assert sorted(json.loads(bytes(d[0]))["event_id"] for d in dead if d[2].startswith(f"table {table} refused it")
+                  ) == sorted(e["event_id"] for e in refused)
     assert {d[1] for d in dead} == {retried["batch_id"]}
     assert prepared(pipeline) == []
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (pipeline,)) == [("committed",)]
