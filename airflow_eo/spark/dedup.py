@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.spark.parsing import KEY_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 #: The columns this module adds to the parsed records.
 ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
@@ -22,15 +23,28 @@ ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
 def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
     """``parsed`` with ``_eo_id``: the first 128 bits of the SHA-256 of the key columns' JSON (16 bytes), for good
-    records (NULL for bad ones, which are no event)."""
+    records (NULL for bad ones, which are no event). A column is a parsed column (``key``: the record's whole key)
+    or ``key.<field>``, one field of a struct key."""
     from pyspark.sql import functions as F
 
-    missing = [c for c in key if c not in parsed.columns]
+    fields = {f.name: f.dataType for f in parsed.schema.fields}
+    key_fields = getattr(fields.get(KEY_COLUMN), "names", None) or []  # a struct key (key_format json, avro ..)
+
+    def column(name: str) -> Column | None:
+        if name in fields:
+            return F.col(f"`{name}`")
+        head, dot, field = name.partition(".")
+        if dot and head == KEY_COLUMN and field in key_fields:  # one field of the record's key
+            return F.col(KEY_COLUMN).getField(field)
+        return None
+
+    columns = {c: column(c) for c in key}
+    missing = [c for c, found in columns.items() if found is None]
     if missing:
-        shown = [c for c in parsed.columns if not c.startswith("_eo_")]
+        shown = [c for c in parsed.columns if not c.startswith("_eo_")] + [f"{KEY_COLUMN}.{f}" for f in key_fields]
         raise ConfigurationError(f"dedup_key names column(s) {', '.join(missing)} that the parsed records lack; "
                                  f"their columns are {', '.join(shown)}")
-    identity = F.to_json(F.struct(*[F.col(f"`{c}`").alias(c) for c in key]))
+    identity = F.to_json(F.struct(*[found.alias(c) for c, found in columns.items() if found is not None]))
     return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull(),
                                         F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
 

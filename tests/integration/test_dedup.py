@@ -19,10 +19,10 @@ from airflow_eo.sinks import MySqlUpsertSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views, resend_page_views
 from examples.topics import read_topic
 from tests.integration.operator_harness import operator, run
-from tests.integration.test_sink_crash_chains import _query
 from tests.support.kafka import create_topic
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL
 from tests.support.seen_ids import seen_rows
+from tests.support.sql import database_query
 
 NOW = datetime.now(timezone.utc)
 
@@ -40,7 +40,7 @@ def test_copies_count_once_and_bad_records_are_no_events(kind, bootstrap, airflo
     spec = (PostgresTwoPhaseSink(table=table, key_columns=["app_id"], updates={"pv": "add"}) if counts
             else MySqlUpsertSink(table=table, key_columns=["event_id"]))
     adapter = build_sink(spec, pipeline, "eo_offset_store")
-    query = _query(adapter.database, adapter.connect_kwargs)  # type: ignore[attr-defined]
+    query = database_query(adapter.database, adapter.connect_kwargs)  # type: ignore[attr-defined]
     query((COUNTS_DDL if counts else EVENTS_DDL).format(name=table))
     options: dict[str, Any] = {"dedup_key": ["event_id"], "on_bad_record": "dead_letter"}
     if counts:
@@ -75,7 +75,7 @@ def upsert_pipeline(bootstrap: str, name: str) -> tuple[str, str, MySqlUpsertSin
     pipeline, table = f"{name}_{topic}", f"dd_{uuid.uuid4().hex[:8]}"
     spec = MySqlUpsertSink(table=table, key_columns=["event_id"])
     adapter = build_sink(spec, pipeline, "eo_offset_store")
-    _query(adapter.database, adapter.connect_kwargs)(EVENTS_DDL.format(name=table))  # type: ignore[attr-defined]
+    database_query(adapter.database, adapter.connect_kwargs)(EVENTS_DDL.format(name=table))  # type: ignore[attr-defined]
     return topic, pipeline, spec, adapter
 
 
@@ -100,7 +100,7 @@ def test_an_id_past_retention_counts_again_and_old_ids_are_purged(bootstrap, air
 
 def test_a_rewind_replays_the_same_decisions(bootstrap, airflow_db):
     topic, pipeline, spec, adapter = upsert_pipeline(bootstrap, "dedup_rw")
-    query = _query(adapter.database, adapter.connect_kwargs)
+    query = database_query(adapter.database, adapter.connect_kwargs)
     events = produce_page_views(bootstrap, 200, topic=topic)
     copies = len(resend_page_views(bootstrap, events, 40, topic=topic, seed=5))
     first = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
@@ -112,3 +112,28 @@ def test_a_rewind_replays_the_same_decisions(bootstrap, airflow_db):
     produce_page_views(bootstrap, 1, topic=topic)  # one id: one of the two tasks gets an empty partition
     one = run(operator(topic, spec, pipeline, dedup_key=["event_id"]))
     assert (one["records_in"], one["duplicates"], one["rows_out"]) == (1, 0, 1)
+
+
+def test_copies_are_known_by_a_field_of_the_records_key(bootstrap, airflow_db):
+    """``dedup_key=["key.id"]``: a producer's retry re-sends the event under the same key with a value that differs
+    (its attempt number), so only the key says they are one event."""
+    from confluent_kafka import Producer
+
+    topic = create_topic(bootstrap, f"dedup_key_{uuid.uuid4().hex[:8]}", 2)
+    pipeline, table = f"dedup_key_{topic}", f"dk_{uuid.uuid4().hex[:8]}"
+    spec = MySqlUpsertSink(table=table, key_columns=["event"])
+    adapter = build_sink(spec, pipeline, "eo_offset_store")
+    database_query(adapter.database, adapter.connect_kwargs)(  # type: ignore[attr-defined]
+        f"CREATE TABLE `{table}` (event BIGINT PRIMARY KEY, attempt INT NOT NULL)")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for attempt, events in ((1, range(40)), (2, range(0, 40, 4))):  # then 10 retries of earlier events
+        for event in events:
+            producer.produce(topic, json.dumps({"event": event, "attempt": attempt}).encode(),
+                             json.dumps({"id": event}).encode())
+    assert producer.flush(30) == 0
+    done = run(operator(topic, spec, pipeline, schema="event BIGINT, attempt INT", key_format="json",
+                        key_schema="id BIGINT", dedup_key=["key.id"]))
+    assert (done["records_in"], done["duplicates"], done["rows_out"]) == (50, 10, 40)
+    stored = database_query(adapter.database, adapter.connect_kwargs)(  # type: ignore[attr-defined]
+        f"SELECT event, attempt FROM `{table}`")
+    assert sorted((r["event"], r["attempt"]) for r in stored) == [(e, 1) for e in range(40)]

@@ -26,8 +26,8 @@ from tests.integration.page_views import (
     produce_hours,
     run_child,
 )
-from tests.integration.test_operations_cli import eo_json
 from tests.support.children import why
+from tests.support.cli import eo_json
 from tests.support.kafka import create_topic
 
 

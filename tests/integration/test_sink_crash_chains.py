@@ -36,6 +36,7 @@ from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, MYSQL_STORE, PG_STORE, store_batches
 from tests.support.seen_ids import seen_rows
+from tests.support.sql import database_query
 
 # after_plan comes before any sink code runs: the two-phase chains cover it.
 TWO_PHASE_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",
@@ -73,7 +74,7 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
     store = MYSQL_STORE if two_phase else STORES[capabilities.connection_type]
     adapter = build_sink(spec_class(**sink_options), pipeline, store)
     database, connect_kwargs = adapter.database, adapter.connect_kwargs  # type: ignore[attr-defined]
-    query = _query(database, connect_kwargs)
+    query = database_query(database, connect_kwargs)
     query((COUNTS_DDL if two_phase else EVENTS_DDL).format(name=table))
 
     def prepared() -> list[str]:
@@ -158,18 +159,3 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
             "the seen-id table must hold each event once"
     else:
         assert dropped == 0
-
-
-def _query(database: Any, connect_kwargs: dict[str, Any]) -> Any:
-    def query(statement: str) -> list[dict[str, Any]]:
-        if statement.lstrip().upper().startswith("SELECT"):
-            return database.read_dicts(connect_kwargs, statement, ())  # type: ignore[no-any-return]
-        conn = database.connect(connect_kwargs, autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(statement)
-        finally:
-            conn.close()
-        return []
-
-    return query
