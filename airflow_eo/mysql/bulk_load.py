@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pymysql
 
+from airflow_eo.core.task_files import task_folder
 from airflow_eo.mysql.connection import loading_local_file
 from airflow_eo.mysql.sql import load_replacing_statement, load_staging_statement, staging_table_ddl
 
@@ -104,7 +105,7 @@ def csv_files(batches: Iterable[pa.RecordBatch], columns: Sequence[str],
     Arrow data: yields (path, rows); a file is removed when the next one is asked for (or the generator closes).
     ``sort_by``: each file's rows in the order of these columns, stably (the rows of one key stay in load order), so
     that an index is written in key order, not at random; such a file's rows are held in memory until written."""
-    fd, path = tempfile.mkstemp(prefix="airflow_eo_stage_", suffix=".csv")
+    fd, path = tempfile.mkstemp(prefix="airflow_eo_stage_", suffix=".csv", dir=task_folder())
     os.close(fd)
     writer: pa_csv.CSVWriter | None = None
     held: list[pa.RecordBatch] = []

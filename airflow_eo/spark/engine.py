@@ -44,6 +44,7 @@ from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import SeenIds, Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
+from airflow_eo.core.task_files import task_folder
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, seen_id_rows, with_event_ids
 from airflow_eo.spark.kafka_security import spark_kafka_options
@@ -657,15 +658,6 @@ class _DeadLetterPartitions:
                                  stage_id, attempt_id, agreed)
 
 
-def spill_folder() -> str | None:
-    """Where a task keeps files of its own: the executor's block manager folder (``SPARK_LOCAL_DIRS``, which Spark
-    gives its Python workers and removes when the executor stops), else the system's temporary folder. Under
-    ``/tmp`` itself, a task killed with its executor left its spill behind for good (seen: 192 of them after a
-    day of crash tests)."""
-    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
-    return local if local and os.path.isdir(local) else None
-
-
 class _Spill:
     """A task's bad records, kept in an Arrow stream file on the executor's local disk while its good rows are
     written (memory stays flat whatever their number); removed on exit."""
@@ -678,7 +670,7 @@ class _Spill:
         import pyarrow as pa
 
         if self._writer is None:
-            fd, self._path = tempfile.mkstemp(prefix="airflow_eo_dead_", suffix=".arrows", dir=spill_folder())
+            fd, self._path = tempfile.mkstemp(prefix="airflow_eo_dead_", suffix=".arrows", dir=task_folder())
             os.close(fd)
             self._writer = pa.ipc.new_stream(self._path, batch.schema)
         self._writer.write_batch(batch)
