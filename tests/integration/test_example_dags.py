@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -21,6 +22,7 @@ from tests.integration.page_views import (
     run_dag,
 )
 from tests.support.children import why
+from tests.support.kafka import create_topic
 from tests.support.lineage import assert_batch_lineage, completes, file_transport
 
 
@@ -136,3 +138,20 @@ def test_the_lakehouse_examples_append_each_event_once(dag_id, table, bootstrap,
     symlinks = output["facets"].get("symlinks", {}).get("identifiers")
     assert symlinks == (None if dag_id == "page_views_delta" else
                         [{"namespace": f"file:{lake}/iceberg", "name": "events.page_view_events", "type": "TABLE"}])
+
+
+def test_the_lag_alert_fires_on_a_pipeline_whose_oldest_record_waits_too_long(bootstrap, airflow_db, topic_name):
+    """``dags/page_views_lag_alert.py`` pointed (by the run's conf) at a pipeline that never ran on a topic whose
+    records are 2 hours old: the deferrable sensor's first look finds the oldest unprocessed record past 30 minutes
+    (5 records, far under 100,000), succeeds, and its ``PipelineLagNotifier`` says how far behind it is."""
+    create_topic(bootstrap, topic_name, 1)
+    start = datetime.now(timezone.utc) - timedelta(hours=2)
+    produce_page_views(bootstrap, 0, topic_name, timestamps=[start + timedelta(seconds=s) for s in range(5)])
+    pipeline = f"p_{topic_name}"
+    done = run_dag("page_views_lag_alert", conf={"pipeline_id": pipeline, "topic": topic_name})
+    assert done.returncode == 0, why(done)
+    said = re.search(rf"airflow_eo: pipeline {pipeline} is behind: 5 records wait, the oldest (\d+) s old \(alert at "
+                     rf"100000 records or a record 1800 s old\); most behind: {topic_name}\[0\]=5",
+                     done.stdout + done.stderr)
+    assert said is not None, why(done)
+    assert 7200 <= int(said.group(1)) < 7200 + 300
