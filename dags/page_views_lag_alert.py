@@ -5,8 +5,8 @@ error level how far behind the pipeline is and counts ``airflow_eo.lag_alert``; 
 (``SlackNotifier``, ``SmtpNotifier``, ...) to the list. While the pipeline keeps up, the sensor times out before
 the next run and is skipped (``soft_fail``): nothing fires.
 
-A run's conf may point it at another pipeline and topic (``pipeline_id``, ``topic``). The deadline on the pipeline's
-own DAG is in ``dags/page_views_xa.py``.
+A run's conf may point it at another pipeline and topic (``pipeline_id``, ``topic``). A deadline on a pipeline's own
+DAG, the other alert, is in ``dags/page_view_events_hourly.py``.
 """
 
 from __future__ import annotations

@@ -3,23 +3,17 @@
 Each run reads the records that arrived since the last committed batch, counts them per
 app, and adds the counts (``pv = pv + new.pv``) inside XA branches that commit only
 after the offset store's commit point.
-
-A deadline alert: a run not done 15 minutes after it was queued makes the triggerer run
-``pipeline_deadline_missed``, which logs where the pipeline stands (last committed batch, lag,
-unfinished batch, in-doubt branches). The lag alert on this pipeline is ``dags/page_views_lag_alert.py``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-# AsyncCallback, DeadlineAlert and DeadlineReference are missing from 3.3.2's airflow/sdk/__init__.pyi, not the module.
-from airflow.sdk import DAG, AsyncCallback, DeadlineAlert, DeadlineReference, Param, task  # type: ignore[attr-defined]
+from airflow.sdk import DAG, Param, task
 
 from airflow_eo.examples import page_views
 from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.operators import KafkaMicroBatchOperator
-from airflow_eo.operators.alerts import pipeline_deadline_missed
 from airflow_eo.sinks import MySqlXaSink
 
 with DAG(
@@ -32,9 +26,6 @@ with DAG(
     doc_md=__doc__,
     # Where Spark runs: "" = local[*] in the task; a run's conf may name a spark / spark_connect connection.
     params={"spark_conn_id": Param("", type="string", description="spark or spark_connect connection id")},
-    # A run every 5 minutes that is still not done 15 minutes after it was queued: the triggerer runs the callback.
-    deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=timedelta(minutes=15),
-                           callback=AsyncCallback(pipeline_deadline_missed, kwargs={"pipeline_id": "page_views_xa"})),
 ):
 
     @task

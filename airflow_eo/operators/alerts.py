@@ -1,6 +1,6 @@
 """Callbacks for Airflow's own alerts on a pipeline's DAG: what on-call needs to read when one fires.
 
-``dags/page_views_xa.py`` (the deadline) and ``dags/page_views_lag_alert.py`` (the lag alert) use them.
+``dags/page_view_events_hourly.py`` (the deadline) and ``dags/page_views_lag_alert.py`` (the lag alert) use them.
 
 ``pipeline_deadline_missed`` is an ``AsyncCallback`` for a ``DeadlineAlert`` (Airflow 3.1+): the triggerer runs
 it when a run of the pipeline's DAG is not done in time, and it says where the pipeline stands (the last

@@ -28,12 +28,12 @@ def test_every_example_dag_parses(bag):
 
 
 def test_the_pipeline_dag_has_a_deadline_with_our_callback(bag):
-    deadline = bag.dags["page_views_xa"].deadline
+    deadline = bag.dags["page_view_events_hourly"].deadline
     [alert] = deadline if isinstance(deadline, list) else [deadline]
-    assert alert.interval == timedelta(minutes=15)
+    assert alert.interval == timedelta(minutes=30)
     assert type(alert.reference).__name__ == "DagRunQueuedAtDeadline"
     assert alert.callback.path == f"{pipeline_deadline_missed.__module__}.{pipeline_deadline_missed.__name__}"
-    assert alert.callback.kwargs == {"pipeline_id": "page_views_xa"}
+    assert alert.callback.kwargs == {"pipeline_id": "page_view_events_hourly.page_views"}
 
 
 def test_the_lag_alert_is_a_deferrable_sensor_that_notifies_when_it_fires(bag):
