@@ -19,6 +19,7 @@ from airflow_eo.examples.page_views import (  # noqa: F401 (re-exported: one mod
     AVRO_SCHEMA,
     AVRO_WRITER_SCHEMAS,
     PARTITIONS,
+    POSTGRES_TABLES_DDL,
     SCHEMA,
     TABLES_DDL,
     TOPIC,

@@ -123,11 +123,15 @@ def our_prepared_branches(mysql_kwargs: dict[str, Any], pipeline: str) -> list[s
         conn.close()
 
 
-def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page_views_pg") -> None:
-    """The ``page_views_pg`` pipeline back to its first run, all on PostgreSQL: its prepared transactions rolled
-    back, its rows in the offset store forgotten, ``app_pv`` emptied."""
+def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page_views_pg",
+                        table: str = "app_pv") -> None:
+    """The ``page_views_pg`` pipeline (or ``page_view_events_pg``, ``table="page_view_events"``) back to its first
+    run, all on PostgreSQL: its prepared transactions rolled back, its rows in the offset store forgotten, its table
+    emptied."""
     import psycopg
 
+    if table not in page_views.POSTGRES_TABLES_DDL:  # a name of ours goes into the TRUNCATE, nothing else
+        raise ValueError(f"not an example table: {table!r}")
     from airflow_eo.postgres.prepared import prepared_session
     from airflow_eo.postgres.store import PostgresOffsetStore
 
@@ -137,9 +141,9 @@ def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page
         for xid in prepared.recover(pipeline_id):
             prepared.rollback(xid)
     with psycopg.connect(**connect_kwargs) as conn:  # one transaction
-        for table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
-            conn.execute(f"DELETE FROM {table} WHERE pipeline_id = %s", (pipeline_id,))
-        conn.execute("TRUNCATE TABLE app_pv")
+        for store_table in ("eo_offset", "eo_batch", "eo_interval", "eo_audit", "eo_pipeline"):
+            conn.execute(f"DELETE FROM {store_table} WHERE pipeline_id = %s", (pipeline_id,))
+        conn.execute(f"TRUNCATE TABLE {table}")
 
 
 def pg_app_pv(connect_kwargs: dict[str, Any]) -> dict[str, int]:

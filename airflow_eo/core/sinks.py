@@ -22,6 +22,7 @@ from airflow_eo.core.config import SinkRecord, TombstonePolicy, UpdateMode
 from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.xid import Xid
 
@@ -129,6 +130,12 @@ class SinkSpec(ABC):
     @abstractmethod
     def asset(self, connections: Connections) -> SinkAsset:
         """The sink's Asset (each committed batch adds an event for it)."""
+
+    def lineage(self, connections: Connections) -> LineageDataset:
+        """The sink's output in OpenLineage's dataset naming: by default its Asset's namespace and name, which
+        follow the spec for databases and topics; tables of files override it (``core/lineage_names.py``)."""
+        asset = self.asset(connections)
+        return LineageDataset(asset.namespace, asset.name)
 
     def spark_conf(self) -> dict[str, str]:
         """Spark conf the sink needs in the session that runs its batches (a table format's SQL extension and

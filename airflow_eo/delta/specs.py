@@ -10,6 +10,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
+from airflow_eo.core.lineage_names import LineageDataset, location_dataset
 from airflow_eo.core.sinks import LakehouseTableSpec, SinkAsset
 
 if TYPE_CHECKING:
@@ -71,6 +72,11 @@ class DeltaTableSink(LakehouseTableSpec):
         if sep:
             return TableLocation(f"{scheme}://", rest)
         return TableLocation("file://", self.path)
+
+    def lineage(self, connections: Connections) -> LineageDataset:
+        """The table's location in OpenLineage's naming (``file`` + the absolute path, ``s3://bucket`` + the key),
+        as OpenLineage's Spark integration names a Delta table at a path."""
+        return LineageDataset(*location_dataset(self.path), storage_layer="delta")
 
     def spark_conf(self) -> dict[str, str]:
         return dict(DELTA_SPARK_CONF)

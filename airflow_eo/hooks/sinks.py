@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_eo.core.connections import ConnectionInfo
+from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.sinks import SinkAsset, SinkSpec, sink_kind
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -33,6 +34,11 @@ def build_sink(spec: SinkSpec, pipeline_id: str, offset_store_conn_id: str | Non
     :param offset_store_conn_id: the pipeline's offset store, for sinks whose writes are fenced by its epochs.
     """
     return sink_kind(spec.kind).build(spec, pipeline_id, AirflowConnectionResolver(), offset_store_conn_id)
+
+
+def sink_lineage(spec: SinkSpec) -> LineageDataset:
+    """The output of ``spec`` in OpenLineage's dataset naming."""
+    return spec.lineage(AirflowConnectionResolver())
 
 
 def sink_asset(spec: SinkSpec) -> SinkAsset:

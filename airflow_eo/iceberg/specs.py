@@ -10,6 +10,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
+from airflow_eo.core.lineage_names import LineageDataset, LineageSymlink, location_dataset, location_namespace
 from airflow_eo.core.sinks import LakehouseTableSpec, SinkAsset
 
 if TYPE_CHECKING:
@@ -85,6 +86,15 @@ class IcebergTableSink(LakehouseTableSpec):
         """``iceberg://<catalog>/<namespace>/<table>``: the table as the DAG names it."""
         catalog, _, rest = self.table.partition(".")
         return SinkAsset(f"iceberg://{catalog}", rest)
+
+    def lineage(self, connections: Connections) -> LineageDataset:
+        """The table's location in OpenLineage's naming (``file`` + ``<warehouse>/<namespace>/<table>``), and its
+        name in the Hadoop catalog as a ``TABLE`` symlink (namespace the warehouse, name ``namespace.table``), as
+        OpenLineage's Spark integration names an Iceberg table of a Hadoop catalog. The Asset keeps the catalog's
+        name (``iceberg://<catalog>/...``), which is how a DAG names the table."""
+        logical = self.table.partition(".")[2]
+        return LineageDataset(*location_dataset(self.location), storage_layer="iceberg",
+                              symlinks=(LineageSymlink(location_namespace(self.warehouse), logical),))
 
     def spark_conf(self) -> dict[str, str]:
         prefix = f"spark.sql.catalog.{self.catalog}"

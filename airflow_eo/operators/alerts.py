@@ -1,5 +1,7 @@
 """Callbacks for Airflow's own alerts on a pipeline's DAG: what on-call needs to read when one fires.
 
+``dags/page_view_events_hourly.py`` (the deadline) and ``dags/page_views_lag_alert.py`` (the lag alert) use them.
+
 ``pipeline_deadline_missed`` is an ``AsyncCallback`` for a ``DeadlineAlert`` (Airflow 3.1+): the triggerer runs
 it when a run of the pipeline's DAG is not done in time, and it says where the pipeline stands (the last
 committed batch, the lag, an unfinished batch, in-doubt branches) instead of only "late"::
@@ -10,7 +12,13 @@ committed batch, the lag, an unfinished batch, in-doubt branches) instead of onl
         reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=timedelta(minutes=15),
         callback=AsyncCallback(pipeline_deadline_missed, kwargs={"pipeline_id": "page_views_xa"})))
 
-Read-only: it never changes the store or the sink.
+``PipelineLagNotifier`` is a notifier for a ``KafkaBacklogSensor``'s ``on_success_callback``: the sensor succeeds
+when the lag (or the oldest unprocessed record's age) crossed its threshold, and the notifier says by how much::
+
+    KafkaBacklogSensor(..., min_records=100_000, min_age=timedelta(minutes=30), deferrable=True, soft_fail=True,
+                       on_success_callback=[PipelineLagNotifier(), SlackNotifier(...)])
+
+Read-only: they never change the store or the sink.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+
+from airflow.sdk import BaseNotifier
 
 from airflow_eo.operators.metrics import PREFIX, airflow_stats
 
@@ -72,3 +82,29 @@ async def pipeline_deadline_missed(pipeline_id: str, context: dict[str, Any] | N
     if stats is not None:
         stats.incr(f"{PREFIX}.deadline_missed", tags={"pipeline_id": pipeline_id})
     return line
+
+
+def how_far_behind(pipeline_id: str, report: dict[str, Any], threshold: str) -> str:
+    """One line from a ``KafkaBacklogSensor``'s XCom (``{"lag": {"topic[p]": n}, "total": n,
+    "oldest_age_seconds": s}``) and its threshold's description."""
+    age = report.get("oldest_age_seconds")
+    worst = sorted(report.get("lag", {}).items(), key=lambda kv: -kv[1])[:5]
+    return (f"airflow_eo: pipeline {pipeline_id} is behind: {report.get('total')} records wait"
+            + ("" if age is None else f", the oldest {age:.0f} s old")
+            + f" (alert at {threshold}); most behind: " + ", ".join(f"{k}={v}" for k, v in worst))
+
+
+class PipelineLagNotifier(BaseNotifier):
+    """Log (at error level) and count ``airflow_eo.lag_alert`` when a ``KafkaBacklogSensor`` fires: how many records
+    wait, how old the oldest is, which partitions are most behind. Put it in the sensor's ``on_success_callback``,
+    next to the notifiers that page (Slack, SMTP, ...)."""
+
+    def notify(self, context: Any) -> None:
+        task, ti = context["task"], context["ti"]
+        report = ti.xcom_pull(task_ids=ti.task_id) or {}
+        threshold = task.threshold.describe() if hasattr(task, "threshold") else "its threshold"
+        line = how_far_behind(task.pipeline_id, report, threshold)
+        self.log.error("%s", line)
+        stats = airflow_stats()
+        if stats is not None:
+            stats.incr(f"{PREFIX}.lag_alert", tags={"pipeline_id": task.pipeline_id})

@@ -24,13 +24,14 @@ from airflow_eo.core.config import (
 from airflow_eo.core.dedup import DEFAULT_RETENTION
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
+from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.sinks import capabilities_of, with_sink_spark_conf
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.sinks import build_sink, sink_lineage
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import group_id, parse_starting_offsets
@@ -239,7 +240,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.kafka_options = dict(kafka_options or {})
         spark_kafka_options({}, self.kafka_options)  # a secret in DAG code is refused at parse time
         self._engine: SparkBatchEngine | None = None
-        self._lineage: tuple[str, str, str] | None = None  # Kafka namespace, sink namespace, sink name
+        self._lineage: tuple[str, LineageDataset] | None = None  # Kafka namespace, the sink's output
         self._run: tuple[str, str, Interval | None] | None = None  # pipeline id, run id, interval of this attempt
         self._summary: dict[str, Any] | None = None  # the committed batch's summary (the XCom)
         if self.has_dag():  # downstream DAGs schedule on the sink's Asset, added to this alias per batch
@@ -281,7 +282,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         )
         sink_asset = sink_asset_of(self.sink)
         bootstrap = str(kafka_config.get("bootstrap.servers", "")).split(",")[0]
-        self._lineage = (f"kafka://{bootstrap}", sink_asset.namespace, sink_asset.name)
+        self._lineage = (f"kafka://{bootstrap}", sink_lineage(self.sink))
         self._run = (pipeline_id, context["run_id"], interval)
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()
         summary = run_batch(
@@ -362,7 +363,7 @@ class KafkaMicroBatchOperator(BaseOperator):
             from airflow.providers.openlineage.extractors import OperatorLineage
 
             return OperatorLineage()
-        return lineage.completed(self._lineage[0], self.topics, self._lineage[1], self._lineage[2], self._summary)
+        return lineage.completed(self._lineage[0], self.topics, self._lineage[1], self._summary)
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """OpenLineage FAIL: where the store holds this run's batch (planned, prepared, aborted, or none)."""
@@ -380,8 +381,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         except Exception:  # the store may be what failed: the event still goes out, without the batch
             self.log.warning("OpenLineage: could not read the failed run's batch from the offset store", exc_info=True)
             batch = None
-        return lineage.failed(self._lineage[0], self.topics, self._lineage[1], self._lineage[2], pipeline_id, run_id,
-                              batch)
+        return lineage.failed(self._lineage[0], self.topics, self._lineage[1], pipeline_id, run_id, batch)
 
     def on_kill(self) -> None:
         if self._engine is not None:
