@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,7 +39,7 @@ from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteRes
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter
+from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,8 +55,6 @@ _ORDER = "_eo_order"
 #: the table property that makes Spark stage a write whose session sets ``spark.wap.id`` instead of committing it
 WAP_ENABLED = "write.wap.enabled"
 WAP_ID_CONF = "spark.wap.id"
-#: the table commit's tries against other writers' conflicts, and the first wait between them (doubled each time)
-COMMIT_TRIES, COMMIT_BACKOFF_S = 5, 0.5
 _DUPLICATE = re.compile(r"DuplicateWAPCommitException|wap id that was published already")
 _CONFLICT = re.compile(r"CommitFailedException|ValidationException|Found conflicting|Missing required files|"
                        r"stale table metadata|already exists: .*metadata|not a fast-forward|"
@@ -174,37 +170,26 @@ class IcebergTableAdapter(TableCommitAdapter):
         # Materialized once for every try: MERGE INTO refuses a source whose plan is not deterministic (the
         # offset-order id).
         source = self._merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
-        for attempt in range(1, COMMIT_TRIES + 1):
-            try:
-                staged, summary = self._stage(spark, source, properties, txn)
-                if self._has(txn, staged):  # committed by another attempt since we asked
-                    return WriteResult([], 0)
-                failpoint("before_table_commit")
-                self.last_snapshot_id = self._publish(spark, staged.snapshot_id, staged.parent_snapshot_id)
-            except Exception as exc:
-                conflict = _conflict(exc)
-                if conflict is None:
-                    raise
-                log.warning("%s: the Iceberg table %s refused the commit of batch %d: %s (%s)", self.name,
-                            self.table, batch.batch_id, conflict, _first_line(exc))
-                if self._has(txn):  # e.g. a zombie's publish refused: a newer attempt committed the batch
-                    return WriteResult([], 0)
-                if attempt == COMMIT_TRIES:
-                    raise
-                wait = COMMIT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)
-                log.warning("%s: batch %d is not in the Iceberg table %s: a conflict with another writer; retrying "
-                            "in %.1f s (try %d of %d)", self.name, batch.batch_id, self.table, wait, attempt + 1,
-                            COMMIT_TRIES)
-                time.sleep(wait)
-                continue
-            failpoint("after_table_commit")
-            # A MERGE's count is its source's (one row per key updates or inserts one row); an append's from its
-            # snapshot: no second pass over the output.
-            rows = source.count() if self.key_columns else int(summary.get("added-records", 0))
-            log.info("%s: committed batch %d as snapshot %s of the Iceberg table %s", self.name, batch.batch_id,
-                     self.last_snapshot_id, self.table)
-            return WriteResult([], rows)
-        raise AssertionError("unreachable: the last try returns or raises")
+        self.last_snapshot_id = None
+
+        def stage_and_publish() -> dict[str, str] | None:
+            staged, summary = self._stage(spark, source, properties, txn)
+            if self._has(txn, staged):  # committed by another attempt since we asked
+                return None
+            failpoint("before_table_commit")
+            self.last_snapshot_id = self._publish(spark, staged.snapshot_id, staged.parent_snapshot_id)
+            return summary
+
+        summary = self.commit_with_retries(batch.batch_id, stage_and_publish, _conflict, lambda: self._has(txn))
+        if summary is None:
+            return WriteResult([], 0)
+        failpoint("after_table_commit")
+        # A MERGE's count is its source's (one row per key updates or inserts one row); an append's from its
+        # snapshot: no second pass over the output.
+        rows = source.count() if self.key_columns else int(summary.get("added-records", 0))
+        log.info("%s: committed batch %d as snapshot %s of the Iceberg table %s", self.name, batch.batch_id,
+                 self.last_snapshot_id, self.table)
+        return WriteResult([], rows)
 
     def _has(self, txn: TableTransaction, staged: Any = None) -> bool:
         """Whether the table holds the batch: its current snapshot's history, or (``staged``) the history a staged
@@ -398,35 +383,10 @@ def _ancestor_ids(metadata: Any) -> set[int]:
 
 
 def _conflict(exc: BaseException) -> str | None:
-    """What makes ``exc`` a commit conflict with another writer or a refused duplicate publish (None: neither), by
-    the Java exceptions its text or its Java cause chain names (py4j and Spark Connect pass them on as text)."""
-    text = _exception_text(exc)
-    if _DUPLICATE.search(text):
+    """What makes ``exc`` a commit conflict with another writer or a refused duplicate publish (None: neither)."""
+    if named_failure(exc, _DUPLICATE):
         return "DuplicateWAPCommitException (the batch's wap.id is published already)"
-    found = _CONFLICT.search(text)
-    return found.group(0) if found else None
-
-
-def _exception_text(exc: BaseException) -> str:
-    parts, seen = [], 0
-    current: BaseException | None = exc
-    while current is not None and seen < 10:
-        parts.append(f"{type(current).__name__}: {current}")
-        origin = getattr(current, "_origin", None) or getattr(current, "java_exception", None)
-        for _ in range(10):  # the Java cause chain (a classic session's exceptions keep the Java one)
-            if origin is None:
-                break
-            try:
-                parts.append(str(origin.toString()))
-                origin = origin.getCause()
-            except Exception:  # a gateway gone: the text so far is all there is
-                break
-        current, seen = current.__cause__ or current.__context__, seen + 1
-    return "\n".join(parts)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return named_failure(exc, _CONFLICT)
 
 
 def snapshot_properties(batch: BatchContext, txn: TableTransaction) -> dict[str, str]:
