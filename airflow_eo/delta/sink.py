@@ -160,7 +160,15 @@ class DeltaTableAdapter(TableCommitAdapter):
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
         if self.partition_by:
             builder = builder.partitionedBy(*self.partition_by)
-        builder.execute()
+        try:
+            builder.execute()
+        except Exception:
+            # Another writer created it between Delta's existence check and its first commit (Delta then says
+            # DELTA_TABLE_NOT_FOUND or a conflict): the table is there, which is all this asks.
+            if self.log() is None:
+                raise
+            log.info("%s: the Delta table at %s was created meanwhile by another writer", self.name, self.path)
+            return
         log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
 
     def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:

@@ -274,9 +274,15 @@ class IcebergTableAdapter(TableCommitAdapter):
         columns = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in out.schema.fields)
         partitioned = f" PARTITIONED BY ({', '.join(map(_quote, self.partition_by))})" if self.partition_by else ""
         namespace = _quote_table(self.table.rsplit(".", 1)[0])
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quote_table(self.table)} ({columns}) USING iceberg{partitioned} "
-                  f"TBLPROPERTIES ('{WAP_ENABLED}'='true')")
+        try:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {_quote_table(self.table)} ({columns}) USING iceberg"
+                      f"{partitioned} TBLPROPERTIES ('{WAP_ENABLED}'='true')")
+        except Exception:
+            # Another writer created it between the catalog's existence check and its commit: the table is there.
+            if self.metadata() is None:
+                raise
+            return self._create(spark, out)  # sets write.wap.enabled if that writer did not
         log.info("%s: created the Iceberg table %s from the output's schema", self.name, self.table)
 
     def _merge_source(self, out: DataFrame) -> DataFrame:
