@@ -7,11 +7,7 @@ nothing with Spark.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -20,7 +16,6 @@ from typing import Any
 from pyiceberg.table import StaticTable
 from pyiceberg.table.snapshots import ancestors_of
 
-from airflow_eo.core.failpoints import arm
 from examples.page_views import produce_page_views
 from examples.topics import read_records
 from tests.integration.page_views import (
@@ -30,7 +25,9 @@ from tests.integration.page_views import (
     hour,
     hours_truth,
     produce_hours,
+    release,
     run_child,
+    start_held,
 )
 from tests.integration.test_operations_cli import eo_json
 from tests.support.children import why
@@ -64,32 +61,6 @@ def batch_snapshots(location: Path, pipeline: str | None = None) -> dict[int, di
             assert int(summary["airflow-eo.batch"]) not in found, "a batch committed two snapshots"
             found[int(summary["airflow-eo.batch"])] = summary
     return found
-
-
-def start_held(job: dict[str, Any], run_id: str, point: str, folder: Path) -> subprocess.Popen:
-    """A child run held at ``point`` (``pause``) until :func:`release`; returns once it is held there."""
-    env = {**os.environ, **arm(f"{point}=1*pause", directory=str(folder))}
-    held = subprocess.Popen([sys.executable, "-m", "tests.integration.operator_child",
-                             json.dumps({**job, "run_id": run_id})], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (folder / f"held-{point}").exists():
-        if held.poll() is not None or time.monotonic() > deadline:
-            held.kill()
-            out, err = held.communicate()
-            raise AssertionError(f"the run ended or hung before {point}: {(out + err)[-4000:]}")
-        time.sleep(0.2)
-    return held
-
-
-def release(held: subprocess.Popen, point: str, folder: Path) -> subprocess.CompletedProcess:
-    (folder / f"release-{point}").touch()
-    try:
-        out, err = held.communicate(timeout=300)
-    finally:
-        if held.poll() is None:
-            held.kill()
-    return subprocess.CompletedProcess(held.args, held.returncode, out, err)
 
 
 def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysql_kwargs, topic_name, tmp_path):
