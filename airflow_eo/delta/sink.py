@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -160,15 +161,21 @@ class DeltaTableAdapter(TableCommitAdapter):
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
         if self.partition_by:
             builder = builder.partitionedBy(*self.partition_by)
-        try:
-            builder.execute()
-        except Exception:
-            # Another writer created it between Delta's existence check and its first commit (Delta then says
-            # DELTA_TABLE_NOT_FOUND or a conflict): the table is there, which is all this asks.
-            if self.log() is None:
-                raise
-            log.info("%s: the Delta table at %s was created meanwhile by another writer", self.name, self.path)
-            return
+        for attempt in range(1, self.commit_tries + 1):
+            try:
+                builder.execute()
+                break
+            except Exception:
+                # Another writer is creating it: between Delta's existence check and its first commit (Delta then
+                # says DELTA_TABLE_NOT_FOUND), or its _delta_log is there without a commit yet
+                # (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION). Once its commit is there, the table is created.
+                if self.log() is not None:
+                    log.info("%s: the Delta table at %s was created meanwhile by another writer", self.name,
+                             self.path)
+                    return
+                if attempt == self.commit_tries:
+                    raise
+                time.sleep(self.commit_backoff_s * attempt)
         log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
 
     def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
