@@ -87,6 +87,7 @@ def test_a_cherry_picked_snapshot_names_its_batch_by_its_staged_source_or_its_wa
     from pyiceberg.table.snapshots import Operation, Snapshot, Summary
     from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
+    from airflow_eo.core.recovery import table_transaction
     from airflow_eo.iceberg.sink import IcebergTableAdapter
 
     ours = {"airflow-eo.pipeline": "p", "airflow-eo.batch": "7", "airflow-eo.app-id": "airflow_eo.p",
@@ -107,6 +108,14 @@ def test_a_cherry_picked_snapshot_names_its_batch_by_its_staged_source_or_its_wa
 
     expired = metadata.model_copy(update={"snapshots": [other, zombie, published]})
     assert adapter.batch_snapshots(expired) == [(4, {"airflow-eo.app-id": "airflow_eo.p", "airflow-eo.batch": "7"})]
+
+    # A zombie's MERGE of batch 7 staged on the table after batch 7 was published: its parent's history holds the
+    # batch, so it is not published (Iceberg would fast-forward it without a wap.id check); one staged before is.
+    adapter.metadata = lambda: metadata  # type: ignore[method-assign]
+    late, early = snapshot(5, 4, **ours), snapshot(6, 1, **ours)
+    assert adapter._has(table_transaction("p", 7, None), late)
+    assert not adapter._has(table_transaction("p", 7, None), early)
+    assert not adapter._has(table_transaction("p", 8, None))  # batch 8 (the unpublished zombie's) is not in it
 
 
 def test_the_newest_metadata_is_found_past_a_stale_version_hint(tmp_path):
