@@ -53,7 +53,8 @@ POINTS: dict[str, Point] = {
     "mid_produce": Point("part of the output produced into the open Kafka transaction", "sleep(1000)->kill"),
     "after_last_send": Point("all output flushed, offsets not sent, not committed"),
     "after_kafka_commit": Point("Kafka committed output and offsets; the store did not mirror it yet"),
-    "before_table_commit": Point("the (Delta, Iceberg) table exists, the batch's commit not made"),
+    "before_table_commit": Point("the (Delta, Iceberg) table exists, the batch's commit not made (Iceberg: its "
+                                 "snapshot staged, not published)"),
     "after_table_commit": Point("the (Delta, Iceberg) table committed the batch; the store did not mirror it yet"),
     "task_write": Point("a Spark write task holds its connection and starts writing (pause, kill_executor)", None),
     "after_task_prepare": Point("a Spark task prepared its XA branch, before it reports (panic: Spark retries it)",

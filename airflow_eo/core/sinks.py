@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
+import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from airflow_eo.core.config import SinkRecord, TombstonePolicy, UpdateMode
 from airflow_eo.core.connections import ConnectionInfo, Connections
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 @dataclass(frozen=True)
 class SinkCapabilities:
@@ -414,6 +418,36 @@ class TableCommitAdapter(ABC):
     def table_label(self) -> str:
         """The table, for messages (``the Delta table at /data/t``)."""
 
+    #: a table commit's tries against other writers' conflicts, and the first wait between them (doubled each time)
+    commit_tries: ClassVar[int] = 5
+    commit_backoff_s: ClassVar[float] = 0.5
+
+    def commit_with_retries(self, batch_id: int, commit: Callable[[], R],
+                            conflict: Callable[[BaseException], str | None], committed: Callable[[], bool]) -> R | None:
+        """``commit()`` the batch to the table, retrying when it conflicts with another writer of the table (a
+        pipeline, a compaction job): ``conflict`` names what makes an error one (None: another error, raised).
+        Before each retry the table is asked again: a batch it has now (``committed()``: a zombie's commit refused
+        because a newer attempt made it) is not written again, and None is returned. Bounded: the last conflict is
+        raised (the batch fails before its commit point)."""
+        for attempt in range(1, self.commit_tries + 1):
+            try:
+                return commit()
+            except Exception as exc:
+                what = conflict(exc)
+                if what is None:
+                    raise
+                log.warning("%s: %s refused the commit of batch %d: %s (%s)", self.name, self.table_label, batch_id,
+                            what, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300])
+                if committed():
+                    return None
+                if attempt == self.commit_tries:
+                    raise
+                wait = self.commit_backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)  # apart from the other
+                log.warning("%s: batch %d is not in %s: a conflict with another writer; retrying in %.1f s (try %d "
+                            "of %d)", self.name, batch_id, self.table_label, wait, attempt + 1, self.commit_tries)
+                time.sleep(wait)
+        raise AssertionError("unreachable: the last try returns or raises")
+
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:
         """Name the unfinished batches the table already committed."""
@@ -439,6 +473,28 @@ class TableCommitAdapter(ABC):
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         return None  # a table commit is all or nothing: an attempt that failed before it left nothing
+
+
+def named_failure(exc: BaseException, names: re.Pattern[str]) -> str | None:
+    """What in ``exc``'s text, its Python causes' or its Java cause chain (a classic Spark session's errors keep
+    the Java exception; py4j and Spark Connect pass Java errors on as text) ``names`` matches; None: nothing."""
+    parts: list[str] = []
+    current: BaseException | None = exc
+    depth = 0
+    while current is not None and depth < 10:
+        parts.append(f"{type(current).__name__}: {current}")
+        origin = getattr(current, "_origin", None) or getattr(current, "java_exception", None)
+        for _ in range(10):
+            if origin is None:
+                break
+            try:
+                parts.append(str(origin.toString()))
+                origin = origin.getCause()
+            except Exception:  # a gateway gone: the text so far is all there is
+                break
+        current, depth = current.__cause__ or current.__context__, depth + 1
+    found = names.search("\n".join(parts))
+    return found.group(0) if found else None
 
 
 @runtime_checkable

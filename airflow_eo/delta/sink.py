@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,7 @@ from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteRes
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter
+from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -114,29 +116,42 @@ class DeltaTableAdapter(TableCommitAdapter):
         spark = out.sparkSession
         _require_delta_session(spark, self.name)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
-        table = self.log()
-        done = None if table is None else table.transaction_version(txn.app_id)
-        if done is not None and done >= txn.version:
-            log.info("%s: the Delta table at %s already has batch %d (%s at version %d); not writing it again",
-                     self.name, self.path, batch.batch_id, txn.app_id, done)
-            self.last_version = None
+        if self._has(txn):
             return WriteResult([], 0)
         missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
                                      f"it has {', '.join(out.columns)}")
-        if table is None and self.key_columns:  # an append creates the table in its own commit
+        if self.log() is None and self.key_columns:  # an append creates the table in its own commit
             self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         failpoint("before_table_commit")
-        if self.key_columns:
-            self._merge(spark, out, txn, metadata)
-            rows = self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
-        else:
+
+        def commit() -> int:
+            if self.key_columns:
+                self._merge(spark, out, txn, metadata)
+                return self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
             self._append(out, txn, metadata)
-            rows = self._committed_rows(metadata, ("numOutputRows",))
+            return self._committed_rows(metadata, ("numOutputRows",))
+
+        # A conflict with another writer of the table (Delta's ConcurrentAppendException, ...) is retried; Delta
+        # checks the batch's txn inside each commit, and the table is asked again before each retry.
+        rows = self.commit_with_retries(batch.batch_id, commit, _conflict, lambda: self._has(txn))
+        if rows is None:
+            return WriteResult([], 0)
         failpoint("after_table_commit")
         return WriteResult([], rows)
+
+    def _has(self, txn: TableTransaction) -> bool:
+        """Whether the table's txn of the batch's app id reached the batch."""
+        table = self.log()
+        done = None if table is None else table.transaction_version(txn.app_id)
+        if done is None or done < txn.version:
+            return False
+        log.info("%s: the Delta table at %s already has batch %d (%s at version %d); not writing it again",
+                 self.name, self.path, txn.version, txn.app_id, done)
+        self.last_version = None
+        return True
 
     def _create(self, spark: SparkSession, out: DataFrame) -> None:
         """The table at ``path`` from the output's schema (a commit of its own; ``IfNotExists``: a concurrent
@@ -146,7 +161,21 @@ class DeltaTableAdapter(TableCommitAdapter):
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
         if self.partition_by:
             builder = builder.partitionedBy(*self.partition_by)
-        builder.execute()
+        for attempt in range(1, self.commit_tries + 1):
+            try:
+                builder.execute()
+                break
+            except Exception:
+                # Another writer is creating it: between Delta's existence check and its first commit (Delta then
+                # says DELTA_TABLE_NOT_FOUND), or its _delta_log is there without a commit yet
+                # (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION). Once its commit is there, the table is created.
+                if self.log() is not None:
+                    log.info("%s: the Delta table at %s was created meanwhile by another writer", self.name,
+                             self.path)
+                    return
+                if attempt == self.commit_tries:
+                    raise
+                time.sleep(self.commit_backoff_s * attempt)
         log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
 
     def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
@@ -205,6 +234,16 @@ class DeltaTableAdapter(TableCommitAdapter):
                 return sum(int(found.get(m, 0)) for m in metrics)
         self.last_version = None  # skipped by Delta (a concurrent attempt committed it first)
         return 0
+
+
+#: Delta's commit conflicts with another writer (its concurrent modification exceptions and error classes)
+_CONFLICTS = re.compile(r"Concurrent(?:Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|"
+                        r"MetadataChangedException|ProtocolChangedException|DELTA_CONCURRENT_\w+|"
+                        r"DELTA_METADATA_CHANGED|DELTA_PROTOCOL_CHANGED")
+
+
+def _conflict(exc: BaseException) -> str | None:
+    return named_failure(exc, _CONFLICTS)
 
 
 def _commit_metadata(batch: BatchContext, txn: TableTransaction) -> dict[str, Any]:

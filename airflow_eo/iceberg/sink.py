@@ -8,12 +8,29 @@ sink asks first: every attempt reads the table's snapshots (pyiceberg on the dri
 nothing when the current snapshot's ancestry already holds the batch; the offset store mirrors the commit afterwards
 and recovery rolls it forward when the table has a batch the store does not
 (:func:`~airflow_eo.core.recovery.committed_by_table`).
+
+Asking first is not enough against an older attempt still running (a zombie that asked before the newer attempt
+committed): the write is staged, not committed (Iceberg's write-audit-publish: ``spark.wap.id`` = the batch's
+identity on a table with ``write.wap.enabled``), and the staged snapshot is then published by a commit that checks
+inside it, against the table it commits to, that the batch is not there yet:
+
+- an append is cherry-picked (``system.cherrypick_snapshot``): Iceberg refuses a staged append whose ``wap.id`` the
+  current snapshot's ancestry already published (``DuplicateWAPCommitException``, ``WapUtil.validateWapPublish``,
+  checked again on each of its commit retries);
+- a ``MERGE`` is only fast-forwarded: the table's current snapshot must still be the staged snapshot's parent (a
+  compare-and-set of the table's metadata, ``TableOperations.commit``), and that parent's ancestry must not hold the
+  batch. Cherry-pick does not do for a MERGE: it fast-forwards an overwrite without the ``wap.id`` check, and it
+  re-applies an insert-only MERGE (an "append") onto a table that changed since the MERGE read it.
+
+A conflict with another writer of the table (Iceberg's ``CommitFailedException`` / ``ValidationException``, a MERGE
+that can no longer fast-forward) is retried, a bounded number of times with backoff, asking the table again first.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +39,7 @@ from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteRes
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter
+from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,7 +49,16 @@ log = logging.getLogger(__name__)
 #: the snapshot summary properties of a batch (``<table>.snapshots``' ``summary`` column shows them)
 PIPELINE, BATCH, APP_ID, INTERVAL, RANGES = (f"airflow-eo.{k}" for k in ("pipeline", "batch", "app-id", "interval",
                                                                          "ranges"))
+#: a staged write's own token: which of the batch's staged snapshots (a zombie's, a crashed attempt's) is this one
+STAGE = "airflow-eo.stage"
 _ORDER = "_eo_order"
+#: the table property that makes Spark stage a write whose session sets ``spark.wap.id`` instead of committing it
+WAP_ENABLED = "write.wap.enabled"
+WAP_ID_CONF = "spark.wap.id"
+_DUPLICATE = re.compile(r"DuplicateWAPCommitException|wap id that was published already")
+_CONFLICT = re.compile(r"CommitFailedException|ValidationException|Found conflicting|Missing required files|"
+                       r"stale table metadata|already exists: .*metadata|not a fast-forward|"
+                       r"Cannot cherry-pick")
 
 
 class IcebergTableAdapter(TableCommitAdapter):
@@ -74,24 +100,21 @@ class IcebergTableAdapter(TableCommitAdapter):
         from pyiceberg.table import StaticTable
 
         try:
-            return StaticTable.from_metadata(self.location).metadata
+            return StaticTable.from_metadata(latest_metadata_file(self.location)).metadata
         except FileNotFoundError:
             return None
 
-    def batch_snapshots(self, metadata: Any = None) -> list[tuple[int, dict[str, str]]]:
-        """``(snapshot id, summary)`` of the current snapshot and its ancestors that carry an airflow_eo batch,
-        newest first (a rolled-back snapshot is not the table's any more); empty when there is no table yet."""
+    def batch_snapshots(self, metadata: Any = None, head: Any = None) -> list[tuple[int, dict[str, str]]]:
+        """``(snapshot id, summary)`` of ``head`` (default: the current snapshot) and its ancestors that carry an
+        airflow_eo batch, newest first (a rolled-back snapshot is not the table's any more); empty when there is no
+        table yet."""
         from pyiceberg.table.snapshots import ancestors_of
 
         metadata = metadata or self.metadata()
         if metadata is None:
             return []
-        found = []
-        for snapshot in ancestors_of(metadata.current_snapshot(), metadata):
-            summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
-            if BATCH in summary:
-                found.append((snapshot.snapshot_id, summary))
-        return found
+        return [(s.snapshot_id, summary) for s in ancestors_of(head or metadata.current_snapshot(), metadata)
+                if BATCH in (summary := batch_summary(s, metadata))]
 
     @property
     def table_label(self) -> str:
@@ -129,17 +152,14 @@ class IcebergTableAdapter(TableCommitAdapter):
         """THE commit point: the batch's output as one Iceberg snapshot carrying the batch's identity.
 
         Asks the table first: a batch it already has (a retry after a crash past the table commit, a replayed
-        interval) is not written again.
+        interval) is not written again. The write is staged, then published by a commit that checks the batch is
+        not in the table it commits to (the module's docstring); a conflict with another writer is retried.
         """
         out: DataFrame = plan.output
         spark = out.sparkSession
         _require_iceberg_session(spark, self.name, self.table, self.extensions)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
-        done = self.committed_versions().get(txn.app_id)
-        if done is not None and done >= txn.version:
-            log.info("%s: the Iceberg table %s already has batch %d (%s at batch %d); not writing it again",
-                     self.name, self.table, batch.batch_id, txn.app_id, done)
-            self.last_snapshot_id = None
+        if self._has(txn):
             return WriteResult([], 0)
         missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
         if missing:
@@ -147,40 +167,122 @@ class IcebergTableAdapter(TableCommitAdapter):
                                      f"it has {', '.join(out.columns)}")
         self._create(spark, out)
         properties = snapshot_properties(batch, txn)
-        merged = 0
-        if self.key_columns:
-            # Materialized: MERGE INTO refuses a source whose plan is not deterministic (the offset-order id).
-            source = self._merge_source(out).localCheckpoint(eager=True)
-            merged = source.count()  # one row per key: each updates or inserts one row of the table
+        # Materialized once for every try: MERGE INTO refuses a source whose plan is not deterministic (the
+        # offset-order id).
+        source = self._merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        self.last_snapshot_id = None
+
+        def stage_and_publish() -> dict[str, str] | None:
+            staged, summary = self._stage(spark, source, properties, txn)
+            if self._has(txn, staged):  # committed by another attempt since we asked
+                return None
             failpoint("before_table_commit")
-            self._merge(spark, source, properties)
-        else:
-            failpoint("before_table_commit")
-            writer = out.writeTo(_quote_table(self.table))
-            for key, value in properties.items():
-                writer = writer.option(f"snapshot-property.{key}", value)
-            writer.append()
+            self.last_snapshot_id = self._publish(spark, staged.snapshot_id, staged.parent_snapshot_id)
+            return summary
+
+        summary = self.commit_with_retries(batch.batch_id, stage_and_publish, _conflict, lambda: self._has(txn))
+        if summary is None:
+            return WriteResult([], 0)
         failpoint("after_table_commit")
-        # The batch's own snapshot (found by its identity: another writer may have committed since).
-        self.last_snapshot_id, summary = next(
-            ((s, summary) for s, summary in self.batch_snapshots()
-             if summary.get(APP_ID) == txn.app_id and summary[BATCH] == str(txn.version)), (None, {}))
-        # An append's count from its snapshot: no second pass over the output.
-        rows = merged if self.key_columns else int(summary.get("added-records", 0))
+        # A MERGE's count is its source's (one row per key updates or inserts one row); an append's from its
+        # snapshot: no second pass over the output.
+        rows = source.count() if self.key_columns else int(summary.get("added-records", 0))
         log.info("%s: committed batch %d as snapshot %s of the Iceberg table %s", self.name, batch.batch_id,
                  self.last_snapshot_id, self.table)
         return WriteResult([], rows)
 
+    def _has(self, txn: TableTransaction, staged: Any = None) -> bool:
+        """Whether the table holds the batch: its current snapshot's history, or (``staged``) the history a staged
+        snapshot would publish, its parent's (which no later commit changes)."""
+        metadata = self.metadata()
+        head = None
+        if staged is not None:
+            if staged.parent_snapshot_id is None:
+                return False  # staged on an empty table
+            head = metadata.snapshot_by_id(staged.parent_snapshot_id)
+        done = max((int(s[BATCH]) for _, s in self.batch_snapshots(metadata, head) if s.get(APP_ID) == txn.app_id),
+                   default=None)
+        if done is None or done < txn.version:
+            return False
+        self.last_snapshot_id = None
+        log.info("%s: the Iceberg table %s already has batch %d (%s at batch %d); not writing it again",
+                 self.name, self.table, txn.version, txn.app_id, done)
+        return True
+
+    def _stage(self, spark: SparkSession, source: DataFrame, properties: Mapping[str, str],
+               txn: TableTransaction) -> tuple[Any, dict[str, str]]:
+        """Write the batch as a staged snapshot (Spark stages instead of committing: ``spark.wap.id`` on a table with
+        ``write.wap.enabled``): ``(its snapshot, its summary)``, read back with pyiceberg by its stage token."""
+        token = uuid.uuid4().hex
+        properties = {**properties, STAGE: token}
+        spark.conf.set(WAP_ID_CONF, wap_id(txn))
+        try:
+            if self.key_columns:
+                self._merge(spark, source, properties)
+            else:
+                writer = source.writeTo(_quote_table(self.table))
+                for key, value in properties.items():
+                    writer = writer.option(f"snapshot-property.{key}", value)
+                writer.append()
+        finally:
+            spark.conf.unset(WAP_ID_CONF)
+        metadata = self.metadata()
+        staged = next((s for s in (metadata.snapshots if metadata else [])
+                       if s.summary and s.summary.additional_properties.get(STAGE) == token), None)
+        if staged is None or staged.snapshot_id in _ancestor_ids(metadata):
+            # Spark committed instead of staging (its loaded table did not have write.wap.enabled): never the case
+            # for a table this sink set up; refuse rather than lose the check.
+            raise RuntimeError(f"{self.name}: the write of the batch to the Iceberg table {self.table} was not "
+                               f"staged (snapshot {staged and staged.snapshot_id}); the table needs "
+                               f"{WAP_ENABLED}=true")
+        return staged, dict(staged.summary.additional_properties)
+
+    def _publish(self, spark: SparkSession, snapshot_id: int, parent_id: int | None) -> int:
+        """Make the staged snapshot the table's, checking inside the commit that the batch is not there yet (the
+        module's docstring): an append cherry-picked, a MERGE fast-forwarded only. The table's new current
+        snapshot id."""
+        if not self.key_columns:
+            catalog, _, name = self.table.partition(".")
+            [row] = spark.sql(f"CALL {_quote(catalog)}.system.cherrypick_snapshot('{name}', {snapshot_id})").collect()
+            return int(row["current_snapshot_id"])
+        jvm = spark._jvm
+        assert jvm is not None  # _merge required a classic session
+        table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, self.table)
+        operations = table.operations()
+        base = operations.refresh()
+        current = base.currentSnapshot()
+        if (current.snapshotId() if current is not None else None) != parent_id:
+            # Another commit since the MERGE read the table: its result is not valid any more; MERGE again.
+            raise RuntimeError(f"the staged MERGE snapshot {snapshot_id} is not a fast-forward of the table's "
+                               f"current snapshot {current and current.snapshotId()} (another writer committed)")
+        # Compare-and-set: fails (CommitFailedException) unless `base` is still the table's metadata.
+        operations.commit(base, jvm.org.apache.iceberg.TableMetadata.buildFrom(base)
+                          .setBranchSnapshot(snapshot_id, "main").build())
+        return snapshot_id
+
     def _create(self, spark: SparkSession, out: DataFrame) -> None:
         """The table from the output's schema when missing (``IF NOT EXISTS``: a concurrent attempt may have created
-        it since). Its own commit, without a snapshot: an empty table has none."""
-        if self.metadata() is not None:
+        it since), with ``write.wap.enabled`` (set on a table that lacks it). Its own commit, without a snapshot: an
+        empty table has none."""
+        metadata = self.metadata()
+        if metadata is not None:
+            if metadata.properties.get(WAP_ENABLED) != "true":
+                spark.sql(f"ALTER TABLE {_quote_table(self.table)} SET TBLPROPERTIES ('{WAP_ENABLED}'='true')")
+                log.info("%s: set %s on the Iceberg table %s (its writes are staged, then published)", self.name,
+                         WAP_ENABLED, self.table)
             return
         columns = ", ".join(f"{_quote(f.name)} {f.dataType.simpleString()}" for f in out.schema.fields)
         partitioned = f" PARTITIONED BY ({', '.join(map(_quote, self.partition_by))})" if self.partition_by else ""
         namespace = _quote_table(self.table.rsplit(".", 1)[0])
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {_quote_table(self.table)} ({columns}) USING iceberg{partitioned}")
+        try:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {namespace}")
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {_quote_table(self.table)} ({columns}) USING iceberg"
+                      f"{partitioned} TBLPROPERTIES ('{WAP_ENABLED}'='true')")
+        except Exception:
+            # Another writer created it between the catalog's existence check and its commit: the table is there.
+            if self.metadata() is None:
+                raise
+            return self._create(spark, out)  # sets write.wap.enabled if that writer did not
         log.info("%s: created the Iceberg table %s from the output's schema", self.name, self.table)
 
     def _merge_source(self, out: DataFrame) -> DataFrame:
@@ -242,6 +344,55 @@ class _JavaCallable:
 
     class Java:
         implements = ["java.util.concurrent.Callable"]
+
+
+def wap_id(txn: TableTransaction) -> str:
+    """The batch's write-audit-publish id: the same for every attempt of the batch (``<app id>@<batch id>``)."""
+    return f"{txn.app_id}@{txn.version}"
+
+
+def batch_summary(snapshot: Any, metadata: Any) -> dict[str, str]:
+    """The ``airflow-eo.*`` summary of the batch a snapshot of the table's history committed (empty: none).
+
+    A cherry-picked append is a new snapshot whose summary has Iceberg's ``source-snapshot-id`` (the staged one,
+    which carries ours) and ``published-wap-id``; once the staged snapshot is expired, the wap id still names the
+    app id and the batch."""
+    summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
+    if BATCH in summary or "source-snapshot-id" not in summary:
+        return summary
+    source = metadata.snapshot_by_id(int(summary["source-snapshot-id"]))
+    if source is not None and source.summary and BATCH in source.summary.additional_properties:
+        return dict(source.summary.additional_properties)
+    app_id, _, batch = summary.get("published-wap-id", "").rpartition("@")
+    return {APP_ID: app_id, BATCH: batch} if app_id.startswith("airflow_eo.") and batch.isdigit() else summary
+
+
+def latest_metadata_file(location: str) -> str:
+    """The table's newest ``metadata/v<N>.metadata.json``: ``version-hint.text`` is written after each commit, as
+    a hint (a slower committer may write an older one last), so the next versions are looked for as Iceberg's own
+    Hadoop table operations do. Raises FileNotFoundError without a table."""
+    from pyiceberg.io import load_file_io
+
+    io = load_file_io(location=location)
+    folder = f"{location.rstrip('/')}/metadata"
+    with io.new_input(f"{folder}/version-hint.text").open() as hint:
+        version = int(hint.read().decode().strip())
+    while io.new_input(f"{folder}/v{version + 1}.metadata.json").exists():
+        version += 1
+    return f"{folder}/v{version}.metadata.json"
+
+
+def _ancestor_ids(metadata: Any) -> set[int]:
+    from pyiceberg.table.snapshots import ancestors_of
+
+    return {s.snapshot_id for s in ancestors_of(metadata.current_snapshot(), metadata)}
+
+
+def _conflict(exc: BaseException) -> str | None:
+    """What makes ``exc`` a commit conflict with another writer or a refused duplicate publish (None: neither)."""
+    if named_failure(exc, _DUPLICATE):
+        return "DuplicateWAPCommitException (the batch's wap.id is published already)"
+    return named_failure(exc, _CONFLICT)
 
 
 def snapshot_properties(batch: BatchContext, txn: TableTransaction) -> dict[str, str]:

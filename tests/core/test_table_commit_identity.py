@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import committed_by_table, table_transaction
+from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 from airflow_eo.core.states import BatchState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -39,3 +44,78 @@ def test_a_batch_counts_as_committed_once_its_app_id_reached_its_version():
     assert committed_by_table([batch(4)], {"airflow_eo.p": 3}) == set()
     assert committed_by_table([batch(4)], {"airflow_eo.p": 8}) == {4}  # Delta would skip it: it is in the table
     assert committed_by_table([batch(4)], {}) == set()
+
+
+class Table(TableCommitAdapter):
+    """A table whose commit fails with the given errors first; ``has`` says whether the batch is in it."""
+
+    name, commit_backoff_s = "TableSink", 0.0
+
+    def __init__(self, *errors: Exception, has: Sequence[bool] = ()) -> None:
+        self.errors, self.has, self.commits, self.asked = list(errors), list(has), 0, 0
+
+    @property
+    def table_label(self) -> str:
+        return "the table t"
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        return set()
+
+    def commit(self) -> str:  # type: ignore[override]
+        self.commits += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "committed"
+
+    def committed(self) -> bool:
+        self.asked += 1
+        return self.has.pop(0) if self.has else False
+
+    def run(self) -> str | None:
+        return self.commit_with_retries(7, self.commit, lambda e: named_failure(e, re.compile("Conflict")),
+                                        self.committed)
+
+
+def test_a_conflicting_table_commit_is_retried_after_asking_the_table_and_bounded():
+    table = Table(RuntimeError("Conflict: another writer"), RuntimeError("Conflict again"))
+    assert table.run() == "committed" and (table.commits, table.asked) == (3, 2)
+    # A conflict after which the table has the batch (a zombie's commit refused): not written again.
+    table = Table(RuntimeError("Conflict: refused"), has=[True])
+    assert table.run() is None and (table.commits, table.asked) == (1, 1)
+    table = Table(ValueError("not a conflict"))
+    with pytest.raises(ValueError):
+        table.run()
+    assert (table.commits, table.asked) == (1, 0)
+    table = Table(*[RuntimeError(f"Conflict {n}") for n in range(Table.commit_tries)])
+    with pytest.raises(RuntimeError, match=f"Conflict {Table.commit_tries - 1}"):
+        table.run()
+    assert table.commits == Table.commit_tries
+
+
+class JavaError:
+    """A py4j Java exception: its text, and its cause."""
+
+    def __init__(self, text: str, cause: JavaError | None = None) -> None:
+        self.text, self.cause = text, cause
+
+    def toString(self) -> str:
+        return self.text
+
+    def getCause(self) -> JavaError | None:
+        return self.cause
+
+
+def test_a_failure_is_named_by_its_java_cause_chain_or_its_python_causes():
+    wrapped = RuntimeError("Job aborted")
+    wrapped._origin = JavaError("SparkException: Job aborted",  # type: ignore[attr-defined]
+                                JavaError("org.apache.iceberg.exceptions.CommitFailedException: stale"))
+    names = re.compile(r"CommitFailedException|ConcurrentAppendException")
+    assert named_failure(wrapped, names) == "CommitFailedException"
+    try:
+        try:
+            raise ValueError("ConcurrentAppendException: Files were added")
+        except ValueError as inner:
+            raise RuntimeError("the MERGE failed") from inner
+    except RuntimeError as outer:
+        assert named_failure(outer, names) == "ConcurrentAppendException"
+    assert named_failure(RuntimeError("schema mismatch"), names) is None

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -82,6 +83,39 @@ def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | N
         if made:
             shutil.rmtree(made, ignore_errors=True)
     return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
+
+
+def start_held(job: dict[str, Any], run_id: str, point: str, folder: Path, wait: bool = True) -> subprocess.Popen:
+    """An operator run (``tests.integration.operator_child``) held at ``point`` (``pause``, its first pass only)
+    until :func:`release`; with ``wait``, returns once it is held there (:func:`wait_held`)."""
+    env = {**os.environ, **arm(f"{point}=1*pause", directory=str(folder))}
+    held = subprocess.Popen([sys.executable, "-m", "tests.integration.operator_child",
+                             json.dumps({**job, "run_id": run_id})], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if wait:
+        wait_held(held, point, folder)
+    return held
+
+
+def wait_held(held: subprocess.Popen, point: str, folder: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not (folder / f"held-{point}").exists():
+        if held.poll() is not None or time.monotonic() > deadline:
+            held.kill()
+            out, err = held.communicate()
+            raise AssertionError(f"the run ended or hung before {point}: {(out + err)[-4000:]}")
+        time.sleep(0.2)
+
+
+def release(held: subprocess.Popen, point: str, folder: Path) -> subprocess.CompletedProcess:
+    """Let a held run go on (:func:`start_held`) and wait for its end."""
+    (folder / f"release-{point}").touch()
+    try:
+        out, err = held.communicate(timeout=300)
+    finally:
+        if held.poll() is None:
+            held.kill()
+    return subprocess.CompletedProcess(held.args, held.returncode, out, err)
 
 
 def committed_offsets(mysql_kwargs: dict[str, Any], pipeline: str) -> dict[int, int]:

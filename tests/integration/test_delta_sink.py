@@ -24,7 +24,10 @@ from tests.integration.page_views import (
     hour,
     hours_truth,
     produce_hours,
+    release,
     run_child,
+    start_held,
+    wait_held,
 )
 from tests.support.children import why
 from tests.support.cli import eo_json
@@ -126,3 +129,36 @@ def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, to
     recorded = {b["batch_id"]: [[r["topic"], r["partition"], r["from_offset"], r["until_offset"]]
                                 for r in b["ranges"]] for b in batch_rows(mysql_kwargs, pipeline)}
     assert noted == recorded
+
+
+def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """Two pipelines (a topic each) MERGE into one table with ``pv`` added on the same keys, both let go at once
+    from just before their commit: both MERGEs read the table before either commits, so Delta refuses the later
+    commit (ConcurrentAppendException); that pipeline must ask the table again and MERGE again. The table holds both
+    topics' counts."""
+    topics = {"a": topic_name, "b": f"{topic_name}_b"}
+    path = tmp_path / "app_pv"
+    sink = {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["app_id"], "updates": {"pv": "add"}}
+    for topic, count in zip(topics.values(), (300, 200), strict=True):
+        create_topic(bootstrap, topic, 1)
+        produce_page_views(bootstrap, count, topic=topic)
+    held = {}
+    for name, topic in topics.items():
+        (tmp_path / name).mkdir()
+        job = {"topic": topic, "pipeline_id": f"delta_two_{name}_{topic_name}", "sink": sink,
+               "offset_store_conn_id": "eo_offset_store", "transform": "SELECT app_id, 1 AS pv FROM kafka_batch"}
+        held[name] = start_held(job, f"manual__{uuid.uuid4().hex}", "before_table_commit", tmp_path / name,
+                                wait=False)
+    for name, run in held.items():
+        wait_held(run, "before_table_commit", tmp_path / name)
+    for name in held:  # both at once
+        (tmp_path / name / "release-before_table_commit").touch()
+    done = {name: release(run, "before_table_commit", tmp_path / name) for name, run in held.items()}
+    for run in done.values():
+        assert run.returncode == 0, why(run)
+    said = [run.stdout + run.stderr for run in done.values()]
+    assert any("refused the commit of batch 0" in s and "retrying" in s for s in said), "no commit conflicted"
+
+    truth = Counter(json.loads(r.value)["app_id"] for t in topics.values() for r in read_records(bootstrap, t)[0])
+    assert {r["app_id"]: r["pv"] for r in table_rows(path)} == truth
+    assert sum(truth.values()) == 500

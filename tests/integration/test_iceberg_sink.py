@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pyiceberg.table import StaticTable
+from pyiceberg.table.snapshots import ancestors_of
 
 from examples.page_views import produce_page_views
 from examples.topics import read_records
@@ -24,7 +25,9 @@ from tests.integration.page_views import (
     hour,
     hours_truth,
     produce_hours,
+    release,
     run_child,
+    start_held,
 )
 from tests.support.children import why
 from tests.support.cli import eo_json
@@ -41,13 +44,20 @@ def table_rows(location: Path) -> list[dict[str, Any]]:
     return StaticTable.from_metadata(str(location)).scan().to_arrow().to_pylist()
 
 
-def batch_snapshots(location: Path) -> dict[int, dict[str, str]]:
-    """The summary of each snapshot that names an airflow_eo batch, by batch id (pyiceberg, not Spark)."""
+def batch_snapshots(location: Path, pipeline: str | None = None) -> dict[int, dict[str, str]]:
+    """The summary of each snapshot in the table's history (the current snapshot's ancestry: a staged snapshot
+    never published is not the table's) that names an airflow_eo batch, by batch id (pyiceberg, not Spark). A
+    snapshot that cherry-picked a staged one names it (``source-snapshot-id``): the batch's summary is the
+    staged one's. ``pipeline``: only its batches."""
     metadata = StaticTable.from_metadata(str(location)).metadata
     found = {}
-    for snapshot in metadata.snapshots:
+    for snapshot in ancestors_of(metadata.current_snapshot(), metadata):
         summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
-        if "airflow-eo.batch" in summary:
+        if "source-snapshot-id" in summary:
+            source = metadata.snapshot_by_id(int(summary["source-snapshot-id"]))
+            summary = dict(source.summary.additional_properties) if source and source.summary else summary
+        if "airflow-eo.batch" in summary and summary["airflow-eo.pipeline"] == (pipeline or
+                                                                                summary["airflow-eo.pipeline"]):
             assert int(summary["airflow-eo.batch"]) not in found, "a batch committed two snapshots"
             found[int(summary["airflow-eo.batch"])] = summary
     return found
@@ -146,3 +156,69 @@ def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, to
     assert {b: json.loads(s["airflow-eo.ranges"]) for b, s in noted.items()} == recorded
     assert sorted(s["airflow-eo.interval"] for s in noted.values()) == sorted(
         f"{hour(h)[0].isoformat()}/{hour(h)[1].isoformat()}" for h in (0, 1))
+
+
+def test_a_zombie_attempt_cannot_append_its_batch_again(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """An attempt held just before its table commit (a zombie: its Airflow task was given up on) while a newer
+    attempt of the same run checks the table, writes and commits the batch; then the zombie goes on and tries to
+    commit the batch it wrote too. The table must hold each event once."""
+    create_topic(bootstrap, topic_name, 1)
+    location, pipeline = tmp_path / "lake" / "db" / "events", f"iceberg_zombie_{topic_name}"
+    job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+                           "sink": {"kind": "IcebergTableSink", "table": "lake.db.events",
+                                    "warehouse": str(tmp_path / "lake")}}
+    produce_page_views(bootstrap, 100, topic=topic_name)
+    run_id, folder = f"manual__{uuid.uuid4().hex}", tmp_path / "fp"
+    folder.mkdir()
+    zombie = start_held(job, run_id, "before_table_commit", folder)
+    try:
+        newer = child(job, run_id)  # the retry of the same task: resumes the batch, commits table and store
+        assert newer.returncode == 0, why(newer)
+    finally:
+        late = release(zombie, "before_table_commit", folder)
+    said = late.stdout + late.stderr
+    assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
+    # Its publish was refused inside Iceberg's commit (the batch's wap.id is published), then the table was asked.
+    assert "DuplicateWAPCommitException" in said and "already has batch" in said, said[-3000:]
+
+    events = [json.loads(r.value) for r in read_records(bootstrap, topic_name)[0]]
+    written = table_rows(location)
+    assert Counter(r["event_id"] for r in written).most_common(1)[0][1] == 1, "an event was appended twice"
+    assert sorted(r["event_id"] for r in written) == sorted(e["event_id"] for e in events)
+    [batch] = batch_rows(mysql_kwargs, pipeline)
+    assert batch["state"] == "committed" and list(batch_snapshots(location)) == [batch["batch_id"]]
+
+
+def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """Two pipelines (a topic each) MERGE into one table with ``pv`` added on the same keys. Pipeline a is held
+    after staging its MERGE while pipeline b commits one: a's staged MERGE read the table before b's commit, so it
+    may not be published; a must ask the table again, MERGE again and commit. The table holds both topics' counts."""
+    topics = {"a": topic_name, "b": f"{topic_name}_b"}
+    sink = {"kind": "IcebergTableSink", "table": "lake.db.app_pv", "warehouse": str(tmp_path / "lake"),
+            "key_columns": ["app_id"], "updates": {"pv": "add"}}
+    jobs: dict[str, dict[str, Any]] = {
+        name: {"topic": topic, "pipeline_id": f"iceberg_two_{name}_{topic_name}", "sink": sink,
+               "offset_store_conn_id": "eo_offset_store", "transform": "SELECT app_id, 1 AS pv FROM kafka_batch"}
+        for name, topic in topics.items()}
+    for topic, count in zip(topics.values(), (300, 200), strict=True):
+        create_topic(bootstrap, topic, 1)
+        produce_page_views(bootstrap, count, topic=topic)
+    folder = tmp_path / "fp"
+    folder.mkdir()
+    held = start_held(jobs["a"], f"manual__{uuid.uuid4().hex}", "before_table_commit", folder)
+    try:
+        other = child(jobs["b"], f"manual__{uuid.uuid4().hex}")
+        assert other.returncode == 0, why(other)
+    finally:
+        late = release(held, "before_table_commit", folder)
+    said = late.stdout + late.stderr
+    assert late.returncode == 0, why(late)
+    assert "refused the commit of batch 0" in said and "retrying" in said, said[-3000:]
+
+    truth = Counter(json.loads(r.value)["app_id"] for t in topics.values() for r in read_records(bootstrap, t)[0])
+    location = tmp_path / "lake" / "db" / "app_pv"
+    assert {r["app_id"]: r["pv"] for r in table_rows(location)} == truth
+    assert sum(truth.values()) == 500
+    for job in jobs.values():  # each pipeline's batch is one snapshot of the table's history
+        assert list(batch_snapshots(location, job["pipeline_id"])) == [
+            b["batch_id"] for b in batch_rows(mysql_kwargs, job["pipeline_id"])] == [0]

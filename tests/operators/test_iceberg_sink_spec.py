@@ -75,3 +75,57 @@ def test_icebergs_runtime_resolved_here_joins_spark_jars(monkeypatch):
     conf = session.session_conf({"spark.jars.packages": "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"})
     assert {Path(j).name for j in conf["spark.jars"].split(",") if "iceberg" in j} == {f"{RUNTIME}.jar"}
     assert "spark.jars.packages" not in conf
+
+
+def test_a_cherry_picked_snapshot_names_its_batch_by_its_staged_source_or_its_wap_id(tmp_path):
+    """An append published by cherry-pick onto a table another writer changed is a new snapshot without our summary
+    properties: recovery reads them from its staged source, or (the source expired) from its published wap id; a
+    staged snapshot never published is not the table's."""
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.metadata import new_table_metadata
+    from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+    from airflow_eo.core.recovery import table_transaction
+    from airflow_eo.iceberg.sink import IcebergTableAdapter
+
+    ours = {"airflow-eo.pipeline": "p", "airflow-eo.batch": "7", "airflow-eo.app-id": "airflow_eo.p",
+            "wap.id": "airflow_eo.p@7"}
+
+    def snapshot(snapshot_id: int, parent: int | None, **summary: str) -> Snapshot:
+        return Snapshot(snapshot_id=snapshot_id, parent_snapshot_id=parent, sequence_number=snapshot_id,
+                        timestamp_ms=snapshot_id, manifest_list=f"{tmp_path}/m{snapshot_id}.avro",
+                        summary=Summary(Operation.APPEND, **summary), schema_id=0)
+
+    other = snapshot(1, None)  # another writer's, committed while ours was staged
+    staged, zombie = snapshot(2, None, **ours), snapshot(3, 1, **{**ours, "airflow-eo.batch": "8"})
+    published = snapshot(4, 1, **{"source-snapshot-id": "2", "published-wap-id": "airflow_eo.p@7"})
+    empty = new_table_metadata(Schema(), UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, str(tmp_path), {})
+    metadata = empty.model_copy(update={"snapshots": [other, staged, zombie, published], "current_snapshot_id": 4})
+    adapter = IcebergTableAdapter("p", name="IcebergTableSink", table="l.d.t", location=str(tmp_path))
+    assert adapter.batch_snapshots(metadata) == [(4, ours)]
+
+    expired = metadata.model_copy(update={"snapshots": [other, zombie, published]})
+    assert adapter.batch_snapshots(expired) == [(4, {"airflow-eo.app-id": "airflow_eo.p", "airflow-eo.batch": "7"})]
+
+    # A zombie's MERGE of batch 7 staged on the table after batch 7 was published: its parent's history holds the
+    # batch, so it is not published (Iceberg would fast-forward it without a wap.id check); one staged before is.
+    adapter.metadata = lambda: metadata  # type: ignore[method-assign]
+    late, early = snapshot(5, 4, **ours), snapshot(6, 1, **ours)
+    assert adapter._has(table_transaction("p", 7, None), late)
+    assert not adapter._has(table_transaction("p", 7, None), early)
+    assert not adapter._has(table_transaction("p", 8, None))  # batch 8 (the unpublished zombie's) is not in it
+
+
+def test_the_newest_metadata_is_found_past_a_stale_version_hint(tmp_path):
+    """Two committers write version-hint.text after their commits: the slower one may leave an older version in it."""
+    from airflow_eo.iceberg.sink import latest_metadata_file
+
+    (tmp_path / "metadata").mkdir()
+    for version in (1, 2, 3):
+        (tmp_path / "metadata" / f"v{version}.metadata.json").write_text("{}")
+    (tmp_path / "metadata" / "version-hint.text").write_text("2")
+    assert latest_metadata_file(str(tmp_path)) == f"{tmp_path}/metadata/v3.metadata.json"
+    with pytest.raises(FileNotFoundError):
+        latest_metadata_file(str(tmp_path / "none"))
