@@ -89,14 +89,19 @@ def _stored(event: dict[str, Any]) -> tuple:
     return event["name"], event["n"], event["note"], event.get("parent"), None if price is None else Decimal(str(price))
 
 
+def _setup(kind: str, mysql_kwargs: dict[str, Any], postgres_kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """(database, spec class, its options, a fresh table name, a statement runner on that database)."""
+    database = kind.split("-")[0]
+    spec_class, options = SINKS[kind]
+    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
+        lambda sql: pg_rows(postgres_kwargs, sql))
+    return database, spec_class, options, f"refused_{uuid.uuid4().hex[:8]}", query
+
+
 @pytest.mark.parametrize("kind", SINKS)
 def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind, bootstrap, mysql_kwargs,
                                                                           postgres_kwargs, topic_name):
-    database = kind.split("-")[0]
-    spec_class, options = SINKS[kind]
-    table = f"refused_{uuid.uuid4().hex[:8]}"
-    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
-        lambda sql: pg_rows(postgres_kwargs, sql))
+    database, spec_class, options, table, query = _setup(kind, mysql_kwargs, postgres_kwargs)
     query(PARENTS.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
     query(f"INSERT INTO {table}_parents VALUES ('p1')")
     query(DDL.format(table=table) + (" DEFAULT CHARSET=utf8mb4" if database == "mysql" else ""))
@@ -134,11 +139,7 @@ def test_values_the_table_refuses_become_dead_letters_and_the_rest_commits(kind,
 @pytest.mark.parametrize("kind", ["mysql-xa", "postgres-upsert"])  # a one-pass write, and the upsert's vote
 def test_a_row_refused_at_the_write_fails_the_batch_naming_its_record_under_fail(kind, bootstrap, mysql_kwargs,
                                                                                   postgres_kwargs, topic_name):
-    database = kind.split("-")[0]
-    spec_class, options = SINKS[kind]
-    table = f"refused_{uuid.uuid4().hex[:8]}"
-    query = (lambda sql: rows(mysql_kwargs, sql)) if database == "mysql" else (
-        lambda sql: pg_rows(postgres_kwargs, sql))
+    database, spec_class, options, table, query = _setup(kind, mysql_kwargs, postgres_kwargs)
     query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, n INTEGER NULL, "
           f"CONSTRAINT {table}_small CHECK (n < 100))")
     create_topic(bootstrap, topic_name, 1)
