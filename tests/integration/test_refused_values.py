@@ -149,7 +149,16 @@ def test_a_row_refused_at_the_write_fails_the_batch_naming_its_record_under_fail
     with pytest.raises(BadRecordError, match=rf"table {table} refused 1 record\(s\) of this batch; the first: "
                                              rf"{topic_name}\[0\] offset 3: .*{table}_small"):
         run(operator(topic_name, spec, pipeline_id=f"fail_{topic_name}", schema="id STRING, n BIGINT"))
-    assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+    assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (f"fail_{topic_name}",)) == [
+        ("planned",)], "the batch must not pass its commit point"
+    stored = {r[0] for r in query(f"SELECT id FROM {table}")}
+    if kind == "postgres-upsert":
+        # The upsert's vote is on bad records, cast while the rows are written: a task whose write the table refuses
+        # has voted already, so the other task's rows (upserts, visible before the commit point, written the same by
+        # the next attempt) may show. The refused record's never does.
+        assert "e3" not in stored and stored <= {f"e{i}" for i in range(6)}
+    else:
+        assert stored == set()  # prepared branches, rolled back
     if database == "mysql":  # a transform's row is no one record: the batch fails saying so
         with pytest.raises(BadRecordError, match=rf"table {table} refused a row of the transform's output"):
             run(operator(topic_name, spec, pipeline_id=f"transformed_{topic_name}", schema="id STRING, n BIGINT",
