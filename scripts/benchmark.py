@@ -22,7 +22,9 @@ each on the same data and an identical fresh table:
   Central); for the Delta Lake sink, a Spark batch ``df.write.format("delta").mode("append")`` of the same parsed
   events (``spark_delta_append``) and Structured Streaming from the topic into Delta's own streaming sink
   (``structured_streaming_delta``: ``writeStream.format("delta")`` + ``availableNow`` + a checkpoint, no
-  ``foreachBatch``);
+  ``foreachBatch``); for the Iceberg sink the same two ways into an Iceberg table of a Hadoop catalog
+  (``spark_iceberg_append``: ``df.writeTo(table).append()``; ``structured_streaming_iceberg``:
+  ``writeStream.format("iceberg")`` + ``availableNow`` + a checkpoint);
 - ours (exactly once): the upsert sink and the XA sink into ``page_view_events``' shape (and the XA sink reading
   the same events as Confluent-framed Avro, ``eo_xa_events_avro``, with the JSON job as its peer), the XA sink's
   per-app counts (``app_pv``), the Kafka transactional sink (``ip_counts``), and every record bad and dead-lettered by
@@ -31,8 +33,9 @@ each on the same data and an identical fresh table:
   PostgreSQL, the upsert sink (``eo_pg_upsert``) and the two-phase sink (``eo_pg_two_phase``) into
   ``page_view_events``' shape, with the offset store on the same PostgreSQL database (as ``page_views_pg``); the
   Delta Lake sink appending (``eo_delta_append``) and MERGE on ``event_id`` (``eo_delta_merge``) into a fresh table
-  on the local disk. The Delta jobs run in a child process of the point: Spark takes Delta's jars, SQL extension and
-  catalog only when a session starts, and the point's session (the other jobs') starts without them.
+  on the local disk, and the Iceberg sink the same two ways (``eo_iceberg_append``, ``eo_iceberg_merge``). The Delta
+  jobs and the Iceberg jobs run in a child process of the point, one per format: Spark takes a format's jars, SQL
+  extension and catalog only when a session starts, and the point's session (the other jobs') starts without them.
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
 ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
@@ -74,6 +77,7 @@ from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.mysql.sql import upsert_statement
 from airflow_eo.sinks import (
     DeltaTableSink,
+    IcebergTableSink,
     KafkaTransactionalSink,
     MySqlUpsertSink,
     MySqlXaSink,
@@ -98,11 +102,15 @@ PG_PEERS = ("spark_jdbc_append_pg",)
 DELTA_PEERS = ("spark_delta_append", "structured_streaming_delta")
 DELTA_OURS = ("eo_delta_append", "eo_delta_merge")
 DELTA_JOBS = (*DELTA_PEERS, *DELTA_OURS)
-PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS)
+#: The Iceberg table's peers, the same two ways into a table of a Hadoop catalog on the local disk.
+ICEBERG_PEERS = ("spark_iceberg_append", "structured_streaming_iceberg")
+ICEBERG_OURS = ("eo_iceberg_append", "eo_iceberg_merge")
+ICEBERG_JOBS = (*ICEBERG_PEERS, *ICEBERG_OURS)
+PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS, *ICEBERG_PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
 OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup", "eo_xa_counts", "eo_kafka_txn",
-        *DEAD_LETTERS, *PG_OURS, *DELTA_OURS)
+        *DEAD_LETTERS, *PG_OURS, *DELTA_OURS, *ICEBERG_OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
@@ -118,6 +126,7 @@ PEERS_OF = {
     # Delta Lake: the same parsed events into a fresh table at a local path (the MERGE against the appends too: what
     # people run today is an append).
     **{name: DELTA_PEERS for name in DELTA_JOBS},
+    **{name: ICEBERG_PEERS for name in ICEBERG_JOBS},
 }
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
@@ -706,36 +715,55 @@ def eo_kafka_txn(lines_topic: str, events: int, parallelism: int) -> Job:
 # --------------------------------------------------------------------------- Delta Lake, in a process of its own
 
 
-def delta_elsewhere(topic: str, events: int, parallelism: int, workdir: Path, names: Sequence[str]) -> list[Job]:
-    """The Delta jobs ``names`` in a child process: Spark takes Delta's SQL extension and catalog only when a session
-    starts, and the point's session started without them (its other jobs run as they always did)."""
-    done = subprocess.run([sys.executable, __file__, "--delta",
+def lakehouse_elsewhere(fmt: str, topic: str, events: int, parallelism: int, workdir: Path,
+                        names: Sequence[str]) -> list[Job]:
+    """The ``fmt`` jobs (``delta``, ``iceberg``) ``names`` in a child process: Spark takes a format's SQL extension
+    and catalog only when a session starts, and the point's session started without them (its other jobs run as they
+    always did)."""
+    done = subprocess.run([sys.executable, __file__, f"--{fmt}",
                            f"{topic}:{events}:{parallelism}:{','.join(names)}:{workdir}",
                            *(["--spark-conn", SPARK_CONN_ID] if SPARK_CONN_ID else [])],
                           stdout=subprocess.PIPE, text=True)
     lines = done.stdout.splitlines()
     print("\n".join(line for line in lines if line.startswith("  ")), flush=True)
-    if done.returncode != 0 or not any(line.startswith("DELTA ") for line in lines):
-        raise RuntimeError(f"the Delta jobs failed (exit {done.returncode}): {done.stdout[-2000:]}")
-    return [Job(**job) for job in json.loads(next(line for line in lines if line.startswith("DELTA "))[6:])]
+    tag = f"{fmt.upper()} "
+    if done.returncode != 0 or not any(line.startswith(tag) for line in lines):
+        raise RuntimeError(f"the {fmt} jobs failed (exit {done.returncode}): {done.stdout[-2000:]}")
+    return [Job(**job) for job in json.loads(next(line for line in lines if line.startswith(tag))[len(tag):])]
 
 
 def delta_point(topic: str, events: int, parallelism: int, workdir: Path, names: Sequence[str]) -> list[Job]:
-    """The Delta jobs in this process, its session started with the Delta sink's conf (jars, extension, catalog).
-    As in the point's process, the JVM's start and a first run of each job on other events are not timed."""
-    spark = spark_hook(DeltaTableSink(path=str(workdir)).spark_conf()).get_conn()
-    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    runs: dict[str, Callable[[str, int], Job]] = {
+    """The Delta jobs in this process, its session started with the Delta sink's conf (jars, extension, catalog)."""
+    return lakehouse_point(DeltaTableSink(path=str(workdir)).spark_conf(), {
         "spark_delta_append": lambda t, n: spark_delta_append(t, n, parallelism, workdir),
         "structured_streaming_delta": lambda t, n: structured_streaming_delta(t, n, parallelism, workdir),
         "eo_delta_append": lambda t, n: eo_delta(t, n, parallelism, workdir),
         "eo_delta_merge": lambda t, n: eo_delta(t, n, parallelism, workdir, merge=True),
-    }
-    warm, warm_events = f"bench_warm_delta_{uuid.uuid4().hex[:8]}", min(events, 20_000)
+    }, topic, events, parallelism, names)
+
+
+def iceberg_point(topic: str, events: int, parallelism: int, workdir: Path, names: Sequence[str]) -> list[Job]:
+    """The Iceberg jobs in this process, its session started with the Iceberg sink's conf (runtime jar, extension,
+    the catalog ``bench`` of Hadoop tables under ``workdir``)."""
+    return lakehouse_point(IcebergTableSink(table=f"{ICEBERG_CATALOG}.b.t", warehouse=str(workdir)).spark_conf(), {
+        "spark_iceberg_append": lambda t, n: spark_iceberg_append(t, n, parallelism, workdir),
+        "structured_streaming_iceberg": lambda t, n: structured_streaming_iceberg(t, n, parallelism, workdir),
+        "eo_iceberg_append": lambda t, n: eo_iceberg(t, n, parallelism, workdir),
+        "eo_iceberg_merge": lambda t, n: eo_iceberg(t, n, parallelism, workdir, merge=True),
+    }, topic, events, parallelism, names)
+
+
+def lakehouse_point(conf: dict[str, str], runs: dict[str, Callable[[str, int], Job]], topic: str, events: int,
+                    parallelism: int, names: Sequence[str]) -> list[Job]:
+    """A format's jobs in this process, its session started with ``conf``. As in the point's process, the JVM's
+    start and a first run of each job on other events are not timed."""
+    spark = spark_hook(conf).get_conn()
+    jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    warm, warm_events = f"bench_warm_lake_{uuid.uuid4().hex[:8]}", min(events, 20_000)
     page_views.produce_page_views(os.environ["EO_KAFKA_BOOTSTRAP"], warm_events, topic=warm)
     r_kafka(warm, warm_events, parallelism)
     warm_python_workers(spark, parallelism)
-    for name in names:  # Delta's classes load and its plans compile in the first write of each kind
+    for name in names:  # the format's classes load and its plans compile in the first write of each kind
         runs[name](warm, warm_events)
     memory, jobs = DriverMemory(jvm_pid), []
     for name in names:
@@ -793,6 +821,70 @@ def eo_delta(topic: str, events: int, parallelism: int, workdir: Path, merge: bo
     sink = DeltaTableSink(path=str(path), key_columns=["event_id"] if merge else [])
     job = ours(name, sink, None, topic, events, parallelism)
     expect("rows in the Delta table", delta_rows(path), events)
+    return job
+
+
+ICEBERG_CATALOG = "bench"
+
+
+def iceberg_rows(workdir: Path, table: str) -> int:
+    """The rows of the Iceberg table ``bench.b.<table>``, as pyiceberg reads its metadata and files (nothing of
+    Spark's)."""
+    from pyiceberg.table import StaticTable
+
+    return StaticTable.from_metadata(str(workdir / "b" / table)).scan().to_arrow().num_rows
+
+
+def _iceberg_table(spark: Any, name: str) -> str:
+    """A fresh empty table of the parsed events' shape, made before the clock starts (the peers append to it)."""
+    table = f"{ICEBERG_CATALOG}.b.{name}"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ICEBERG_CATALOG}.b")
+    spark.sql(f"CREATE TABLE {table} (event_id STRING, app_id STRING, user_id STRING, ts TIMESTAMP) USING iceberg")
+    return table
+
+
+def spark_iceberg_append(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """Batch read of the same ranges, the same parsed events, ``df.writeTo(table).append()``."""
+    name = f"spark_{uuid.uuid4().hex[:6]}"
+    spark = spark_hook().get_conn()
+    table = _iceberg_table(spark, name)
+    eng = engine(parallelism)
+    started = time.monotonic()
+    raw = eng.read(spark, BatchContext("bench_iceberg", 0, "bench", 0, whole_topic(topic)))
+    parsed_events(raw.withColumnRenamed("kafka_value", "value")).select(*EVENT_COLUMNS).writeTo(table).append()
+    seconds = time.monotonic() - started
+    expect("rows in the Iceberg table", iceberg_rows(workdir, name), events)
+    return Job("spark_iceberg_append", events, parallelism, seconds)
+
+
+def structured_streaming_iceberg(topic: str, events: int, parallelism: int, workdir: Path) -> Job:
+    """``readStream`` + ``availableNow`` + a checkpoint into Iceberg's streaming sink (``writeStream.format("iceberg")
+    .toTable``, as the Iceberg docs show)."""
+    name = f"ss_{uuid.uuid4().hex[:6]}"
+    spark = spark_hook().get_conn()
+    table = _iceberg_table(spark, name)
+    starting, _ = spark_offsets(whole_topic(topic))
+    started = time.monotonic()
+    query = (parsed_events(kafka_stream(spark, topic, starting)).select(*EVENT_COLUMNS).writeStream
+             .format("iceberg").outputMode("append")
+             .option("checkpointLocation", str(workdir / f"checkpoint_{name}"))
+             .trigger(availableNow=True)
+             .toTable(table))
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    expect("rows in the Iceberg table", iceberg_rows(workdir, name), events)
+    return Job("structured_streaming_iceberg", events, parallelism, seconds)
+
+
+def eo_iceberg(topic: str, events: int, parallelism: int, workdir: Path, merge: bool = False) -> Job:
+    """Our Iceberg sink into a fresh table: appending (``eo_iceberg_append``) or MERGE on ``event_id``
+    (``eo_iceberg_merge``; the table created from the output's schema, as the sink does)."""
+    name = "eo_iceberg_merge" if merge else "eo_iceberg_append"
+    table = f"{name}_{uuid.uuid4().hex[:6]}"
+    sink = IcebergTableSink(table=f"{ICEBERG_CATALOG}.b.{table}", warehouse=str(workdir),
+                            key_columns=["event_id"] if merge else [])
+    job = ours(name, sink, None, topic, events, parallelism)
+    expect("rows in the Iceberg table", iceberg_rows(workdir, table), events)
     return job
 
 
@@ -917,9 +1009,10 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             job.driver_peak_rss_mb = memory.peak_mb()
             jobs.append(job)
             print_job(job)
-        delta = [name for name in DELTA_JOBS if name in wanted]
-        if delta:
-            jobs += delta_elsewhere(topic, events, parallelism, Path(tmp), delta)
+        for fmt, fmt_jobs in (("delta", DELTA_JOBS), ("iceberg", ICEBERG_JOBS)):
+            chosen = [name for name in fmt_jobs if name in wanted]
+            if chosen:
+                jobs += lakehouse_elsewhere(fmt, topic, events, parallelism, Path(tmp) / fmt, chosen)
     where = SPARK_CONN_ID or "local"
     for job in jobs:
         job.spark = where
@@ -1035,6 +1128,7 @@ def main() -> None:
     parser.add_argument("--r-db", help=argparse.SUPPRESS)  # internal: run r_db, print its JSON
     parser.add_argument("--empty-batch", help=argparse.SUPPRESS)  # internal: time empty batches, print the JSON
     parser.add_argument("--delta", help=argparse.SUPPRESS)  # internal: run the Delta jobs, print their JSON
+    parser.add_argument("--iceberg", help=argparse.SUPPRESS)  # internal: the same for the Iceberg jobs
     args = parser.parse_args()
     global SPARK_CONN_ID
     SPARK_CONN_ID = args.spark_conn
@@ -1044,12 +1138,14 @@ def main() -> None:
         job = empty_batch_in_this_process(topic, int(parallelism))
         print("EMPTY " + json.dumps({k: v for k, v in asdict(job).items() if k != "records_per_s"}), flush=True)
         return
-    if args.delta:
-        topic, events, parallelism, names, workdir = args.delta.split(":", 4)
-        found = delta_point(topic, int(events), int(parallelism), Path(workdir), names.split(","))
-        print("DELTA " + json.dumps([{k: v for k, v in asdict(job).items() if k != "records_per_s"} for job in found]),
-              flush=True)
-        return
+    for fmt, point in (("delta", delta_point), ("iceberg", iceberg_point)):
+        if getattr(args, fmt):
+            topic, events, parallelism, names, workdir = getattr(args, fmt).split(":", 4)
+            Path(workdir).mkdir(parents=True, exist_ok=True)
+            found = point(topic, int(events), int(parallelism), Path(workdir), names.split(","))
+            print(f"{fmt.upper()} " + json.dumps([{k: v for k, v in asdict(job).items() if k != "records_per_s"}
+                                                   for job in found]), flush=True)
+            return
     if args.r_db:
         database, topic, events, parallelism, workdir = args.r_db.split(":", 4)
         job = r_db(topic, int(events), int(parallelism), Path(workdir), database)
