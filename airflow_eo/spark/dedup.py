@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.parsing import KEY_COLUMN
+from airflow_eo.spark.parsing import KEY_COLUMN, positional
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -55,19 +55,15 @@ def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappi
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
 
-    spread = parsed.repartition(partitions, F.col(ID))
-    names = spread.columns
-    # mapInArrow refers to its input's columns by name, which Spark parses (a backquote in one fails): positional
-    # names in between, as the partition writers do.
-    positional = spread.toDF(*(f"_eo_c{i}" for i in range(len(names))))
-    schema = StructType([*positional.schema.fields, StructField(DUPLICATE, BooleanType(), False),
+    spread, names = positional(parsed.repartition(partitions, F.col(ID)))
+    schema = StructType([*spread.schema.fields, StructField(DUPLICATE, BooleanType(), False),
                          StructField(NEW, BooleanType(), False)])
     columns = {name: i for i, name in enumerate(names)}
 
     def marked(batches: Iterable[Any]) -> Iterator[Any]:
         yield from _marked(batches, columns, lookup, retention)
 
-    return positional.mapInArrow(marked, schema).toDF(*names, DUPLICATE, NEW)
+    return spread.mapInArrow(marked, schema).toDF(*names, DUPLICATE, NEW)
 
 
 def _marked(batches: Iterable[Any], columns: Mapping[str, int],

@@ -48,7 +48,7 @@ from airflow_eo.core.task_files import task_folder
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, seen_id_rows, with_event_ids
 from airflow_eo.spark.kafka_security import spark_kafka_options
-from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records
+from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records, positional
 from airflow_eo.spark.refusals import refuse_unstorable
 from airflow_eo.spark.refused_rows import (
     WriteRefused,
@@ -466,11 +466,7 @@ class SparkBatchEngine:
         # One key lives in one task: two XA branches never wait on each other's row locks. Bad records (NULL keys,
         # mostly) spread by their offsets instead of piling up in one task.
         spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []
-        keyed = source.repartition(partitions, *named_columns([*writer.key_columns, *spread]))
-        # mapInArrow refers to its input's columns by name, which Spark parses (a backquote in one fails): positional
-        # names in between, each task's batches get the exact ones back.
-        names = keyed.columns
-        keyed = keyed.toDF(*(f"_eo_c{i}" for i in range(len(names))))
+        keyed, names = positional(source.repartition(partitions, *named_columns([*writer.key_columns, *spread])))
 
         def write_partition(renamed: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -585,9 +581,7 @@ class SparkBatchEngine:
             observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
             output = plan.unfiltered.observe(observation, *_record_counts()).where(
                 F.col("_eo_error").isNull()).select(*named_columns(columns))
-        # mapInArrow refers to its input's columns by name, which Spark parses (a backquote in one fails).
-        streams = output.toDF(*(f"_eo_c{i}" for i in range(len(columns)))).mapInArrow(
-            arrow_ipc_streams, "ipc binary").persist(StorageLevel.DISK_ONLY)
+        streams = positional(output)[0].mapInArrow(arrow_ipc_streams, "ipc binary").persist(StorageLevel.DISK_ONLY)
         try:
             streams.write.format("noop").mode("overwrite").save()  # the one job: every partition onto its disk
             yield DriverStream(_ipc_batches(streams, columns), _observed_counts(observation))

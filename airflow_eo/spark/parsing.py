@@ -35,6 +35,14 @@ def named_columns(names: Iterable[str]) -> list[Column]:
     return [F.col("`" + name.replace("`", "``") + "`") for name in names]
 
 
+def positional(df: DataFrame) -> tuple[DataFrame, list[str]]:
+    """``df`` with its columns renamed ``_eo_c0``, ``_eo_c1`` .., and their names: mapInArrow refers to its input's
+    columns by name, which Spark parses (a backquote in one fails), so the names go positional in between and each
+    task gives its Arrow batches the exact ones back (``batch.rename_columns(names)``)."""
+    names = list(df.columns)
+    return df.toDF(*(f"_eo_c{i}" for i in range(len(names)))), names
+
+
 def metadata_columns(parse: ParseConfig) -> tuple[str, ...]:
     """The columns a transform gets besides the payload's (dropped when there is no transform)."""
     return METADATA_COLUMNS + ((KEY_COLUMN,) if parse.key_format is not KeyFormat.BYTES else ())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.refused_rows import REFUSED_MARK, TooManyRefused, isolate_refused
-from airflow_eo.spark.parsing import named_columns
+from airflow_eo.spark.parsing import named_columns, positional
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -67,9 +67,7 @@ def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[
     source = parsed.where(F.col("_eo_error").isNull()).select(
         *named_columns(columns), *(F.col(c).alias(a) for c, a in zip(
             ("kafka_topic", "kafka_partition", "kafka_offset"), _POSITION, strict=True)))
-    keyed = source.repartition(partitions, *named_columns(writer.key_columns))
-    names = keyed.columns
-    keyed = keyed.toDF(*(f"_eo_c{i}" for i in range(len(names))))  # mapInArrow parses its input's names
+    keyed, names = positional(source.repartition(partitions, *named_columns(writer.key_columns)))
     probing = dataclasses.replace(writer, probe=True)
 
     def isolate(renamed: Iterable[Any]) -> Iterator[Any]:
