@@ -122,6 +122,21 @@ class DeadLetterRoute:
     batch_id: int
 
 
+@dataclass(frozen=True)
+class TaskDedup:
+    """``dedup_key`` marked by the write tasks of a one-pass batch
+    (:func:`~airflow_eo.core.dedup.marks_in_write_tasks`): each task looks its records' ids up with ``lookup`` (the
+    sink's ``seen_id_lookup``), writes the events and drops the copies, and writes the ids it saw first with
+    ``writer`` (the sink's seen-id writer, partition number :func:`~airflow_eo.core.dedup.seen_id_partition` of the
+    task's: its own branch / fenced transaction, committed with the batch's)."""
+
+    writer: PartitionWriter
+    lookup: Callable[[Iterable[bytes]], Mapping[bytes, Any]]
+    retention: timedelta
+    pipeline_id: str
+    batch_id: int
+
+
 @dataclass
 class WriteResult:
     """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written.
@@ -134,6 +149,10 @@ class WriteResult:
     rows: int = 0
     counted: tuple[int, int] | None = None
     dead_lettered: bool = False
+    #: the copies the write tasks dropped (:class:`TaskDedup`), and the Kafka timestamp (epoch ms) of the batch's
+    #: oldest good record, which bounds the purge of old ids
+    duplicates: int = 0
+    oldest_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +174,8 @@ class WritePlan:
     - ``dead_letters``: with ``counts_bad_records``, the task that finds a bad record also writes it, with this
       route's writer (the sink's :meth:`~airflow_eo.core.protocol.ExecutorDeadLetters.dead_letter_writer`), in the
       same Spark job: the driver never holds them.
+    - ``dedup``: with ``counts_bad_records``, the writers also drop the copies of events already seen and write the
+      ids they see first (:class:`TaskDedup`).
     - ``observation``: a batch with a transform, one pass: the job that writes the output also counts the parsed
       records before the transform (the engine's observed metrics), reported as ``WriteResult.counted``.
     """
@@ -168,12 +189,16 @@ class WritePlan:
     dead_letters: DeadLetterRoute | None = None
     #: the runner's own: what counts the parsed records while the output is written (a transform's one pass)
     observation: Any = None
+    dedup: TaskDedup | None = None
 
     def __post_init__(self) -> None:
         if self.vote and not self.counts_bad_records:
             raise ValueError("a write plan votes on the bad records its writers count: vote needs counts_bad_records")
         if self.dead_letters is not None and (self.vote or not self.counts_bad_records):
             raise ValueError("the partition writers dead-letter the bad records they count, without a vote")
+        if self.dedup is not None and not self.counts_bad_records:
+            raise ValueError("the partition writers mark the copies among every record they get: dedup needs "
+                             "counts_bad_records")
         if self.observation is not None and self.counts_bad_records:
             raise ValueError("a write plan counts its records either in its partition writers or by observing them")
 

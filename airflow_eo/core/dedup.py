@@ -107,6 +107,21 @@ def seen_id_partition(partition: int) -> int:
     return -(1 << 30) - partition
 
 
+def marks_in_write_tasks(dedup_key: tuple[str, ...], key_columns: tuple[str, ...] | None, *, transform: bool,
+                         one_pass: bool) -> bool:
+    """Whether the write tasks themselves can mark a batch's copies (one Spark job: no job of its own that spreads
+    every record by id first, caches them and writes the ids apart).
+
+    They can when every record of an id reaches the same write task, and one key of the table never reaches two: the
+    records spread by id, with no transform in between (a transform's rows are not records), every ``dedup_key``
+    column a column of the output (not a field of the Kafka key) and, for a keyed table, among its key columns
+    (two rows of one key then have one id). And when the batch is written in one pass: the writers get every
+    record (:attr:`~airflow_eo.core.batch.WritePlan.counts_bad_records`)."""
+    if transform or not one_pass or not dedup_key:
+        return False
+    return not key_columns or set(dedup_key) <= set(key_columns)
+
+
 def check_dedup(key: tuple[str, ...], retention: timedelta, *, interval_mode: bool, sink_name: str,
                 sink_keeps_seen_ids: bool) -> None:
     """The rules of ``dedup_key`` (checked at DAG parse time)."""

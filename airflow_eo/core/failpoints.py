@@ -60,7 +60,8 @@ POINTS: dict[str, Point] = {
     "after_task_prepare": Point("a Spark task prepared its XA branch, before it reports (panic: Spark retries it)",
                                 None),
     "after_seen_ids": Point("dedup_key: the batch's first sightings are prepared (two-phase) or committed (upsert) in "
-                            "the seen-id table; its output is not written yet"),
+                            "the seen-id table; its output is written too when the write tasks marked the copies, "
+                            "else not yet"),
     "after_task_dead_letters": Point("a Spark task prepared (XA, PostgreSQL two-phase) or committed (upsert) the "
                                      "bad records it found, before it reports", "kill(driver)"),
 }

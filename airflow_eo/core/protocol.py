@@ -163,6 +163,9 @@ class SeenIds(Protocol):
     """A sink that keeps the event ids of ``dedup_key`` (:mod:`airflow_eo.core.dedup`) in its database, written with
     the output so that they commit exactly when it does."""
 
+    #: the output table's key (empty: every row appended); a ``dedup_key`` among them lets the write tasks mark copies
+    key_columns: tuple[str, ...]
+
     def seen_id_writer(self, batch: BatchContext) -> PartitionWriter:
         """The seen-id table's partition writer for this batch's attempt (its own branch / fenced transaction per
         task, committed with the batch's); creates the table first when it is missing."""

@@ -108,10 +108,12 @@ class PostgresDatabase(SqlDatabase):
         return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
                 "(pipeline_key, seen_at)"]
 
-    def purge_seen_ids_statement(self, table: str) -> str:
+    def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:
+        # A delete locks only the rows it deletes here: one statement.
         quoted = sql.quote_table(table)
-        return (f"DELETE FROM {quoted} WHERE ctid IN (SELECT ctid FROM {quoted} WHERE pipeline_key = %s "
-                "AND seen_at < %s LIMIT %s)")
+        cur.execute(f"DELETE FROM {quoted} WHERE ctid IN (SELECT ctid FROM {quoted} WHERE pipeline_key = %s "
+                    "AND seen_at < %s LIMIT %s)", (key, before_ms, limit))
+        return int(cur.rowcount or 0)
 
     def table_columns(self, cur: Any, table: str) -> list[str]:
         cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "

@@ -49,6 +49,14 @@ def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
                                         F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
 
 
+#: Where a record is, for the write tasks that mark copies themselves (:func:`position_columns`): the metadata
+#: columns under names of their own, so that no output column is taken for them.
+AT_TOPIC, AT_PARTITION, AT_OFFSET, AT_TIMESTAMP = "_eo_at_topic", "_eo_at_partition", "_eo_at_offset", "_eo_at_ts"
+#: The columns :func:`duplicate_marks` reads: the id and where the record is.
+MARKED_BY = {ID: ID, "kafka_timestamp": AT_TIMESTAMP, "kafka_topic": AT_TOPIC, "kafka_partition": AT_PARTITION,
+             "kafka_offset": AT_OFFSET}
+
+
 def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
                     retention: timedelta, partitions: int) -> DataFrame:
     """The records (with ``_eo_id``) spread by id into ``partitions`` tasks, each marked ``_eo_dup`` / ``_eo_new``."""
@@ -58,26 +66,39 @@ def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappi
     spread, names = positional(parsed.repartition(partitions, F.col(ID)))
     schema = StructType([*spread.schema.fields, StructField(DUPLICATE, BooleanType(), False),
                          StructField(NEW, BooleanType(), False)])
-    columns = {name: i for i, name in enumerate(names)}
+    columns = {role: names.index(role) for role in MARKED_BY}
 
     def marked(batches: Iterable[Any]) -> Iterator[Any]:
-        yield from _marked(batches, columns, lookup, retention)
+        import pyarrow as pa
+
+        received = list(batches)  # none at all for a task whose partition is empty (few ids, or an empty batch)
+        table = pa.Table.from_batches(received) if received else None
+        if table is None or table.num_rows == 0:
+            return
+        duplicate, new = duplicate_marks(table, columns, lookup, retention)
+        yield from table.append_column(DUPLICATE, duplicate).append_column(NEW, new).to_batches()
 
     return spread.mapInArrow(marked, schema).toDF(*names, DUPLICATE, NEW)
 
 
-def _marked(batches: Iterable[Any], columns: Mapping[str, int],
-            lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]], retention: timedelta) -> Iterator[Any]:
-    """One task's records (every record of its ids) with their marks. Most ids are one record never seen before:
-    those are marked with Arrow's compute functions; only the records of ids seen twice in the batch or found in the
-    table are decided one by one (:func:`~airflow_eo.core.dedup.keep`)."""
+def position_columns() -> list[Column]:
+    """What a write task that marks copies needs besides the output's columns: ``_eo_id`` and where the record is
+    (:data:`MARKED_BY`)."""
+    from pyspark.sql import functions as F
+
+    return [F.col(ID), *[F.col(source).alias(alias) for source, alias in MARKED_BY.items() if source != ID]]
+
+
+def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
+                    retention: timedelta) -> tuple[Any, Any]:
+    """One task's records (an Arrow table holding every record of its ids; ``columns``: the index of each of
+    :data:`MARKED_BY`'s roles) marked: (copies, first sightings), two boolean arrays. Most ids are one record never
+    seen before: those are marked with Arrow's compute functions; only the records of ids seen twice in the batch or
+    found in the table are decided one by one (:func:`~airflow_eo.core.dedup.keep`). A bad record (no id) is
+    neither."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    received = list(batches)  # none at all for a task whose partition is empty (few ids, or an empty batch)
-    table = pa.Table.from_batches(received) if received else None
-    if table is None or table.num_rows == 0:
-        return
     ids = table.column(columns[ID]).combine_chunks()
     valid = pc.is_valid(ids)
     counted = pc.value_counts(ids.filter(valid))
@@ -85,26 +106,47 @@ def _marked(batches: Iterable[Any], columns: Mapping[str, int],
     repeated = counted.field("values").filter(pc.greater(counted.field("counts"), 1))
     special = pa.array([*repeated.to_pylist(), *stored], ids.type)
     one_by_one = pc.fill_null(pc.is_in(ids, value_set=special), False)
-    new = pc.and_(valid, pc.invert(one_by_one)).to_pylist()  # a single record of an id never seen: the event
-    duplicate = [False] * table.num_rows
+    new = pc.and_(valid, pc.invert(one_by_one))  # a single record of an id never seen: the event
     rows = pc.indices_nonzero(one_by_one).to_pylist()
-    if rows:
-        picked = table.take(pa.array(rows, pa.int64()))
-        times = pc.cast(picked.column(columns["kafka_timestamp"]), pa.int64()).to_pylist()  # microseconds
-        topics = picked.column(columns["kafka_topic"]).to_pylist()
-        partitions = picked.column(columns["kafka_partition"]).to_pylist()
-        offsets = picked.column(columns["kafka_offset"]).to_pylist()
-        rows_of: dict[bytes, list[int]] = {}
-        for i, event_id in enumerate(picked.column(columns[ID]).to_pylist()):
-            rows_of.setdefault(event_id, []).append(i)
-        for event_id, group in rows_of.items():
-            sightings = [SeenAt((times[i] or 0) // 1000, topics[i], partitions[i], offsets[i]) for i in group]
-            kept, write = keep(sightings, stored.get(event_id), retention)
-            for n, i in enumerate(group):
-                duplicate[rows[i]] = n != kept
-                new[rows[i]] = n == kept and write
-    marks = table.append_column(DUPLICATE, pa.array(duplicate, pa.bool_()))
-    yield from marks.append_column(NEW, pa.array(new, pa.bool_())).to_batches()
+    if not rows:  # no id of the task seen twice nor stored: no copy at all
+        return pc.and_(new, pa.scalar(False)), new
+    new_list = new.to_pylist()
+    duplicate = [False] * table.num_rows
+    picked = table.take(pa.array(rows, pa.int64()))
+    times = pc.cast(picked.column(columns["kafka_timestamp"]), pa.int64()).to_pylist()  # microseconds
+    topics = picked.column(columns["kafka_topic"]).to_pylist()
+    partitions = picked.column(columns["kafka_partition"]).to_pylist()
+    offsets = picked.column(columns["kafka_offset"]).to_pylist()
+    rows_of: dict[bytes, list[int]] = {}
+    for i, event_id in enumerate(picked.column(columns[ID]).to_pylist()):
+        rows_of.setdefault(event_id, []).append(i)
+    for event_id, group in rows_of.items():
+        sightings = [SeenAt((times[i] or 0) // 1000, topics[i], partitions[i], offsets[i]) for i in group]
+        kept, write = keep(sightings, stored.get(event_id), retention)
+        for n, i in enumerate(group):
+            duplicate[rows[i]] = n != kept
+            new_list[rows[i]] = n == kept and write
+    return pa.array(duplicate, pa.bool_()), pa.array(new_list, pa.bool_())
+
+
+def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id: str, batch_id: int) -> Any:
+    """The first sightings among one task's marked records (``new``) as an Arrow table of the seen-id table's rows
+    (:data:`~airflow_eo.core.dedup.SEEN_ID_FIELDS`), for a write task that marks copies itself."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    firsts = table.filter(new)
+    count = firsts.num_rows
+    millis = pc.divide(pc.cast(firsts.column(columns["kafka_timestamp"]), pa.int64()), 1000)
+    return pa.table({
+        "pipeline_key": pa.array([seen_pipeline_key(pipeline_id)] * count, pa.binary()),
+        "event_id": firsts.column(columns[ID]),
+        "topic": firsts.column(columns["kafka_topic"]),
+        "kafka_partition": firsts.column(columns["kafka_partition"]),
+        "kafka_offset": firsts.column(columns["kafka_offset"]),
+        "seen_at": pc.cast(millis, pa.int64()),
+        "batch_id": pa.array([batch_id] * count, pa.int64()),
+    })
 
 
 def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:

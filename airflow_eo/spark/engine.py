@@ -32,12 +32,13 @@ from airflow_eo.core.batch import (
     DriverStream,
     ExecutionResult,
     PartitionWriter,
+    TaskDedup,
     WritePlan,
     WriteResult,
     dead_letter_partition,
 )
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, purge_cutoff, seen_id_partition
+from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
@@ -46,7 +47,18 @@ from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.core.task_files import task_folder
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
-from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, seen_id_rows, with_event_ids
+from airflow_eo.spark.dedup import (
+    DUPLICATE,
+    ID,
+    MARKED_BY,
+    NEW,
+    duplicate_marks,
+    mark_duplicates,
+    position_columns,
+    seen_id_rows,
+    seen_id_table,
+    with_event_ids,
+)
 from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records, positional
 from airflow_eo.spark.refusals import refuse_unstorable
@@ -170,6 +182,9 @@ class SparkBatchEngine:
             if self.transform is None:  # a record is a row of the table: what the table refuses, it is refused here
                 parsed = refuse_unstorable(parsed, payload, sink)
             if self.parse.dedup_key:  # copies of events already seen are dropped before anything else sees them
+                in_tasks = self._dedup_in_write_tasks(spark, parsed, payload, batch, sink)
+                if in_tasks is not None:
+                    return in_tasks
                 marked, dedup = self._mark_duplicates(spark, parsed, batch, sink)
                 parsed = marked.where(~marked[DUPLICATE]).drop(ID, DUPLICATE, NEW)
                 return dedup.into(self._execute_around_refusals(spark, parsed, payload, batch, sink))
@@ -222,16 +237,19 @@ class SparkBatchEngine:
         raise BadRecordError(f"table {getattr(sink, 'table', '?')} still refused rows after {REFUSAL_ROUNDS} rounds "
                              "of finding them: nothing was committed")
 
-    def _execute(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
-                 sink: Sink) -> ExecutionResult:
+    def _strategy(self, spark: SparkSession, parsed: DataFrame, payload: list[str], sink: Sink) -> WriteStrategy:
         # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
         # (lazily, in this order) only when the decision needs them.
-        strategy = choose_write_strategy(
+        return choose_write_strategy(
             writes_visible_before_commit=sink.writes_visible_before_commit,
             dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
             transform=self.transform is not None,
             barrier_possible=lambda: self._barrier_possible(spark),
             can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))))
+
+    def _execute(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                 sink: Sink) -> ExecutionResult:
+        strategy = self._strategy(spark, parsed, payload, sink)
         if strategy is WriteStrategy.ONE_PASS:
             return self._write_then_validate(parsed, payload, batch, sink, vote=False)
         if strategy is WriteStrategy.VOTE:
@@ -239,6 +257,42 @@ class SparkBatchEngine:
         if strategy is WriteStrategy.ONE_PASS_TRANSFORMED:
             return self._transform_then_validate(spark, parsed, payload, batch, sink)
         return self._validate_then_write(spark, parsed, payload, batch, sink)  # WriteStrategy.TWO_PASS
+
+    def _dedup_in_write_tasks(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                              sink: Sink) -> ExecutionResult | None:
+        """The batch written by tasks that mark the copies themselves, when they can
+        (:func:`~airflow_eo.core.dedup.marks_in_write_tasks`): one Spark job reads, spreads by id, looks up, writes the
+        events and the ids seen first. None when they cannot, or when the table refused a row: then the copies are
+        marked by a job of their own (:meth:`_mark_duplicates`) and the refused records found against the marked
+        batch (what this write prepared is rolled back by the next write's tasks, as after any refusal)."""
+        if not callable(getattr(sink, "seen_id_writer", None)):
+            return None
+        seen: SeenIds = sink  # type: ignore[assignment]
+        strategy = self._strategy(spark, parsed, payload, sink)
+        if not marks_in_write_tasks(self.parse.dedup_key, tuple(getattr(seen, "key_columns", ()) or ()),
+                                    transform=self.transform is not None,
+                                    one_pass=strategy in (WriteStrategy.ONE_PASS, WriteStrategy.VOTE)):
+            return None
+        dedup = TaskDedup(seen.seen_id_writer(batch), seen.seen_id_lookup(batch), self.parse.dedup_retention,
+                          batch.pipeline_id, batch.batch_id)
+        try:
+            return self._write_then_validate(with_event_ids(parsed, self.parse.dedup_key), payload, batch, sink,
+                                             vote=strategy is WriteStrategy.VOTE, dedup=dedup)
+        except WriteRefused as refused:
+            log.warning("table %s refused a row (%s): the copies are marked apart and the batch written again, to "
+                        "find the records it refuses", getattr(sink, "table", "?"), refused.error)
+            return None
+
+    def _purge_seen_ids(self, seen: SeenIds, pipeline_id: str, oldest_ms: int | None) -> None:
+        """Remove a bounded number of ids past retention, older than the batch's oldest record by more than it."""
+        if oldest_ms is None:
+            return
+        try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
+            purged = seen.purge_seen_ids(pipeline_id, purge_cutoff(oldest_ms, self.parse.dedup_retention), PURGE_LIMIT)
+            if purged:
+                log.info("dedup: %s event ids past retention removed", purged)
+        except Exception:
+            log.warning("dedup: could not remove event ids past retention (the next batch tries again)", exc_info=True)
 
     def _mark_duplicates(self, spark: SparkSession, parsed: DataFrame, batch: BatchContext,
                          sink: Sink) -> tuple[DataFrame, _Dedup]:
@@ -262,15 +316,7 @@ class SparkBatchEngine:
                                 "oldest")).collect()[0]
         duplicates = int(counts["duplicates"] or 0)
         t1 = time.monotonic()
-        if counts["oldest"] is not None:
-            try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
-                purged = seen.purge_seen_ids(batch.pipeline_id, purge_cutoff(int(counts["oldest"]), retention),
-                                             PURGE_LIMIT)
-                if purged:
-                    log.info("dedup: %s event ids past retention removed", purged)
-            except Exception:
-                log.warning("dedup: could not remove event ids past retention (the next batch tries again)",
-                            exc_info=True)
+        self._purge_seen_ids(seen, batch.pipeline_id, None if counts["oldest"] is None else int(counts["oldest"]))
         written = self.run_partitions(WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id), self),
                                       _SeenIdPartitions(writer))
         failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
@@ -352,7 +398,7 @@ class SparkBatchEngine:
                                seconds=seconds)
 
     def _write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext, sink: Sink,
-                             vote: bool) -> ExecutionResult:
+                             vote: bool, dedup: TaskDedup | None = None) -> ExecutionResult:
         """One pass: every parsed record goes to the partition writers, which write the good ones and count the
         bad ones (the plan's ``counts_bad_records``, :meth:`run_partitions`); the bad records are read again only
         when there are some.
@@ -361,6 +407,9 @@ class SparkBatchEngine:
         attempt's ``discard`` rolls back what was written (prepared branches, an open Kafka transaction). A sink
         whose writes are visible at once takes part only when its writers hold their partitions (``vote``): they
         write only after every task of the (barrier) stage has reported no bad record.
+
+        With ``dedup`` (the parsed records carry ``_eo_id``), the tasks also drop the copies and write the ids they
+        see first (:class:`~airflow_eo.core.batch.TaskDedup`).
         """
         from pyspark.sql import functions as F
 
@@ -369,12 +418,17 @@ class SparkBatchEngine:
         bad_fields = [] if route is None else [
             F.when(F.col("_eo_error").isNotNull(), F.col(source)).alias(name)
             for name, source in _DEAD_LETTER_SOURCE.items()]
-        unfiltered = parsed.select(*named_columns([*payload, "_eo_error"]), *bad_fields)
+        unfiltered = parsed.select(*named_columns([*payload, "_eo_error"]), *bad_fields,
+                                   *(position_columns() if dedup is not None else ()))
         good = unfiltered.where(F.col("_eo_error").isNull()).select(*named_columns(payload))
         written = sink.write(WritePlan(good, self, counts_bad_records=True, vote=vote, unfiltered=unfiltered,
-                                       dead_letters=route), batch)
-        seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse and write: one Spark job
+                                       dead_letters=route, dedup=dedup), batch)
+        seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse (mark) and write: one Spark job
         t1 = time.monotonic()
+        if dedup is not None:
+            self._purge_seen_ids(sink, batch.pipeline_id, written.oldest_ms)  # type: ignore[arg-type]
+            failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
+            log.info("dedup: %s duplicate record(s) dropped by the write tasks", written.duplicates)
         counted = written.counted
         if counted is None:  # the sink wrote without the partition writers (the Kafka sink): count now
             counted = _count(parsed)
@@ -383,8 +437,8 @@ class SparkBatchEngine:
         if bad and not written.dead_lettered:  # fail: raises, the attempt discards
             xids += sink.write_dead_letters(batch, self._bad_records(parsed, bad))
             seconds["dead_letters"] = round(time.monotonic() - t1, 3)  # through the driver
-        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
-                               seconds=seconds)
+        return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad,
+                               duplicates=written.duplicates, xids=xids, seconds=seconds)
 
     def _dead_letter_route(self, batch: BatchContext, sink: Sink) -> DeadLetterRoute | None:
         """The executors write the dead letters when the policy keeps them and the sink has a partition writer for
@@ -458,25 +512,32 @@ class SparkBatchEngine:
         unknown = [c for c in selected if c not in out.columns]
         if unknown:
             raise ValueError(f"run_partitions: columns {unknown} are not columns of the output ({out.columns})")
-        counting, hold, route = plan.counts_bad_records, plan.vote, plan.dead_letters
-        extra = ["_eo_error", *(_DEAD_LETTER_SOURCE if route is not None else ())]
+        counting, hold, route, dedup = plan.counts_bad_records, plan.vote, plan.dead_letters, plan.dedup
+        extra = ["_eo_error", *(_DEAD_LETTER_SOURCE if route is not None else ()),
+                 *(MARKED_BY.values() if dedup is not None else ())]
         source = plan.unfiltered.select(*named_columns([*selected, *extra])) if counting else (
             out if columns is None else out.select(*named_columns(selected)))
         partitions = self.parse.write_partitions or _default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks. Bad records (NULL keys,
         # mostly) spread by their offsets instead of piling up in one task.
         spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []
-        keyed, names = positional(source.repartition(partitions, *named_columns([*writer.key_columns, *spread])))
+        # Marking copies in the task: every record of an id in one task (a key of the table is one id there).
+        by = [ID] if dedup is not None else list(writer.key_columns)
+        keyed, names = positional(source.repartition(partitions, *named_columns([*by, *spread])))
+        marked_by = {role: names.index(column) for role, column in MARKED_BY.items()} if dedup is not None else {}
 
         def write_partition(renamed: Iterable[Any]) -> Iterator[Any]:
             import pyarrow as pa
             import pyarrow.compute as pc
 
-            batches = (batch.rename_columns(names) for batch in renamed)
+            batches: Iterable[Any] = (batch.rename_columns(names) for batch in renamed)
+            copies = _TaskCopies()
+            if dedup is not None:
+                batches = copies.mark(batches, marked_by, dedup)
 
             ctx = BarrierTaskContext.get() if hold else TaskContext.get()
             assert ctx is not None, "mapInArrow runs this inside a Spark task"
-            seen = {"records": 0, "bad": 0}
+            seen = {"records": copies.duplicates, "bad": 0}
             verdict: list[bool] = []
             counted = threading.Event()  # every record of the partition has gone by good_batches
 
@@ -517,6 +578,12 @@ class SparkBatchEngine:
                 agreed()  # a task with nothing to write still takes part in the vote
             if xid:
                 failpoint("after_task_prepare", scope=f"{xid.split('/')[0]}-{ctx.partitionId()}")
+            seen_xid = None
+            if dedup is not None and copies.first_sightings is not None and copies.first_sightings.num_rows and (
+                    not hold or agreed()):
+                # The ids this task saw first, in its own branch / fenced transaction of the seen-id table.
+                seen_xid, _ = _SeenIdPartitions(dedup.writer)(copies.first_sightings.to_batches(), ctx.partitionId(),
+                                                              ctx.stageId(), ctx.taskAttemptId())
             dead_xid = None
             if spill is not None and route is not None:
                 with spill:
@@ -527,15 +594,17 @@ class SparkBatchEngine:
                 if dead_rows:
                     failpoint("after_task_dead_letters", scope=f"{route.batch_id}-{ctx.partitionId()}")
             yield pa.RecordBatch.from_pydict(
-                {"xid": [xid], "dead_xid": [dead_xid], "rows": [rows], "records": [seen["records"]],
-                 "bad": [seen["bad"]]},
-                schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("rows", pa.int64()),
-                                  ("records", pa.int64()), ("bad", pa.int64())]))
+                {"xid": [xid], "dead_xid": [dead_xid], "seen_xid": [seen_xid], "rows": [rows],
+                 "records": [seen["records"]], "bad": [seen["bad"]], "duplicates": [copies.duplicates],
+                 "oldest": [copies.oldest_ms]},
+                schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("seen_xid", pa.string()),
+                                  ("rows", pa.int64()), ("records", pa.int64()), ("bad", pa.int64()),
+                                  ("duplicates", pa.int64()), ("oldest", pa.int64())]))
 
         try:
             reports = keyed.mapInArrow(write_partition,
-                                       "xid string, dead_xid string, rows long, records long, bad long",
-                                       barrier=hold).collect()
+                                       "xid string, dead_xid string, seen_xid string, rows long, records long, "
+                                       "bad long, duplicates long, oldest long", barrier=hold).collect()
         except Exception as exc:
             refused = refused_write(writer, exc)
             if refused is not None:
@@ -543,8 +612,10 @@ class SparkBatchEngine:
             raise
         counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else \
             _observed_counts(plan.observation)
-        xids = [x for r in reports for x in (r["xid"], r["dead_xid"]) if x]
-        return WriteResult(xids, sum(r["rows"] for r in reports), counted, dead_lettered=route is not None)
+        xids = [x for r in reports for x in (r["xid"], r["dead_xid"], r["seen_xid"]) if x]
+        oldest = [r["oldest"] for r in reports if r["oldest"] is not None]
+        return WriteResult(xids, sum(r["rows"] for r in reports), counted, dead_lettered=route is not None,
+                           duplicates=sum(r["duplicates"] for r in reports), oldest_ms=min(oldest, default=None))
 
     @contextlib.contextmanager
     def to_driver(self, plan: WritePlan, columns: Sequence[str]) -> Iterator[DriverStream]:
@@ -592,6 +663,35 @@ class SparkBatchEngine:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
         if self._spark is not None and self._job_tag:
             self._spark.interruptTag(self._job_tag)
+
+
+class _TaskCopies:
+    """One write task's marking of copies (:class:`~airflow_eo.core.batch.TaskDedup`): its whole partition is read
+    (every record of its ids), marked (:func:`~airflow_eo.spark.dedup.duplicate_marks`), and handed on without the
+    copies; the ids it saw first are kept for the seen-id table. Runs in the Spark task."""
+
+    def __init__(self) -> None:
+        self.duplicates = 0
+        self.oldest_ms: int | None = None
+        self.first_sightings: Any = None
+
+    def mark(self, batches: Iterable[Any], columns: Mapping[str, int], dedup: TaskDedup) -> list[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        received = list(batches)
+        if not received:
+            return []
+        table = pa.Table.from_batches(received)
+        if table.num_rows == 0:
+            return []
+        duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention)
+        self.duplicates = int(pc.sum(duplicate).as_py() or 0)
+        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id)
+        events = pc.is_valid(table.column(columns[ID]))
+        oldest = pc.min(pc.cast(table.column(columns["kafka_timestamp"]).filter(events), pa.int64())).as_py()
+        self.oldest_ms = None if oldest is None else oldest // 1000
+        return table.filter(pc.invert(duplicate)).to_batches() if self.duplicates else table.to_batches()
 
 
 @dataclass(frozen=True)

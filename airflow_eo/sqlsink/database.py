@@ -133,8 +133,9 @@ class SqlDatabase:
         """Statements that add the seen-id table's purge index, when its DDL cannot hold it (idempotent)."""
         return []
 
-    def purge_seen_ids_statement(self, table: str) -> str:
-        """``DELETE`` of at most ``%s`` rows of pipeline ``%s`` seen before ``%s`` (args: pipeline, before, limit)."""
+    def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:
+        """Delete at most ``limit`` rows of pipeline ``key`` seen before ``before_ms``, never waiting on a row it does
+        not delete; how many went."""
         raise NotImplementedError
 
     def dead_letter_upgrades(self, table: str, columns: Iterable[str]) -> list[tuple[str, str]]:

@@ -85,7 +85,6 @@ def purge_seen_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], tab
         with conn.cursor() as cur:
             # Old ids next to another pipeline's prepared branch wait for it: a few seconds, then the next batch.
             cur.execute(database.row_lock_wait(PURGE_LOCK_WAIT_S))
-            cur.execute(database.purge_seen_ids_statement(table), (key, before_ms, limit))
-            return int(cur.rowcount or 0)
+            return database.purge_seen_ids(cur, table, key, before_ms, limit)
     finally:
         conn.close()

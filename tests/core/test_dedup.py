@@ -91,3 +91,18 @@ def test_dedup_key_is_refused_in_interval_mode_and_with_a_sink_that_keeps_no_see
 def test_bad_dedup_options_say_what_to_fix(key, retention, said):
     with pytest.raises(ConfigurationError, match=said):
         check_dedup(key, retention, interval_mode=False, sink_name="S", sink_keeps_seen_ids=True)
+
+
+def test_the_write_tasks_mark_copies_when_every_record_of_an_id_and_every_key_meets_in_one_task():
+    from airflow_eo.core.dedup import marks_in_write_tasks
+
+    assert marks_in_write_tasks(("event_id",), ("event_id",), transform=False, one_pass=True)
+    assert marks_in_write_tasks(("event_id",), ("app_id", "event_id"), transform=False, one_pass=True)
+    assert marks_in_write_tasks(("event_id",), (), transform=False, one_pass=True)  # appended: any spread will do
+    # a key of the table whose rows may carry two ids would reach two tasks; a transform's rows are no records;
+    # a two-pass write gives its writers the good records only, after counting
+    assert not marks_in_write_tasks(("event_id",), ("app_id",), transform=False, one_pass=True)
+    assert not marks_in_write_tasks(("key.id",), ("event_id",), transform=False, one_pass=True)
+    assert not marks_in_write_tasks(("event_id",), ("event_id",), transform=True, one_pass=True)
+    assert not marks_in_write_tasks(("event_id",), ("event_id",), transform=False, one_pass=False)
+    assert not marks_in_write_tasks((), ("event_id",), transform=False, one_pass=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.hooks.sinks import build_sink
@@ -50,6 +51,8 @@ def test_copies_count_once_and_bad_records_are_no_events(kind, bootstrap, airflo
     copies = len(resend_page_views(bootstrap, first, 60, topic=topic, seed=1))
     one = run(operator(topic, spec, pipeline, **options))
     assert (one["duplicates"], one["dead_letters"], one["records_in"]) == (copies, 2, 300 + 2 + copies)
+    # events keyed by id, no transform: the write tasks mark the copies (no job of its own); counts: a job first
+    assert ("dedup_mark" in one["seconds"]) is counts
 
     second = produce_page_views(bootstrap, 200, topic=topic)
     copies = len(resend_page_views(bootstrap, first + second, 50, topic=topic, seed=2))
@@ -137,3 +140,37 @@ def test_copies_are_known_by_a_field_of_the_records_key(bootstrap, airflow_db):
     stored = database_query(adapter.database, adapter.connect_kwargs)(  # type: ignore[attr-defined]
         f"SELECT event, attempt FROM `{table}`")
     assert sorted((r["event"], r["attempt"]) for r in stored) == [(e, 1) for e in range(40)]
+
+
+def test_the_purge_never_waits_on_the_ids_a_prepared_branch_holds(mysql_kwargs):
+    """The purge runs after the write tasks prepared their branches (MySQL/MariaDB XA): it removes the old ids and
+    leaves, without waiting on the new ids next to them in the age index (it did wait, its whole lock wait, when it
+    deleted by a range of that index)."""
+    import time
+
+    from airflow_eo.mysql.database import DATABASE as MYSQL
+    from airflow_eo.sqlsink.seen_ids import PURGE_LOCK_WAIT_S, SEEN_ID_TABLE, create_seen_id_table, purge_seen_ids
+
+    create_seen_id_table(MYSQL, mysql_kwargs, SEEN_ID_TABLE)
+    key = seen_pipeline_key(f"purge_{uuid.uuid4().hex}")
+    insert = (f"INSERT INTO {SEEN_ID_TABLE} (pipeline_key, event_id, topic, kafka_partition, kafka_offset, seen_at, "
+              "batch_id) VALUES (%s, %s, 't', 0, %s, %s, %s)")
+    conn = MYSQL.connect(mysql_kwargs, autocommit=True)
+    xid = f"purge-test-{uuid.uuid4().hex[:12]}"
+    try:
+        with conn.cursor() as cur:
+            for i in range(3):  # old ids, committed
+                cur.execute(insert, (key, uuid.uuid4().bytes, i, 1_000 + i, 1))
+            cur.execute(f"XA START '{xid}'")
+            for i in range(3):  # the running batch's ids, prepared
+                cur.execute(insert, (key, uuid.uuid4().bytes, 10 + i, 10_000_000 + i, 2))
+            cur.execute(f"XA END '{xid}'")
+            cur.execute(f"XA PREPARE '{xid}'")
+        started = time.monotonic()
+        assert purge_seen_ids(MYSQL, mysql_kwargs, SEEN_ID_TABLE, key, 5_000, 100) == 3
+        assert time.monotonic() - started < PURGE_LOCK_WAIT_S / 2
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"XA ROLLBACK '{xid}'")
+            cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
+        conn.close()

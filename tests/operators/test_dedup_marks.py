@@ -1,5 +1,6 @@
-"""The executor side of ``dedup_key`` (:func:`airflow_eo.spark.dedup._marked`) on Arrow batches, with an in-memory
-seen-id table: which records of a task are copies and which are first sightings."""
+"""The executor side of ``dedup_key`` (:func:`airflow_eo.spark.dedup.duplicate_marks`, the write tasks'
+``_TaskCopies``) on Arrow batches, with an in-memory seen-id table: which records of a task are copies and which are
+first sightings, and the seen-id rows a write task writes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 
-from airflow_eo.core.dedup import SeenAt
-from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, _marked
+from airflow_eo.core.batch import TaskDedup
+from airflow_eo.core.dedup import SeenAt, seen_pipeline_key
+from airflow_eo.spark.dedup import ID, duplicate_marks, seen_id_table
+from airflow_eo.spark.engine import _TaskCopies
 
 T0 = datetime(2026, 11, 26, tzinfo=timezone.utc)
 
@@ -31,11 +34,12 @@ def marks(rows, stored=None, retention=timedelta(days=7)) -> dict[int, tuple[boo
         asked.append(sorted(ids))
         return {i: s for i, s in (stored or {}).items() if i in set(asked[-1])}
 
-    first = batch(rows)
-    columns = {name: i for i, name in enumerate(first.schema.names)}
-    out = pa.Table.from_batches(list(_marked([first], columns, lookup, retention))).to_pylist()
+    table = pa.Table.from_batches([batch(rows)])
+    columns = {name: i for i, name in enumerate(table.schema.names)}
+    duplicate, new = duplicate_marks(table, columns, lookup, retention)
     assert len(asked) == 1 and None not in asked[0], "one look-up per task, of the good records' ids"
-    return {r["kafka_offset"]: (r[DUPLICATE], r[NEW]) for r in out}
+    return {o: (d, n) for o, d, n in zip(table.column("kafka_offset").to_pylist(), duplicate.to_pylist(),
+                                         new.to_pylist(), strict=True)}
 
 
 def test_copies_in_the_same_task_keep_the_first_by_time_and_bad_records_are_left_alone():
@@ -59,4 +63,25 @@ def test_a_task_with_an_empty_partition_marks_nothing_and_asks_nothing():
     def lookup(ids):
         raise AssertionError("an empty partition has no ids to look up")
 
-    assert list(_marked(iter(()), {}, lookup, timedelta(days=7))) == []
+    copies = _TaskCopies()
+    assert copies.mark(iter(()), {}, TaskDedup(None, lookup, timedelta(days=7), "p", 1)) == []  # type: ignore[arg-type]
+    assert (copies.duplicates, copies.oldest_ms, copies.first_sightings) == (0, None, None)
+
+
+def test_a_write_task_hands_on_the_events_and_keeps_its_first_sightings_for_the_seen_id_table():
+    rows = [("a", 0, 1, 10), ("a", 1, 7, 5), ("b", 0, 2, 1), (None, 0, 4, 0), ("c", 0, 5, 3)]
+    first = batch(rows)
+    columns = {name: i for i, name in enumerate(first.schema.names)}
+    stored = {"c": SeenAt(int(T0.timestamp() * 1000), "t", 1, 0)}  # c copies an event of an earlier batch
+    copies = _TaskCopies()
+    kept = pa.Table.from_batches(copies.mark([first], columns, TaskDedup(
+        None, lambda ids: {i: s for i, s in stored.items() if i in set(ids)}, timedelta(days=7),  # type: ignore[arg-type]
+        "pipeline", 9)))
+    assert sorted(kept.column("kafka_offset").to_pylist()) == [2, 4, 7]  # the bad record goes on, to be counted
+    assert copies.duplicates == 2
+    assert copies.oldest_ms == int(T0.timestamp() * 1000) + 1000  # the oldest good record (b, 1 s after T0)
+    seen = copies.first_sightings.sort_by("event_id").to_pylist()
+    assert [(r["event_id"], r["kafka_partition"], r["kafka_offset"], r["seen_at"], r["batch_id"]) for r in seen] == [
+        ("a", 1, 7, int(T0.timestamp() * 1000) + 5000, 9), ("b", 0, 2, int(T0.timestamp() * 1000) + 1000, 9)]
+    assert {r["pipeline_key"] for r in seen} == {seen_pipeline_key("pipeline")}
+    assert seen_id_table(pa.Table.from_batches([first]), columns, pa.array([False] * 5), "p", 1).num_rows == 0
