@@ -172,6 +172,12 @@ class MySqlTableSink(SqlTableSink):
         return self._writer(batch, self.table, columns, self.key_columns, self.updates,
                             replace_rows=DELETE_COLUMN not in columns and self.replaces_rows(columns))
 
+    def _seen_id_writer_options(self) -> dict[str, Any]:
+        # Every column is replaced and the key is the table's one unique index: LOAD DATA .. REPLACE leaves what the
+        # upsert leaves, without the staging table and its INSERT .. SELECT (measured at 1,000,000 ids: 6.6 s per
+        # task of 500,000 through staging).
+        return {"replace_rows": self.bulk_load}
+
     # -- dead letters
 
     def _dead_letter_writer_options(self, cur: Any, written: Sequence[str]) -> dict[str, Any]:

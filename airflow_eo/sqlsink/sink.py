@@ -214,7 +214,12 @@ class SqlTableSink:
         Creates the table when missing, on the driver before any transaction of the batch starts."""
         create_seen_id_table(self.database, self.connect_kwargs, SEEN_ID_TABLE)
         return self._writer(batch, SEEN_ID_TABLE, SEEN_ID_FIELDS, SEEN_ID_KEY,
-                            {c: "replace" for c in SEEN_ID_FIELDS if c not in SEEN_ID_KEY})
+                            {c: "replace" for c in SEEN_ID_FIELDS if c not in SEEN_ID_KEY},
+                            **self._seen_id_writer_options())
+
+    def _seen_id_writer_options(self) -> dict[str, Any]:
+        """The database's own options of the seen-id writer (the table is ours: its shape is known)."""
+        return {}
 
     def seen_id_lookup(self, batch: BatchContext) -> SeenIdLookup:
         """Where this pipeline's event ids were seen by committed batches, read by the executors."""

@@ -164,3 +164,29 @@ def test_a_row_refused_at_the_write_fails_the_batch_naming_its_record_under_fail
             run(operator(topic_name, spec, pipeline_id=f"transformed_{topic_name}", schema="id STRING, n BIGINT",
                          on_bad_record="dead_letter", transform="SELECT id, n * 50 AS n FROM kafka_batch"))
         assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+
+
+def test_a_row_refused_where_the_write_tasks_mark_copies_is_found_and_its_copies_still_dropped(
+        bootstrap, mysql_kwargs, topic_name):
+    """``dedup_key`` on the table's key: the write tasks mark the copies themselves; when the table refuses a row
+    there, the copies are marked by a job of their own and the refused record found against the marked batch."""
+    from tests.support.seen_ids import seen_rows
+
+    table = f"refused_{uuid.uuid4().hex[:8]}"
+    rows(mysql_kwargs, f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, n INTEGER NULL, "
+                       f"CONSTRAINT {table}_small CHECK (n < 100))")
+    create_topic(bootstrap, topic_name, 1)
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "n": 100 if i == 3 else i} for i in range(6)] +
+                 [{"id": "e1", "n": 1}, {"id": "e3", "n": 100}])  # re-sent: copies of e1 and of the refused e3
+    spec = MySqlXaSink(table=table, key_columns=["id"])
+    pipeline = f"dedup_{topic_name}"
+    summary = run(operator(topic_name, spec, pipeline_id=pipeline, schema="id STRING, n BIGINT",
+                           on_bad_record="dead_letter", dedup_key=["id"]))
+    assert (summary["records_in"], summary["dead_letters"], summary["duplicates"]) == (8, 1, 2)
+    assert "dedup_mark" in summary["seconds"], "the batch was marked again by a job of its own"
+    assert sorted(r[0] for r in rows(mysql_kwargs, f"SELECT id FROM {table}")) == ["e0", "e1", "e2", "e4", "e5"]
+    adapter = build_sink(spec, pipeline, MYSQL_STORE)
+    dead = adapter.dead_letters(pipeline, None, 10)  # type: ignore[attr-defined]
+    assert [(d["kafka_offset"], f"{table}_small" in d["error"]) for d in dead] == [(3, True)]
+    seen = seen_rows(adapter.database, adapter.connect_kwargs, pipeline)  # type: ignore[attr-defined]
+    assert sorted(r["kafka_offset"] for r in seen) == [0, 1, 2, 3, 4, 5]  # the refused event counts as seen
