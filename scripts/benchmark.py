@@ -183,6 +183,7 @@ def sql(statement: str, args: Sequence[Any] = ()) -> list[tuple]:
 
 #: Tables the running job made: dropped when it ends, so that every job meets a server without the others' rows.
 _made_tables: list[str] = []
+_made_seen_ids: list[str] = []  # pipeline ids whose seen ids (dedup_key) the run leaves behind
 
 
 def fresh_table(example: str, label: str) -> str:
@@ -192,6 +193,11 @@ def fresh_table(example: str, label: str) -> str:
 
 
 def drop_made_tables() -> None:
+    from airflow_eo.core.dedup import seen_pipeline_key
+    from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
+
+    while _made_seen_ids:  # a dedup job's ids: the next run's look-ups and inserts would pay for them
+        sql(f"DELETE FROM `{SEEN_ID_TABLE}` WHERE pipeline_key = %s", (seen_pipeline_key(_made_seen_ids.pop()),))
     while _made_tables:
         sql(f"DROP TABLE IF EXISTS `{_made_tables.pop()}`")  # names made by fresh_table
     while _made_pg_tables:
@@ -676,6 +682,7 @@ def eo_xa_events_dedup(bootstrap: str, events: int, parallelism: int) -> Job:
     table = fresh_table("page_view_events", "xadedup")
     sink = MySqlXaSink(table=table, key_columns=["event_id"])
     parse = ParseConfig(schema=page_views.SCHEMA, write_partitions=parallelism, dedup_key=("event_id",))
+    _made_seen_ids.append(f"bench_eo_xa_events_dedup_{topic}")  # ours()'s pipeline id
     ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse, run_id="previous")
     second = page_views.produce_page_views(bootstrap, events - events // 10, topic=topic)
     copies = page_views.resend_page_views(bootstrap, first + second, events // 10, topic=topic, seed=events)
