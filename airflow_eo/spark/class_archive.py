@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,8 +149,11 @@ def usable(archive: Path) -> bool:
     java = java_binary()
     if java is None or not archive.exists():
         return False
-    check = subprocess.run([str(java), f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-version"],
-                           capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="airflow_eo_cds_check_") as scratch:
+        # A JVM refusing a broken archive crashes: its hs_err_pid*.log goes here, not into the caller's folder.
+        check = subprocess.run([str(java), f"-XX:ErrorFile={scratch}/hs_err_pid%p.log",
+                                f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-version"],
+                               capture_output=True, timeout=120, cwd=scratch)
     return check.returncode == 0
 
 
