@@ -23,7 +23,6 @@ by a later one, so the result would depend on the order the intervals ran in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,10 +36,8 @@ DEFAULT_RETENTION = timedelta(days=7)
 #: epoch milliseconds. Both keys are short bytes: the table holds a row per event, and its index pages are what a
 #: batch's look-ups read.
 SEEN_ID_FIELDS = ("pipeline_key", "event_id", "topic", "kafka_partition", "kafka_offset", "seen_at", "batch_id")
-#: A row per id and batch that saw it first: a batch's rows go in at the end of its pipeline's part of the table (an
-#: index in time order takes a batch's ids page after page; keyed by id, every id went to a page of its own). An id
-#: seen anew after retention gets a row of the new batch; the old one stays until the purge.
-SEEN_ID_KEY = ("pipeline_key", "batch_id", "event_id")
+#: An id is one row per pipeline: a later sighting (after retention) takes its place.
+SEEN_ID_KEY = ("pipeline_key", "event_id")
 #: Old ids a batch removes at most (its own transaction, before it writes): bounded work per batch.
 PURGE_LIMIT = 10_000
 
@@ -72,19 +69,18 @@ def is_duplicate(record: SeenAt, stored: SeenAt | None, retention: timedelta) ->
                 and stored.offset > record.offset)
 
 
-def keep(sightings: list[SeenAt], stored: Sequence[SeenAt], retention: timedelta) -> tuple[int | None, bool]:
-    """A batch's records of one id (in any order) against the table's sightings of it (none, one, or more when the
-    id was seen anew after retention): the index of the record kept (None: all are copies of an earlier event), and
-    whether it is to be written as the id's sighting.
+def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -> tuple[int | None, bool]:
+    """A batch's records of one id (in any order) against the table's sighting of it: the index of the record kept
+    (None: all are copies of an earlier event), and whether it is to be written as the id's sighting.
 
     A replay keeps the very record the table has (whatever the order of the others); else the first of the batch
-    in :class:`SeenAt` order, unless it copies a stored one (:func:`is_duplicate`)."""
-    positions = {seen.position() for seen in stored}
-    for i, seen in enumerate(sightings):
-        if seen.position() in positions:
-            return i, False
+    in :class:`SeenAt` order, unless it copies the stored one (:func:`is_duplicate`)."""
+    if stored is not None:
+        for i, seen in enumerate(sightings):
+            if seen.position() == stored.position():
+                return i, False
     first = min(range(len(sightings)), key=sightings.__getitem__)
-    if any(is_duplicate(sightings[first], seen, retention) for seen in stored):
+    if is_duplicate(sightings[first], stored, retention):
         return None, False
     return first, True
 

@@ -169,7 +169,7 @@ class SeenIds(Protocol):
     def seen_id_writer(self, batch: BatchContext) -> PartitionWriter:
         """The seen-id table's partition writer for this batch's attempt (its own branch / fenced transaction per
         task, committed with the batch's); creates the table first when it is missing."""
-    def seen_id_lookup(self, batch: BatchContext) -> Callable[[Iterable[bytes]], Mapping[bytes, Sequence[SeenAt]]]:
+    def seen_id_lookup(self, batch: BatchContext) -> Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]]:
         """Where the given ids were seen by this pipeline's committed batches (picklable: the executors call it)."""
     def purge_seen_ids(self, pipeline_id: str, before_ms: int, limit: int) -> int:
         """Remove at most ``limit`` ids seen before ``before_ms``; how many went."""

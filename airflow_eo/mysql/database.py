@@ -115,28 +115,24 @@ class MySqlDatabase(SqlDatabase):
 
     def seen_id_ddl(self, table: str) -> str:
         return seen_id_table_ddl(sql.quote_table(table), "LONGBLOB", "BINARY({n})",
-                                 inline_indexes=", KEY eo_seen_ids_id (pipeline_key, event_id), "
-                                                "KEY eo_seen_ids_age (pipeline_key, seen_at)",
+                                 inline_index=", KEY eo_seen_ids_age (pipeline_key, seen_at)",
                                  table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 "
                                                f"COLLATE={sql.DEAD_LETTER_COLLATION}")
 
     def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:
         # A DELETE over a range of the age index locks the key past the range (READ COMMITTED too): the first id
         # the running batch's prepared branches inserted, so the purge that follows a batch's write waited its whole
-        # lock wait (measured). The rows are read without locks, then deleted by primary key, one batch's at a time
-        # (`seen_at + 0`: not by the age index), still only while seen before the cutoff.
+        # lock wait (measured). The ids are read without locks, then deleted by primary key (`seen_at + 0`: not by
+        # the age index), still only while seen before the cutoff (a batch may have seen one anew meanwhile).
         quoted = sql.quote_table(table)
-        cur.execute(f"SELECT batch_id, event_id FROM {quoted} WHERE pipeline_key = %s AND seen_at < %s LIMIT %s",
+        cur.execute(f"SELECT event_id FROM {quoted} WHERE pipeline_key = %s AND seen_at < %s LIMIT %s",
                     (key, before_ms, limit))
-        ids_of: dict[int, list[bytes]] = {}
-        for batch_id, event_id in cur.fetchall():
-            ids_of.setdefault(int(batch_id), []).append(event_id)
-        deleted = 0
-        for batch_id, ids in sorted(ids_of.items()):
-            cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND batch_id = %s AND event_id IN "
-                        f"({', '.join(['%s'] * len(ids))}) AND seen_at + 0 < %s", (key, batch_id, *ids, before_ms))
-            deleted += int(cur.rowcount or 0)
-        return deleted
+        ids = [row[0] for row in cur.fetchall()]
+        if not ids:
+            return 0
+        cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND event_id IN ({', '.join(['%s'] * len(ids))}) "
+                    "AND seen_at + 0 < %s", (key, *ids, before_ms))
+        return int(cur.rowcount or 0)
 
     def table_columns(self, cur: Any, table: str) -> list[str]:
         schema, name = split_table(table)

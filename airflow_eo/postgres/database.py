@@ -105,9 +105,7 @@ class PostgresDatabase(SqlDatabase):
 
     def seen_id_indexes(self, table: str) -> list[str]:
         _, name = sql.split_table(table)
-        return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_id')} ON {sql.quote_table(table)} "
-                "(pipeline_key, event_id)",
-                f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
+        return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
                 "(pipeline_key, seen_at)"]
 
     def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:

@@ -17,8 +17,6 @@ from airflow_eo.spark.parsing import KEY_COLUMN, positional
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-#: What the sink's look-up answers: where each id it knows was seen (one sighting per batch that saw it first).
-Lookup = Callable[[Iterable[bytes]], Mapping[bytes, Sequence[SeenAt]]]
 #: The columns this module adds to the parsed records.
 ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
@@ -59,7 +57,7 @@ MARKED_BY = {ID: ID, "kafka_timestamp": AT_TIMESTAMP, "kafka_topic": AT_TOPIC, "
              "kafka_offset": AT_OFFSET}
 
 
-def mark_duplicates(parsed: DataFrame, lookup: Lookup,
+def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
                     retention: timedelta, partitions: int) -> DataFrame:
     """The records (with ``_eo_id``) spread by id into ``partitions`` tasks, each marked ``_eo_dup`` / ``_eo_new``."""
     from pyspark.sql import functions as F
@@ -91,7 +89,7 @@ def position_columns() -> list[Column]:
     return [F.col(ID), *[F.col(source).alias(alias) for source, alias in MARKED_BY.items() if source != ID]]
 
 
-def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Lookup,
+def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
                     retention: timedelta) -> tuple[Any, Any]:
     """One task's records (an Arrow table holding every record of its ids; ``columns``: the index of each of
     :data:`MARKED_BY`'s roles) marked: (copies, first sightings), two boolean arrays. Most ids are one record never
@@ -124,7 +122,7 @@ def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Lookup,
         rows_of.setdefault(event_id, []).append(i)
     for event_id, group in rows_of.items():
         sightings = [SeenAt((times[i] or 0) // 1000, topics[i], partitions[i], offsets[i]) for i in group]
-        kept, write = keep(sightings, stored.get(event_id, ()), retention)
+        kept, write = keep(sightings, stored.get(event_id), retention)
         for n, i in enumerate(group):
             duplicate[rows[i]] = n != kept
             new_list[rows[i]] = n == kept and write

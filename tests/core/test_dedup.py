@@ -39,26 +39,19 @@ def test_a_later_record_of_the_same_partition_is_never_what_an_earlier_one_copie
 
 def test_a_batch_keeps_the_first_copy_by_time_then_partition_then_offset():
     sightings = [at(7, ms=20), at(4, partition=2, ms=10), at(2, partition=1, ms=10)]
-    assert keep(sightings, (), DAY) == (2, True)
-    assert keep([at(1), at(2)], (), DAY) == (0, True)
+    assert keep(sightings, None, DAY) == (2, True)
+    assert keep([at(1), at(2)], None, DAY) == (0, True)
 
 
 def test_a_replayed_batch_keeps_the_record_the_table_has_and_writes_nothing():
     sightings = [at(9, ms=5), at(4, ms=50)]  # the copy at offset 9 has the earlier timestamp
-    assert keep(sightings, [at(4, ms=50)], DAY) == (1, False)
+    assert keep(sightings, at(4, ms=50), DAY) == (1, False)
 
 
 def test_a_batch_whose_event_was_seen_earlier_keeps_nothing_of_it():
-    assert keep([at(9), at(12)], [at(3)], DAY) == (None, False)
+    assert keep([at(9), at(12)], at(3), DAY) == (None, False)
     stale = at(3, ms=1_000_000 - 30 * 24 * HOUR_MS)
-    assert keep([at(9), at(12)], [stale], DAY) == (0, True), "a sighting past retention is seen anew"
-
-
-def test_an_id_seen_anew_after_retention_has_two_sightings_and_either_decides():
-    stale, anew = at(3, ms=1_000_000 - 30 * 24 * HOUR_MS), at(5, partition=1, ms=1_000_000)
-    assert keep([at(9, ms=2_000_000)], [stale, anew], DAY) == (None, False), "the new sighting is within retention"
-    assert keep([at(9, ms=2_000_000), at(5, partition=1, ms=1_000_000)], [stale, anew], DAY) == (1, False), \
-        "a replay of the batch that saw it anew keeps its own record"
+    assert keep([at(9), at(12)], stale, DAY) == (0, True), "a sighting past retention is replaced"
 
 
 def test_the_purge_cutoff_spares_every_id_a_record_of_the_batch_may_copy():

@@ -32,7 +32,7 @@ def marks(rows, stored=None, retention=timedelta(days=7)) -> dict[int, tuple[boo
 
     def lookup(ids):
         asked.append(sorted(ids))
-        return {i: [s] for i, s in (stored or {}).items() if i in set(asked[-1])}
+        return {i: s for i, s in (stored or {}).items() if i in set(asked[-1])}
 
     table = pa.Table.from_batches([batch(rows)])
     columns = {name: i for i, name in enumerate(table.schema.names)}
@@ -75,7 +75,7 @@ def test_a_write_task_hands_on_the_events_and_keeps_its_first_sightings_for_the_
     stored = {"c": SeenAt(int(T0.timestamp() * 1000), "t", 1, 0)}  # c copies an event of an earlier batch
     copies = _TaskCopies()
     kept = pa.Table.from_batches(copies.mark([first], columns, TaskDedup(
-        None, lambda ids: {i: [s] for i, s in stored.items() if i in set(ids)}, timedelta(days=7),  # type: ignore[arg-type]
+        None, lambda ids: {i: s for i, s in stored.items() if i in set(ids)}, timedelta(days=7),  # type: ignore[arg-type]
         "pipeline", 9)))
     assert sorted(kept.column("kafka_offset").to_pylist()) == [2, 4, 7]  # the bad record goes on, to be counted
     assert copies.duplicates == 2
