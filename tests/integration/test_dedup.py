@@ -160,10 +160,10 @@ def test_the_purge_never_waits_on_the_ids_a_prepared_branch_holds(mysql_kwargs):
     try:
         with conn.cursor() as cur:
             for i in range(3):  # old ids, committed
-                cur.execute(insert, (key, uuid.uuid4().bytes, i, 1_000 + i, 1))
+                cur.execute(insert, (key, bytes(15) + bytes([2 * i]), i, 1_000 + i, 1))
             cur.execute(f"XA START '{xid}'")
-            for i in range(3):  # the running batch's ids, prepared
-                cur.execute(insert, (key, uuid.uuid4().bytes, 10 + i, 10_000_000 + i, 2))
+            for i in range(3):  # the running batch's ids, prepared: next to the old ones in both indexes
+                cur.execute(insert, (key, bytes(15) + bytes([2 * i + 1]), 10 + i, 10_000_000 + i, 2))
             cur.execute(f"XA END '{xid}'")
             cur.execute(f"XA PREPARE '{xid}'")
         started = time.monotonic()
