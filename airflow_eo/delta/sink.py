@@ -42,14 +42,15 @@ class DeltaTableAdapter(TableCommitAdapter):
     :param pipeline_id: the pipeline whose batches these are.
     :param name: the sink kind's name, for messages.
     :param path: the table's location.
+    :param table: a name registered for ``path`` in the session's catalog (empty: none).
     :param key_columns: empty: append; else the MERGE key.
     :param updates: ``replace`` / ``add`` per non-key column (MERGE only).
     :param partition_by: partition columns of a table created here.
     """
 
-    def __init__(self, pipeline_id: str, *, name: str, path: str, key_columns: Sequence[str] = (),
+    def __init__(self, pipeline_id: str, *, name: str, path: str, table: str = "", key_columns: Sequence[str] = (),
                  updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = ()) -> None:
-        self.pipeline_id, self.name, self.path = pipeline_id, name, path
+        self.pipeline_id, self.name, self.path, self.table = pipeline_id, name, path, table
         self.key_columns = tuple(key_columns)
         self.updates = dict(updates or {})
         self.partition_by = tuple(partition_by)
@@ -116,13 +117,16 @@ class DeltaTableAdapter(TableCommitAdapter):
         spark = out.sparkSession
         _require_delta_session(spark, self.name)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
+        if self.table:
+            self._register(spark)
         if self._has(txn):
             return WriteResult([], 0)
         missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
                                      f"it has {', '.join(out.columns)}")
-        if self.log() is None and self.key_columns:  # an append creates the table in its own commit
+        # An append creates the table in its own commit, unless it also has a name (created with it).
+        if self.log() is None and (self.key_columns or self.table):
             self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         failpoint("before_table_commit")
@@ -153,12 +157,41 @@ class DeltaTableAdapter(TableCommitAdapter):
         self.last_version = None
         return True
 
+    def _register(self, spark: SparkSession) -> None:
+        """``table`` names ``path`` in the session's catalog: registered when the table is at ``path`` and the name
+        is free (a crash between the table's creation and its registration, a table created before it had a name);
+        a name of another location is refused. The in-memory catalog is refused: it forgets the name when the
+        process ends."""
+        catalog_kind = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+        if self.table.count(".") == 1 and catalog_kind == "in-memory":
+            raise ConfigurationError(
+                f"{self.name}: table={self.table!r} would be registered in Spark's in-memory catalog, which forgets "
+                "it when the task's process ends (each Airflow task is a process of its own). Configure a catalog "
+                "that keeps it in the operator's spark_conf (spark.sql.catalogImplementation=hive with a Hive "
+                "metastore), name a catalog that does (catalog.db.table), or drop table= (path= alone works)")
+        quoted = ".".join(map(_q, self.table.split(".")))
+        if spark.catalog.tableExists(self.table):
+            [row] = spark.sql(f"DESCRIBE DETAIL {quoted}").select("location").collect()
+            if _location(row["location"]) != _location(self.path):
+                raise ConfigurationError(f"{self.name}: the catalog's table {self.table} is at {row['location']}, "
+                                         f"not at the sink's path {self.path}")
+            return
+        if self.log() is None:
+            return  # _create makes the table under its name
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted.rsplit('.', 1)[0]}")
+        location = self.path.replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {quoted} USING delta LOCATION '{location}'")
+        log.info("%s: registered the Delta table at %s as %s", self.name, self.path, self.table)
+
     def _create(self, spark: SparkSession, out: DataFrame) -> None:
         """The table at ``path`` from the output's schema (a commit of its own; ``IfNotExists``: a concurrent
-        attempt may have created it since)."""
+        attempt may have created it since), under its name too when it has one."""
         from delta.tables import DeltaTable
 
         builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
+        if self.table:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {'.'.join(map(_q, self.table.split('.')[:-1]))}")
+            builder = builder.tableName(self.table)  # parts validated by the spec
         if self.partition_by:
             builder = builder.partitionedBy(*self.partition_by)
         for attempt in range(1, self.commit_tries + 1):
@@ -176,7 +209,8 @@ class DeltaTableAdapter(TableCommitAdapter):
                 if attempt == self.commit_tries:
                     raise
                 time.sleep(self.commit_backoff_s * attempt)
-        log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
+        log.info("%s: created the Delta table at %s from the output's schema%s", self.name, self.path,
+                 f" as {self.table}" if self.table else "")
 
     def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
         writer = (out.write.format("delta").mode("append")
@@ -277,6 +311,15 @@ def _require_delta_session(spark: SparkSession, name: str) -> None:
             f"{name}: the Spark session runs without Delta Lake (spark.sql.extensions={extensions!r}); it was "
             "started before a Delta sink asked for it. Start the worker's Spark session with the Delta sink's conf "
             "(DeltaTableSink(...).spark_conf()), or run the pipeline in a process of its own")
+
+
+def _location(uri: str) -> str:
+    """A table location as compared: a local folder with or without ``file:``, without a trailing slash."""
+    for prefix in ("file://", "file:"):
+        if uri.startswith(prefix):
+            uri = uri[len(prefix):]
+            break
+    return uri.rstrip("/")
 
 
 def _q(column: str) -> str:
