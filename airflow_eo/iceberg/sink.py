@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.identifiers import backquote as _quote
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
 from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
@@ -437,17 +438,17 @@ def _require_iceberg_session(spark: SparkSession, name: str, table: str, needed:
     session of this process started before the Iceberg sink's conf, which Spark cannot add to a running one)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     catalog = table.split(".")[0]
+    if needed not in extensions and type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise ConfigurationError(
+            f"{name}: the Spark Connect server runs without Iceberg (spark.sql.extensions={extensions!r}); a client "
+            "cannot add jars or SQL extensions to it. Start the server with Iceberg's runtime jar and "
+            f"spark.sql.extensions={needed} (README, Lakehouse tables)")
     if needed not in extensions or not spark.conf.get(f"spark.sql.catalog.{catalog}", ""):
         raise ConfigurationError(
             f"{name}: the Spark session runs without Iceberg's extensions or the catalog {catalog!r} "
             f"(spark.sql.extensions={extensions!r}); it was started before an Iceberg sink asked for them. Start "
             "the worker's Spark session with the Iceberg sink's conf (IcebergTableSink(...).spark_conf()), or run "
             "the pipeline in a process of its own")
-
-
-def _quote(column: str) -> str:
-    """A column name in backticks (a backtick in it doubled), for Spark SQL."""
-    return "`" + column.replace("`", "``") + "`"
 
 
 def _quote_table(name: str) -> str:

@@ -121,6 +121,14 @@ class IcebergTableSink(LakehouseTableSpec):
         return LineageDataset(*location_dataset(location), storage_layer="iceberg",
                               symlinks=(LineageSymlink(location_namespace(warehouse), logical),))
 
+    def spark_connect_refusal(self) -> str | None:
+        if not self.key_columns:
+            return None  # an append is staged and cherry-picked in SQL
+        return (f"{self.name}: MERGE (key_columns) cannot run over Spark Connect: its snapshot properties are "
+                "given through Iceberg's CommitMetadata and its staged snapshot published by a compare-and-set of "
+                "the table's metadata, both Java calls (py4j) a Connect client cannot make. Use a classic session "
+                "(a spark connection, or local), or append (no key_columns)")
+
     def spark_conf(self) -> dict[str, str]:
         """Iceberg's runtime and SQL extension, and the catalog: a Hadoop catalog whole; a connection's catalog by its
         class only (its properties, secrets among them, are set on the running session by the adapter) and
