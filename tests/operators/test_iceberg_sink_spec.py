@@ -72,6 +72,12 @@ def test_a_catalog_connection_is_the_sinks_connection_and_its_properties_never_r
     assert spec_from_record(IcebergTableSink(table="lake.db.t", warehouse="/w").record()).conn_id == ""
 
 
+def test_a_merge_is_refused_over_spark_connect_and_an_append_is_not():
+    assert IcebergTableSink(table="l.d.t", warehouse="/w").spark_connect_refusal() is None
+    refusal = IcebergTableSink(table="l.d.t", warehouse="/w", key_columns=["k"]).spark_connect_refusal()
+    assert refusal and "MERGE (key_columns) cannot run over Spark Connect" in refusal
+
+
 def test_a_postgres_connection_is_a_jdbc_catalog_in_its_database_for_spark_and_pyiceberg():
     info = ConnectionInfo("lake_catalog", "postgres", "127.0.0.1", 5433, "eo", "p@ss:/word", "lakedb",
                           {"io-impl": "x.IO"})
