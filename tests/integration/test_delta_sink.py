@@ -15,6 +15,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from airflow_eo.core.recovery import table_transaction
+from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG
 from examples.page_views import produce_page_views
 from examples.topics import read_records
 from tests.integration.page_views import (
@@ -30,7 +31,7 @@ from tests.integration.page_views import (
     wait_held,
 )
 from tests.support.children import why
-from tests.support.cli import eo_json
+from tests.support.cli import eo, eo_json
 from tests.support.kafka import create_topic
 
 
@@ -90,6 +91,10 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     assert {r["app_id"]: (r["pv"], r["last_user"]) for r in table_rows(path)} == truth
     assert sum(committed_offsets(mysql_kwargs, pipeline).values()) == len(events) == 1500
     assert_contiguous(batch_rows(mysql_kwargs, pipeline))
+    # "add" counts reprocessed offsets twice: a rewind needs the operator's word for it, and is refused without.
+    refused = eo("rewind", pipeline, "--to-earliest", "--apply", "--reason", "again")
+    assert refused.returncode != 0 and DOUBLE_COUNT_FLAG in refused.stderr and "DeltaTableSink" in refused.stderr
+    assert sum(committed_offsets(mysql_kwargs, pipeline).values()) == 1500
 
 
 def test_appended_intervals_backfill_and_replay_once_under_a_name_in_a_metastore(bootstrap, mysql_kwargs, topic_name,
