@@ -120,10 +120,10 @@ class DeltaTableAdapter(TableCommitAdapter):
         spark = out.sparkSession
         _require_delta_session(spark, self.name)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
-        if self.table:
-            self._register(spark)
         if self._has(txn):
             return WriteResult([], 0)
+        if self.table:  # after the check: a replayed batch's run does not start the catalog (a metastore client)
+            self._register(spark)
         missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
