@@ -37,7 +37,8 @@ for dag_id, sink in SINKS.items():
         max_active_runs=1,  # continuous mode: one batch at a time per pipeline
         tags=["airflow_eo", "example", "lakehouse"],
         doc_md=__doc__,
-        # Where Spark runs: "" = local[*] in the task (the lakehouse sinks are tested on local[*] only).
+        # Where Spark runs: "" = local[*] in the task; a spark connection (a cluster) or a spark_connect one (its
+        # server started with the table format's jars and SQL extension: README, "Lakehouse tables").
         params={"spark_conn_id": Param("", type="string", description="spark connection id")},
     ):
         KafkaMicroBatchOperator(

@@ -360,12 +360,20 @@ def connect_up(part: Part, port: int, worker_python: Path, env: dict[str, str], 
         say(f"{part.name} already running on {HOST}:{port}")
         return
     check_free(part)
-    from airflow_eo.spark.session import kafka_connector_jars
+    from airflow_eo.delta.specs import DELTA_SPARK_CONF
+    from airflow_eo.iceberg.specs import ICEBERG_EXTENSIONS, ICEBERG_PACKAGE
+    from airflow_eo.spark.session import kafka_connector_jars, pinned_package_jars
 
     jars = kafka_connector_jars()
     if not jars:
         die("Spark's Kafka connector could not be resolved (is Maven installed? `make maven`)")
-    props = write_properties(part.name, connect_conf(part, port, worker_python))
+    # The lakehouse sinks' jars and SQL extensions: static conf, which a Connect client cannot add to the server.
+    for package in (DELTA_SPARK_CONF["spark.jars.packages"], ICEBERG_PACKAGE):
+        jars += [j for j in pinned_package_jars(package) or [] if j not in jars]
+    conf = {**connect_conf(part, port, worker_python),
+            "spark.sql.extensions": f"{DELTA_SPARK_CONF['spark.sql.extensions']},{ICEBERG_EXTENSIONS}",
+            "spark.sql.catalog.spark_catalog": DELTA_SPARK_CONF["spark.sql.catalog.spark_catalog"]}
+    props = write_properties(part.name, conf)
     env = {**env, "SPARK_LOCAL_DIRS": str(SPARK / "local" / part.name)}
     if token:
         env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token

@@ -24,6 +24,11 @@ def validate_identifier(name: str, what: str = "identifier") -> str:
     return name
 
 
+def backquote(name: str) -> str:
+    """A name in Spark SQL's backticks (a backtick in it doubled): any column name of a DataFrame."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def quote_identifier(name: str, what: str = "identifier") -> str:
     return f"`{validate_identifier(name, what)}`"
 

@@ -146,6 +146,11 @@ class SinkSpec(ABC):
         package); merged under the user's conf by :func:`with_sink_spark_conf`. Default: none."""
         return {}
 
+    def spark_connect_refusal(self) -> str | None:
+        """Why this sink cannot run its batches over Spark Connect (the operator refuses such a pipeline before any
+        side effect); None: it can. Default: it can."""
+        return None
+
 
 class LakehouseTableSpec(SinkSpec):
     """A lakehouse table sink's spec (Delta, Iceberg): appends without ``key_columns``, else a ``MERGE`` whose

@@ -14,17 +14,19 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.identifiers import backquote as _q
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
 from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +44,15 @@ class DeltaTableAdapter(TableCommitAdapter):
     :param pipeline_id: the pipeline whose batches these are.
     :param name: the sink kind's name, for messages.
     :param path: the table's location.
+    :param table: a name registered for ``path`` in the session's catalog (empty: none).
     :param key_columns: empty: append; else the MERGE key.
     :param updates: ``replace`` / ``add`` per non-key column (MERGE only).
     :param partition_by: partition columns of a table created here.
     """
 
-    def __init__(self, pipeline_id: str, *, name: str, path: str, key_columns: Sequence[str] = (),
+    def __init__(self, pipeline_id: str, *, name: str, path: str, table: str = "", key_columns: Sequence[str] = (),
                  updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = ()) -> None:
-        self.pipeline_id, self.name, self.path = pipeline_id, name, path
+        self.pipeline_id, self.name, self.path, self.table = pipeline_id, name, path, table
         self.key_columns = tuple(key_columns)
         self.updates = dict(updates or {})
         self.partition_by = tuple(partition_by)
@@ -59,12 +62,13 @@ class DeltaTableAdapter(TableCommitAdapter):
     # ------------------------------------------------------------------ the table's log
 
     def check(self) -> None:
-        for module, why in (("delta", "delta-spark (Delta's Python API: MERGE, table creation)"),
-                            ("deltalake", "deltalake (reads the table's transaction log on the driver)")):
-            try:
-                __import__(module)
-            except ImportError:
-                raise ConfigurationError(f"{self.name} needs {why}: pip install 'airflow-eo[delta]'") from None
+        # Delta's Python API (delta-spark) is not used: its table creation and MERGE are SQL, which Spark Connect
+        # runs with Delta's SQL extension alone.
+        try:
+            __import__("deltalake")
+        except ImportError:
+            raise ConfigurationError(f"{self.name} needs deltalake (reads the table's transaction log on the "
+                                     "driver): pip install 'airflow-eo[delta]'") from None
 
     def log(self) -> Any:
         """The table's transaction log as delta-rs reads it on the driver (no Spark job); None: no table yet."""
@@ -118,11 +122,14 @@ class DeltaTableAdapter(TableCommitAdapter):
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
         if self._has(txn):
             return WriteResult([], 0)
+        if self.table:  # after the check: a replayed batch's run does not start the catalog (a metastore client)
+            self._register(spark)
         missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
         if missing:
             raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
                                      f"it has {', '.join(out.columns)}")
-        if self.log() is None and self.key_columns:  # an append creates the table in its own commit
+        # An append creates the table in its own commit, unless it also has a name (created with it).
+        if self.log() is None and (self.key_columns or self.table):
             self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         failpoint("before_table_commit")
@@ -153,17 +160,47 @@ class DeltaTableAdapter(TableCommitAdapter):
         self.last_version = None
         return True
 
-    def _create(self, spark: SparkSession, out: DataFrame) -> None:
-        """The table at ``path`` from the output's schema (a commit of its own; ``IfNotExists``: a concurrent
-        attempt may have created it since)."""
-        from delta.tables import DeltaTable
+    def _register(self, spark: SparkSession) -> None:
+        """``table`` names ``path`` in the session's catalog: registered when the table is at ``path`` and the name
+        is free (a crash between the table's creation and its registration, a table created before it had a name);
+        a name of another location is refused. The in-memory catalog is refused: it forgets the name when the
+        process ends."""
+        catalog_kind = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+        if self.table.count(".") == 1 and catalog_kind == "in-memory":
+            raise ConfigurationError(
+                f"{self.name}: table={self.table!r} would be registered in Spark's in-memory catalog, which forgets "
+                "it when the task's process ends (each Airflow task is a process of its own). Configure a catalog "
+                "that keeps it in the operator's spark_conf (spark.sql.catalogImplementation=hive with a Hive "
+                "metastore), name a catalog that does (catalog.db.table), or drop table= (path= alone works)")
+        quoted = ".".join(map(_q, self.table.split(".")))
+        if spark.catalog.tableExists(self.table):
+            [row] = spark.sql(f"DESCRIBE DETAIL {quoted}").select("location").collect()
+            if _location(row["location"]) != _location(self.path):
+                raise ConfigurationError(f"{self.name}: the catalog's table {self.table} is at {row['location']}, "
+                                         f"not at the sink's path {self.path}")
+            return
+        if self.log() is None:
+            return  # _create makes the table under its name
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted.rsplit('.', 1)[0]}")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {quoted} USING delta LOCATION {_string(self.path)}")
+        log.info("%s: registered the Delta table at %s as %s", self.name, self.path, self.table)
 
-        builder = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(out.schema)
-        if self.partition_by:
-            builder = builder.partitionedBy(*self.partition_by)
+    def _create(self, spark: SparkSession, out: DataFrame) -> None:
+        """The table at ``path`` from the output's schema (a commit of its own; ``IF NOT EXISTS``: a concurrent
+        attempt may have created it since), under its name too when it has one. SQL, not Delta's Python builder:
+        over Spark Connect that needs Delta's Connect plugin on the server, SQL only Delta's SQL extension."""
+        columns = ", ".join(f"{_q(f.name)} {f.dataType.simpleString()}" + ("" if f.nullable else " NOT NULL")
+                            for f in out.schema.fields)
+        partitioned = f" PARTITIONED BY ({', '.join(map(_q, self.partition_by))})" if self.partition_by else ""
+        if self.table:
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {'.'.join(map(_q, self.table.split('.')[:-1]))}")
+            target = f"{'.'.join(map(_q, self.table.split('.')))} ({columns}) USING delta{partitioned} " \
+                     f"LOCATION {_string(self.path)}"
+        else:
+            target = f"{self._path_table} ({columns}) USING delta{partitioned}"
         for attempt in range(1, self.commit_tries + 1):
             try:
-                builder.execute()
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {target}")
                 break
             except Exception:
                 # Another writer is creating it: between Delta's existence check and its first commit (Delta then
@@ -176,7 +213,8 @@ class DeltaTableAdapter(TableCommitAdapter):
                 if attempt == self.commit_tries:
                     raise
                 time.sleep(self.commit_backoff_s * attempt)
-        log.info("%s: created the Delta table at %s from the output's schema", self.name, self.path)
+        log.info("%s: created the Delta table at %s from the output's schema%s", self.name, self.path,
+                 f" as {self.table}" if self.table else "")
 
     def _append(self, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
         writer = (out.write.format("delta").mode("append")
@@ -188,7 +226,6 @@ class DeltaTableAdapter(TableCommitAdapter):
     def _merge(self, spark: SparkSession, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
         """MERGE the batch on the key: of several rows of one key the last in offset order wins, ``add`` columns
         add up every row's value (Delta refuses a source with two rows for one target row)."""
-        from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
         # The output's rows come in offset order within each Spark partition (one Kafka partition's range): the
@@ -202,24 +239,31 @@ class DeltaTableAdapter(TableCommitAdapter):
         source = source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
                                *[c for c in out.columns if self.updates.get(c) == "add"])
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
-        assignments: dict[str, str | Column] = {
-            _q(c): (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
-            for c in out.columns if c not in self.key_columns}
-        inserts: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in out.columns}
-        merge = DeltaTable.forPath(spark, self.path).alias("t").merge(source.alias("s"), on)
-        if assignments:
-            merge = merge.whenMatchedUpdate(set=assignments)
-        merge = merge.whenNotMatchedInsert(values=inserts)
+        sets = ", ".join(f"t.{_q(c)} = " + (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
+                         for c in out.columns if c not in self.key_columns)
+        names, values = ", ".join(map(_q, out.columns)), ", ".join(f"s.{_q(c)}" for c in out.columns)
+        view = f"_eo_merge_{uuid.uuid4().hex}"
+        # SQL, not Delta's Python MERGE builder: over Spark Connect that needs Delta's Connect plugin on the server.
+        statement = (f"MERGE INTO {self._path_table} t USING {view} s ON {on}"
+                     + (f" WHEN MATCHED THEN UPDATE SET {sets}" if sets else "")
+                     + f" WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})")
         # MERGE takes the idempotent identity from the session (a batch's confs, unset after it: a later write of
         # this session must not carry them).
         confs = {_TXN_APP_ID: txn.app_id, _TXN_VERSION: str(txn.version), _USER_METADATA: metadata}
+        source.createOrReplaceTempView(view)
         try:
             for key, value in confs.items():
                 spark.conf.set(key, value)
-            merge.execute()
+            spark.sql(statement).collect()
         finally:
             for key in confs:
                 spark.conf.unset(key)
+            spark.catalog.dropTempView(view)
+
+    @property
+    def _path_table(self) -> str:
+        """The table at ``path`` as Spark SQL names it: ``delta.`<path>```."""
+        return f"delta.{_q(self.path)}"
 
     def _committed_rows(self, metadata: str, metrics: Sequence[str]) -> int:
         """The rows the batch's commit wrote, from its entry in the table's history (found by its metadata: another
@@ -272,6 +316,11 @@ def _require_delta_session(spark: SparkSession, name: str) -> None:
     """A session without Delta's SQL extension cannot MERGE nor create tables: say so (a session of this process
     started before the Delta sink's conf, which Spark cannot add to a running session)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if "io.delta.sql.DeltaSparkSessionExtension" not in extensions and _is_connect(spark):
+        raise ConfigurationError(
+            f"{name}: the Spark Connect server runs without Delta Lake (spark.sql.extensions={extensions!r}); a "
+            "client cannot add jars or SQL extensions to it. Start the server with Delta's jars and its "
+            "spark.sql.extensions / spark.sql.catalog.spark_catalog (README, Lakehouse tables)")
     if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
         raise ConfigurationError(
             f"{name}: the Spark session runs without Delta Lake (spark.sql.extensions={extensions!r}); it was "
@@ -279,6 +328,19 @@ def _require_delta_session(spark: SparkSession, name: str) -> None:
             "(DeltaTableSink(...).spark_conf()), or run the pipeline in a process of its own")
 
 
-def _q(column: str) -> str:
-    """A validated column name in backticks, for Delta's SQL expressions."""
-    return f"`{column}`"
+def _location(uri: str) -> str:
+    """A table location as compared: a local folder with or without ``file:``, without a trailing slash."""
+    for prefix in ("file://", "file:"):
+        if uri.startswith(prefix):
+            uri = uri[len(prefix):]
+            break
+    return uri.rstrip("/")
+
+
+def _is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _string(text: str) -> str:
+    """A Spark SQL string literal (quotes and backslashes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

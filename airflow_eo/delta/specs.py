@@ -35,7 +35,12 @@ class DeltaTableSink(LakehouseTableSpec):
     table whether its batch committed and rolls the offset store forward if so.
 
     :param path: the table's location (a local folder or a Hadoop file system URI); created from the output's
-        schema when no table is there.
+        schema when no table is there. Required, also with ``table``: recovery and ``airflow eo`` read the table's
+        log there with delta-rs, outside any Spark session.
+    :param table: also a name for the table (``db.table`` or ``catalog.db.table``) in the catalog the operator's
+        ``spark_conf`` configures (a Hive metastore, ...): the sink registers ``path`` under it (an external table)
+        before the batch's commit and refuses a name registered at another location. Spark's default in-memory
+        catalog forgets it when the task's process ends, so the sink refuses that catalog.
     :param key_columns: none: append every row; else ``MERGE`` on these columns (of several rows of one key in a
         batch, the last in offset order wins).
     :param updates: with ``key_columns``, per non-key column ``"replace"`` (default) or ``"add"``
@@ -44,16 +49,27 @@ class DeltaTableSink(LakehouseTableSpec):
     :param on_tombstone: ``"bad_record"`` only.
     """
 
-    path: str
+    path: str = ""
     key_columns: Sequence[str] = ()
     updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     partition_by: Sequence[str] = ()
     conn_id: str = ""  # no Airflow connection: the file system's credentials are Spark's (hadoop conf)
     on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
+    table: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_tombstone", tombstone_policy(
             self.name, self.on_tombstone, self.capabilities.deletes, "the Delta sink does not delete rows"))
+        if not isinstance(self.table, str) or (self.table and not 1 <= self.table.count(".") <= 2):
+            raise ConfigurationError(f"{self.name}: table must be 'db.table' or 'catalog.db.table', not "
+                                     f"{self.table!r}")
+        for part in self.table.split(".") if self.table else ():
+            validate_identifier(part, "table name part")
+        if self.table and not (isinstance(self.path, str) and self.path.strip()):
+            raise ConfigurationError(
+                f"{self.name}: table= needs path= too (where the table's files are): recovery and `airflow eo` read "
+                "the table's log by its location outside any Spark session, and a managed table's location is "
+                "known only to the catalog's Spark session; the sink registers path under the name")
         if not isinstance(self.path, str) or not self.path.strip() or any(c in self.path for c in "\n\r\0"):
             raise ConfigurationError(f"{self.name}: path must name the table's folder or URI")
         keys, updates = lakehouse_keys_and_updates(self.name, self.key_columns, self.updates)
@@ -95,6 +111,7 @@ def build(spec: DeltaTableSink, pipeline_id: str, connections: Connections, offs
     # Delta's own commit (its txnAppId/txnVersion) is the commit point: no store epoch fence needed.
     from airflow_eo.delta.sink import DeltaTableAdapter
 
-    return DeltaTableAdapter(pipeline_id, name=spec.name, path=spec.path, key_columns=spec.key_columns,
+    return DeltaTableAdapter(pipeline_id, name=spec.name, path=spec.path, table=spec.table,
+                             key_columns=spec.key_columns,
                              updates={c: UpdateMode(m).value for c, m in spec.updates.items()},
                              partition_by=spec.partition_by)

@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.identifiers import backquote as _quote
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
 from airflow_eo.core.sinks import TableCommitAdapter, named_failure
+from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,7 +69,9 @@ class IcebergTableAdapter(TableCommitAdapter):
     :param pipeline_id: the pipeline whose batches these are.
     :param name: the sink kind's name, for messages.
     :param table: ``catalog.namespace.table``, as Spark names it.
-    :param location: the table's folder (a Hadoop catalog's layout), where pyiceberg reads its metadata.
+    :param location: the table's folder in a Hadoop catalog, where pyiceberg reads its metadata.
+    :param catalog: the catalog an Airflow connection names (None: a Hadoop catalog at ``location``); pyiceberg
+        reads the table through it, and the adapter sets its properties on the Spark session before the first write.
     :param key_columns: empty: append; else the MERGE key.
     :param updates: ``replace`` / ``add`` per non-key column (MERGE only).
     :param partition_by: identity partition columns of a table created here.
@@ -76,8 +80,10 @@ class IcebergTableAdapter(TableCommitAdapter):
 
     def __init__(self, pipeline_id: str, *, name: str, table: str, location: str, key_columns: Sequence[str] = (),
                  updates: Mapping[str, str] | None = None, partition_by: Sequence[str] = (),
-                 extensions: str = "") -> None:
+                 extensions: str = "", catalog: CatalogProperties | None = None) -> None:
         self.pipeline_id, self.name, self.table, self.location = pipeline_id, name, table, location
+        self.catalog = catalog
+        self._reader: Any = None  # pyiceberg's catalog, made on first use
         self.key_columns = tuple(key_columns)
         self.updates = dict(updates or {})
         self.partition_by = tuple(partition_by)
@@ -95,10 +101,19 @@ class IcebergTableAdapter(TableCommitAdapter):
                                      "pip install 'airflow-eo[iceberg]'") from None
 
     def metadata(self) -> Any:
-        """The table's metadata as pyiceberg reads it from the catalog's folder (its ``version-hint.text``); None:
-        no table yet."""
+        """The table's metadata as pyiceberg reads it: from the catalog (a connection's), or from a Hadoop catalog's
+        folder (its ``version-hint.text``); None: no table yet."""
         from pyiceberg.table import StaticTable
 
+        if self.catalog is not None:
+            from pyiceberg.exceptions import NoSuchTableError
+
+            if self._reader is None:
+                self._reader = reader_catalog(self.table.split(".")[0], self.catalog)
+            try:
+                return self._reader.load_table(tuple(self.table.split(".")[1:])).metadata
+            except NoSuchTableError:
+                return None
         try:
             return StaticTable.from_metadata(latest_metadata_file(self.location)).metadata
         except FileNotFoundError:
@@ -158,6 +173,7 @@ class IcebergTableAdapter(TableCommitAdapter):
         out: DataFrame = plan.output
         spark = out.sparkSession
         _require_iceberg_session(spark, self.name, self.table, self.extensions)
+        self._configure_catalog(spark)
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
         if self._has(txn):
             return WriteResult([], 0)
@@ -190,6 +206,17 @@ class IcebergTableAdapter(TableCommitAdapter):
         log.info("%s: committed batch %d as snapshot %s of the Iceberg table %s", self.name, batch.batch_id,
                  self.last_snapshot_id, self.table)
         return WriteResult([], rows)
+
+    def _configure_catalog(self, spark: SparkSession) -> None:
+        """The connection's catalog properties on the running session, each one the operator's spark_conf does not
+        set (Spark reads a catalog's properties when a query first uses it; set here, a secret never is on a command
+        line nor in the session's launch conf)."""
+        if self.catalog is None:
+            return
+        prefix = f"spark.sql.catalog.{self.table.split('.')[0]}"
+        for key, value in self.catalog.spark.items():
+            if spark.conf.get(f"{prefix}.{key}", None) is None:
+                spark.conf.set(f"{prefix}.{key}", value)
 
     def _has(self, txn: TableTransaction, staged: Any = None) -> bool:
         """Whether the table holds the batch: its current snapshot's history, or (``staged``) the history a staged
@@ -411,17 +438,17 @@ def _require_iceberg_session(spark: SparkSession, name: str, table: str, needed:
     session of this process started before the Iceberg sink's conf, which Spark cannot add to a running one)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     catalog = table.split(".")[0]
+    if needed not in extensions and type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise ConfigurationError(
+            f"{name}: the Spark Connect server runs without Iceberg (spark.sql.extensions={extensions!r}); a client "
+            "cannot add jars or SQL extensions to it. Start the server with Iceberg's runtime jar and "
+            f"spark.sql.extensions={needed} (README, Lakehouse tables)")
     if needed not in extensions or not spark.conf.get(f"spark.sql.catalog.{catalog}", ""):
         raise ConfigurationError(
             f"{name}: the Spark session runs without Iceberg's extensions or the catalog {catalog!r} "
             f"(spark.sql.extensions={extensions!r}); it was started before an Iceberg sink asked for them. Start "
             "the worker's Spark session with the Iceberg sink's conf (IcebergTableSink(...).spark_conf()), or run "
             "the pipeline in a process of its own")
-
-
-def _quote(column: str) -> str:
-    """A column name in backticks (a backtick in it doubled), for Spark SQL."""
-    return "`" + column.replace("`", "``") + "`"
 
 
 def _quote_table(name: str) -> str:

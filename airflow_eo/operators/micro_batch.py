@@ -256,6 +256,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         for secret in secret_values(spark_kafka_options(kafka_config, self.kafka_options)):
             mask_secret(secret)  # the JAAS line quotes the password: its own text must be masked too
         spark_hook = SparkSessionHook(self.spark_conn_id or None, with_sink_spark_conf(self.sink, self.spark_conf))
+        refusal = self.sink.spark_connect_refusal() if spark_hook.is_connect() else None
+        if refusal:
+            raise ConfigurationError(refusal)
         self._engine = SparkBatchEngine(
             session_factory=spark_hook.get_conn,
             kafka_config=kafka_config,

@@ -8,20 +8,24 @@ Airflow task while executors write, of an executor JVM, and of the Spark Connect
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from examples import ip_counts
 from examples.page_views import produce_page_views
 from examples.state import reset_ip_counts
+from examples.topics import read_records
 from tests.integration.page_views import (
     REPO,
     UPSERT_PIPELINE,
@@ -29,8 +33,10 @@ from tests.integration.page_views import (
     assert_exactly_once,
     batch_rows,
     reset,
+    run_child,
     run_dag,
 )
+from tests.support.kafka import create_topic
 
 SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
 
@@ -133,3 +139,25 @@ def test_a_spark_connect_connection_passes_its_token(spark_cluster, token, works
     else:
         assert done.returncode != 0 and ConfigurationError.__name__ in output, output[-3000:]
         assert "cannot open a Spark Connect session" in output and secret not in output, output[-3000:]
+
+
+def test_a_delta_merge_over_spark_connect(spark_cluster, bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """A Delta MERGE with ``"add"`` over Spark Connect: the server was started with Delta's jars and SQL extension
+    (``scripts/spark_cluster.py``: a client cannot add them), the sink's table creation and MERGE are SQL (Delta's
+    Python builders would need Delta's Connect plugin on the server), and its ``txnAppId`` / ``txnVersion`` reach the
+    server's session as SQL confs: the table, read back with delta-rs, has the batch's counts and its txn."""
+    create_topic(bootstrap, topic_name, 2)
+    produce_page_views(bootstrap, 400, topic=topic_name)
+    path, pipeline = tmp_path / "app_pv", f"delta_connect_{topic_name}"
+    job = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+           "run_id": "manual__1", "transform": "SELECT app_id, 1 AS pv FROM kafka_batch",
+           "options": {"spark_conn_id": "spark_connect"},
+           "sink": {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["app_id"], "updates": {"pv": "add"}}}
+    done = run_child(["-m", "tests.integration.operator_child", json.dumps(job)])
+    assert done.returncode == 0 and f"Spark session on {spark_cluster.connect}" in done.stdout + done.stderr, \
+        (done.stdout + done.stderr)[-4000:]
+    [batch] = batch_rows(mysql_kwargs, pipeline)
+    truth = Counter(json.loads(r.value)["app_id"] for r in read_records(bootstrap, topic_name)[0])
+    table = DeltaTable(str(path))
+    assert {r["app_id"]: r["pv"] for r in table.to_pyarrow_table().to_pylist()} == truth
+    assert batch["state"] == "committed" and table.transaction_version(f"airflow_eo.{pipeline}") == batch["batch_id"]

@@ -7,13 +7,17 @@ nothing with Spark.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import StaticTable
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import ancestors_of
 
 from examples.page_views import produce_page_views
@@ -44,12 +48,12 @@ def table_rows(location: Path) -> list[dict[str, Any]]:
     return StaticTable.from_metadata(str(location)).scan().to_arrow().to_pylist()
 
 
-def batch_snapshots(location: Path, pipeline: str | None = None) -> dict[int, dict[str, str]]:
+def batch_snapshots(table: Path | TableMetadata, pipeline: str | None = None) -> dict[int, dict[str, str]]:
     """The summary of each snapshot in the table's history (the current snapshot's ancestry: a staged snapshot
     never published is not the table's) that names an airflow_eo batch, by batch id (pyiceberg, not Spark). A
     snapshot that cherry-picked a staged one names it (``source-snapshot-id``): the batch's summary is the
-    staged one's. ``pipeline``: only its batches."""
-    metadata = StaticTable.from_metadata(str(location)).metadata
+    staged one's. ``table``: a Hadoop catalog's table folder, or a table's metadata; ``pipeline``: only its batches."""
+    metadata = StaticTable.from_metadata(str(table)).metadata if isinstance(table, Path) else table
     found = {}
     for snapshot in ancestors_of(metadata.current_snapshot(), metadata):
         summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
@@ -118,32 +122,50 @@ def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysq
     assert sorted(batch_snapshots(location)) == [b["batch_id"] for b in batch_rows(mysql_kwargs, pipeline)]
 
 
-def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
-    """Interval mode, appending: an hour, then an earlier hour backfilled (an app id of its own: not taken for
-    already committed below the later hour's batch id), then the later hour again (its batch is in the table:
-    skipped, no new snapshot). The table holds each event of both hours once; each snapshot names its offsets."""
+def jdbc_catalog() -> SqlCatalog:
+    """The stack's PostgreSQL as pyiceberg's SQL catalog ``lake``: the rows Iceberg's Java JDBC catalog wrote."""
+    url = urlsplit(os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
+    return SqlCatalog("lake", uri=urlunsplit(url._replace(scheme="postgresql+psycopg")))
+
+
+def test_appended_intervals_backfill_and_replay_once_in_a_jdbc_catalog(bootstrap, mysql_kwargs, topic_name,
+                                                                        tmp_path):
+    """Interval mode, appending, into a table of Iceberg's JDBC catalog on PostgreSQL (``catalog_conn_id``: Spark's
+    catalog and pyiceberg's read the same rows): an hour killed after the table's commit, then that run again (it
+    finds its batch in the table: not written again, the store commits it), then an earlier hour backfilled (an app
+    id of its own: not taken for already committed below the later hour's batch id), then the later hour again (its
+    batch is in the table: skipped, no new snapshot). The table holds each event of both hours once; each snapshot
+    names its offsets."""
     create_topic(bootstrap, topic_name, 2)
     events = produce_hours(bootstrap, topic_name, [200, 300, 60])  # hour 2 closes hour 1 on every partition
-    location, pipeline = tmp_path / "lake" / "db" / "events", f"iceberg_append_{topic_name}"
+    identifier, pipeline = ("ns_" + topic_name, "events"), f"iceberg_append_{topic_name}"
     job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
                            "options": {"mode": "interval"},
-                           "sink": {"kind": "IcebergTableSink", "table": "lake.db.events",
-                                    "warehouse": str(tmp_path / "lake")}}
+                           "sink": {"kind": "IcebergTableSink", "table": f"lake.{'.'.join(identifier)}",
+                                    "catalog_conn_id": "postgres_default", "warehouse": str(tmp_path / "lake")}}
 
-    def run_hour(h: int, run_id: str) -> dict[str, Any]:
-        done = child({**job, "interval": [t.isoformat() for t in hour(h)]}, run_id)
+    def run_hour(h: int, run_id: str, fault: str | None = None) -> Any:
+        return child({**job, "interval": [t.isoformat() for t in hour(h)]}, run_id, fault)
+
+    def summary(done: Any) -> dict[str, Any]:
         assert done.returncode == 0, why(done)
         return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
-    assert run_hour(1, "backfill__h1")["rows_out"] == len(hours_truth(events, 1))
-    assert run_hour(0, "backfill__h0")["rows_out"] == len(hours_truth(events, 0))
-    snapshot = StaticTable.from_metadata(str(location)).metadata.current_snapshot_id
-    replay = run_hour(1, "scheduled__h1_again")
+    crashed = run_hour(1, "backfill__h1", "after_table_commit")
+    assert crashed.returncode == -signal.SIGKILL, why(crashed)
+    table = jdbc_catalog().load_table(identifier)
+    assert {r["event_id"] for r in table.scan().to_arrow().to_pylist()} == hours_truth(events, 1)
+    rolled = run_hour(1, "backfill__h1")
+    assert summary(rolled)["rows_out"] == 0 and "already has batch 0" in rolled.stdout + rolled.stderr
+    assert summary(run_hour(0, "backfill__h0"))["rows_out"] == len(hours_truth(events, 0))
+    snapshot = jdbc_catalog().load_table(identifier).metadata.current_snapshot_id
+    replay = summary(run_hour(1, "scheduled__h1_again"))
     assert replay["replayed"] and replay["rows_out"] == 0
-    assert StaticTable.from_metadata(str(location)).metadata.current_snapshot_id == snapshot, \
-        "the replayed hour must not commit again"
+    table = jdbc_catalog().load_table(identifier)
+    assert table.metadata.current_snapshot_id == snapshot, "the replayed hour must not commit again"
+    assert table.metadata.location == str(tmp_path.joinpath("lake", *identifier)), "the sink's warehouse"
 
-    written = table_rows(location)
+    written = table.scan().to_arrow().to_pylist()
     assert Counter(r["event_id"] for r in written).most_common(1)[0][1] == 1, "an event was appended twice"
     by_id = {e["event_id"]: e for e in events}
     assert {r["event_id"] for r in written} == hours_truth(events, 0, 1)
@@ -152,7 +174,7 @@ def test_appended_intervals_backfill_and_replay_once(bootstrap, mysql_kwargs, to
     # Each batch's snapshot carries its identity, interval and offset ranges (the summary's airflow-eo.* keys).
     recorded = {b["batch_id"]: [[r["topic"], r["partition"], r["from_offset"], r["until_offset"]]
                                 for r in b["ranges"]] for b in batch_rows(mysql_kwargs, pipeline)}
-    noted = batch_snapshots(location)
+    noted = batch_snapshots(table.metadata)
     assert {b: json.loads(s["airflow-eo.ranges"]) for b, s in noted.items()} == recorded
     assert sorted(s["airflow-eo.interval"] for s in noted.values()) == sorted(
         f"{hour(h)[0].isoformat()}/{hour(h)[1].isoformat()}" for h in (0, 1))

@@ -26,6 +26,14 @@ def test_options_are_checked_when_the_dag_is_parsed():
         DeltaTableSink(path="/d", key_columns=["app id; DROP"])
     with pytest.raises(ConfigurationError, match="path must name"):
         DeltaTableSink(path=" ")
+    named = DeltaTableSink(path="/d", table="lake.db.events")
+    assert spec_from_record(named.record()) == named and named.target == "/d"
+    with pytest.raises(ConfigurationError, match="table= needs path= too .* outside any Spark session"):
+        DeltaTableSink(table="db.events")
+    with pytest.raises(ConfigurationError, match="'db.table' or 'catalog.db.table'"):
+        DeltaTableSink(path="/d", table="events")
+    with pytest.raises(ConfigurationError, match="invalid table name part"):
+        DeltaTableSink(path="/d", table="db.events; DROP")
     with pytest.raises(ConfigurationError, match="on_tombstone='delete' is not supported"):
         DeltaTableSink(path="/d", key_columns=["k"], on_tombstone="delete")
     check_pipeline(merge, Mode.INTERVAL, ParseConfig(schema="app_id STRING"), None)

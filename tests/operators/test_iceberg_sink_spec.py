@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from airflow_eo.core.config import Mode, ParseConfig, check_pipeline
+from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.sinks import with_sink_spark_conf
+from airflow_eo.iceberg.catalog import catalog_properties
+from airflow_eo.iceberg.specs import ICEBERG_PACKAGE, POSTGRES_JDBC_PACKAGE
 from airflow_eo.sinks import IcebergTableSink, spec_from_record
 from airflow_eo.spark import session
 from airflow_eo.spark.session import JAR_SHA256
@@ -29,7 +32,7 @@ def test_options_are_checked_when_the_dag_is_parsed():
         IcebergTableSink(table="db.t", warehouse="/w")
     with pytest.raises(ConfigurationError, match="invalid table name part"):
         IcebergTableSink(table="lake.db.t; DROP", warehouse="/w")
-    with pytest.raises(ConfigurationError, match="warehouse must name"):
+    with pytest.raises(ConfigurationError, match="give warehouse= .* or catalog_conn_id=.* spark_conf is not enough"):
         IcebergTableSink(table="l.d.t", warehouse=" ")
     with pytest.raises(ConfigurationError, match="updates need key_columns"):
         IcebergTableSink(table="l.d.t", warehouse="/w", updates={"pv": "add"})
@@ -55,6 +58,43 @@ def test_the_sinks_spark_conf_configures_a_hadoop_catalog_under_the_users():
     assert conf["spark.sql.catalog.lake.warehouse"] == "/mine"  # the user's own choice wins
     assert conf["spark.sql.catalog.lake.io-impl"] == "x.IO"
     assert conf["spark.jars.packages"] == "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"
+
+
+def test_a_catalog_connection_is_the_sinks_connection_and_its_properties_never_reach_the_launch_conf():
+    sink = IcebergTableSink(table="lake.db.t", catalog_conn_id="lake_catalog")
+    assert sink.conn_id == "lake_catalog" and sink.location == ""
+    assert spec_from_record(sink.record()) == sink
+    assert spec_from_record(sink.record(), conn_id="other").catalog_conn_id == "other"  # airflow eo --sink-conn-id
+    conf = with_sink_spark_conf(sink, {"spark.sql.catalog.lake.io-impl": "x.IO"})
+    assert conf["spark.sql.catalog.lake"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.jars.packages"].split(",") == [ICEBERG_PACKAGE, POSTGRES_JDBC_PACKAGE]
+    assert not {"spark.sql.catalog.lake.type", "spark.sql.catalog.lake.warehouse"} & set(conf)  # the adapter's
+    assert spec_from_record(IcebergTableSink(table="lake.db.t", warehouse="/w").record()).conn_id == ""
+
+
+def test_a_merge_is_refused_over_spark_connect_and_an_append_is_not():
+    assert IcebergTableSink(table="l.d.t", warehouse="/w").spark_connect_refusal() is None
+    refusal = IcebergTableSink(table="l.d.t", warehouse="/w", key_columns=["k"]).spark_connect_refusal()
+    assert refusal and "MERGE (key_columns) cannot run over Spark Connect" in refusal
+
+
+def test_a_postgres_connection_is_a_jdbc_catalog_in_its_database_for_spark_and_pyiceberg():
+    info = ConnectionInfo("lake_catalog", "postgres", "127.0.0.1", 5433, "eo", "p@ss:/word", "lakedb",
+                          {"io-impl": "x.IO"})
+    catalog = catalog_properties(info, "/data/lake")
+    assert dict(catalog.spark) == {"type": "jdbc", "uri": "jdbc:postgresql://127.0.0.1:5433/lakedb",
+                                   "jdbc.user": "eo", "jdbc.password": "p@ss:/word", "warehouse": "/data/lake",
+                                   "io-impl": "x.IO"}
+    assert catalog.reader["type"] == "sql"
+    assert catalog.reader["uri"] == "postgresql+psycopg://eo:p%40ss%3A%2Fword@127.0.0.1:5433/lakedb"
+    assert "p@ss" not in repr(catalog) and "p%40ss" not in repr(catalog)
+    with pytest.raises(ConfigurationError, match="needs a warehouse"):
+        catalog_properties(info)
+    rest = catalog_properties(ConnectionInfo("c", "iceberg", "https://cat.example/api", None, "id", "secret"))
+    assert dict(rest.spark) == {"type": "rest", "uri": "https://cat.example/api", "credential": "id:secret"}
+    assert catalog_properties(ConnectionInfo("c", "generic", extra={"type": "glue"})).reader == {"type": "glue"}
+    with pytest.raises(ConfigurationError, match="does not name an Iceberg catalog"):
+        catalog_properties(ConnectionInfo("c", "generic"))
 
 
 def test_icebergs_runtime_is_refused_unless_it_matches_its_pin(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import os
 import pytest
 from openlineage.client.serde import Serde
 
+from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.lineage_names import location_dataset, location_namespace
 from airflow_eo.operators import lineage
 from airflow_eo.sinks import DeltaTableSink, IcebergTableSink, PostgresUpsertSink
@@ -65,6 +66,18 @@ def test_a_delta_table_is_its_location_with_the_storage_facet():
     assert as_sent(out.outputFacets["outputStatistics"])["rowCount"] == 3
     assert as_sent(sent.run_facets["airflowEoBatch"])["duplicates"] == 2
     assert sink.asset(None).uri == "s3a://lake/tables/app_pv"  # the Asset as before
+
+
+def test_an_iceberg_table_of_a_catalog_connection_is_named_by_the_warehouse_it_knows():
+    class Catalogs:
+        def connection(self, conn_id: str) -> ConnectionInfo:
+            return ConnectionInfo(conn_id, "postgres", extra={"warehouse": "s3a://lake/wh"} if conn_id == "wh" else {})
+
+    named = IcebergTableSink(table="lake.db.t", catalog_conn_id="wh").lineage(Catalogs())  # type: ignore[arg-type]
+    assert (named.namespace, named.name) == ("s3://lake", "wh/db/t")
+    assert [(s.namespace, s.name) for s in named.symlinks] == [("s3://lake/wh", "db.t")]
+    unknown = IcebergTableSink(table="lake.db.t", catalog_conn_id="none").lineage(Catalogs())  # type: ignore[arg-type]
+    assert (unknown.namespace, unknown.name, unknown.symlinks) == ("iceberg://lake", "db.t", ())
 
 
 def test_an_iceberg_table_is_its_location_and_its_catalog_name_a_symlink():
