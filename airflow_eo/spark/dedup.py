@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from airflow_eo.core.batch import TaskDedup
 from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.parsing import KEY_COLUMN, positional
@@ -147,6 +148,35 @@ def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id:
         "seen_at": pc.cast(millis, pa.int64()),
         "batch_id": pa.array([batch_id] * count, pa.int64()),
     })
+
+
+class TaskCopies:
+    """One write task's marking of copies (:class:`~airflow_eo.core.batch.TaskDedup`): its whole partition is read
+    (every record of its ids), marked (:func:`duplicate_marks`), and handed on without the
+    copies; the ids it saw first are kept for the seen-id table. Runs in the Spark task."""
+
+    def __init__(self) -> None:
+        self.duplicates = 0
+        self.oldest_ms: int | None = None
+        self.first_sightings: Any = None
+
+    def mark(self, batches: Iterable[Any], columns: Mapping[str, int], dedup: TaskDedup) -> list[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        received = list(batches)
+        if not received:
+            return []
+        table = pa.Table.from_batches(received)
+        if table.num_rows == 0:
+            return []
+        duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention)
+        self.duplicates = int(pc.sum(duplicate).as_py() or 0)
+        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id)
+        events = pc.is_valid(table.column(columns[ID]))
+        oldest = pc.min(pc.cast(table.column(columns["kafka_timestamp"]).filter(events), pa.int64())).as_py()
+        self.oldest_ms = None if oldest is None else oldest // 1000
+        return table.filter(pc.invert(duplicate)).to_batches() if self.duplicates else table.to_batches()
 
 
 def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:

@@ -52,11 +52,10 @@ from airflow_eo.spark.dedup import (
     ID,
     MARKED_BY,
     NEW,
-    duplicate_marks,
+    TaskCopies,
     mark_duplicates,
     position_columns,
     seen_id_rows,
-    seen_id_table,
     with_event_ids,
 )
 from airflow_eo.spark.kafka_security import spark_kafka_options
@@ -531,7 +530,7 @@ class SparkBatchEngine:
             import pyarrow.compute as pc
 
             batches: Iterable[Any] = (batch.rename_columns(names) for batch in renamed)
-            copies = _TaskCopies()
+            copies = TaskCopies()
             if dedup is not None:
                 batches = copies.mark(batches, marked_by, dedup)
 
@@ -663,35 +662,6 @@ class SparkBatchEngine:
         """Interrupt this batch's running Spark jobs (``on_kill``)."""
         if self._spark is not None and self._job_tag:
             self._spark.interruptTag(self._job_tag)
-
-
-class _TaskCopies:
-    """One write task's marking of copies (:class:`~airflow_eo.core.batch.TaskDedup`): its whole partition is read
-    (every record of its ids), marked (:func:`~airflow_eo.spark.dedup.duplicate_marks`), and handed on without the
-    copies; the ids it saw first are kept for the seen-id table. Runs in the Spark task."""
-
-    def __init__(self) -> None:
-        self.duplicates = 0
-        self.oldest_ms: int | None = None
-        self.first_sightings: Any = None
-
-    def mark(self, batches: Iterable[Any], columns: Mapping[str, int], dedup: TaskDedup) -> list[Any]:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        received = list(batches)
-        if not received:
-            return []
-        table = pa.Table.from_batches(received)
-        if table.num_rows == 0:
-            return []
-        duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention)
-        self.duplicates = int(pc.sum(duplicate).as_py() or 0)
-        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id)
-        events = pc.is_valid(table.column(columns[ID]))
-        oldest = pc.min(pc.cast(table.column(columns["kafka_timestamp"]).filter(events), pa.int64())).as_py()
-        self.oldest_ms = None if oldest is None else oldest // 1000
-        return table.filter(pc.invert(duplicate)).to_batches() if self.duplicates else table.to_batches()
 
 
 @dataclass(frozen=True)

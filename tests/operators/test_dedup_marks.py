@@ -1,5 +1,5 @@
 """The executor side of ``dedup_key`` (:func:`airflow_eo.spark.dedup.duplicate_marks`, the write tasks'
-``_TaskCopies``) on Arrow batches, with an in-memory seen-id table: which records of a task are copies and which are
+``TaskCopies``) on Arrow batches, with an in-memory seen-id table: which records of a task are copies and which are
 first sightings, and the seen-id rows a write task writes."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import pyarrow as pa
 
 from airflow_eo.core.batch import TaskDedup
 from airflow_eo.core.dedup import SeenAt, seen_pipeline_key
-from airflow_eo.spark.dedup import ID, duplicate_marks, seen_id_table
-from airflow_eo.spark.engine import _TaskCopies
+from airflow_eo.spark.dedup import ID, TaskCopies, duplicate_marks, seen_id_table
 
 T0 = datetime(2026, 11, 26, tzinfo=timezone.utc)
 
@@ -63,7 +62,7 @@ def test_a_task_with_an_empty_partition_marks_nothing_and_asks_nothing():
     def lookup(ids):
         raise AssertionError("an empty partition has no ids to look up")
 
-    copies = _TaskCopies()
+    copies = TaskCopies()
     assert copies.mark(iter(()), {}, TaskDedup(None, lookup, timedelta(days=7), "p", 1)) == []  # type: ignore[arg-type]
     assert (copies.duplicates, copies.oldest_ms, copies.first_sightings) == (0, None, None)
 
@@ -73,7 +72,7 @@ def test_a_write_task_hands_on_the_events_and_keeps_its_first_sightings_for_the_
     first = batch(rows)
     columns = {name: i for i, name in enumerate(first.schema.names)}
     stored = {"c": SeenAt(int(T0.timestamp() * 1000), "t", 1, 0)}  # c copies an event of an earlier batch
-    copies = _TaskCopies()
+    copies = TaskCopies()
     kept = pa.Table.from_batches(copies.mark([first], columns, TaskDedup(
         None, lambda ids: {i: s for i, s in stored.items() if i in set(ids)}, timedelta(days=7),  # type: ignore[arg-type]
         "pipeline", 9)))
