@@ -122,6 +122,10 @@ class Sink(Protocol):
     #: True when readers see what ``write`` wrote before the commit point (the upsert sink: replay-safe
     #: upserts). The engine then finds bad records before it writes, when they must fail the batch.
     writes_visible_before_commit: bool
+    #: True when ``write`` itself commits, after the Spark job that writes the output and only when every task of that
+    #: job succeeded (a table format's commit): a task that fails on a bad record then commits nothing, so the engine
+    #: finds bad records in the writing job (:class:`~airflow_eo.core.write_strategy.WriteStrategy`).
+    commits_only_after_write_job: bool
 
     def check(self) -> None:
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""

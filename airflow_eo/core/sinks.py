@@ -410,8 +410,10 @@ class TableCommitAdapter(ABC):
     discard after ``write`` (a table commit is all or nothing); no dead letters."""
 
     owns_commit_point = True
-    # The table commits inside write(): a bad record must fail the batch before it (two passes).
+    # The table commits inside write(), after the job that writes its files and only if every task of it succeeded: a
+    # task that fails on a bad record commits nothing (no transform: one pass; with one: two, the first counting).
     writes_visible_before_commit = True
+    commits_only_after_write_job = True
     name: str
 
     @abstractmethod

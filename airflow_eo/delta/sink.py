@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 _ORDER = "_eo_order"
 #: how many of the table's newest versions ``airflow eo status`` looks through for the pipeline's last batch
 _STATUS_HISTORY = 100
@@ -132,11 +133,14 @@ class DeltaTableAdapter(TableCommitAdapter):
         if self.log() is None and (self.key_columns or self.table):
             self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
+        # Materialized once for every try (Delta would materialize it in each: the offset-order id makes it not
+        # deterministic); its job is the one that reads the batch, and counts its records (the plan's observation).
+        source = self._merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
         failpoint("before_table_commit")
 
         def commit() -> int:
             if self.key_columns:
-                self._merge(spark, out, txn, metadata)
+                self._merge(spark, source, out.columns, txn, metadata)
                 return self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
             self._append(out, txn, metadata)
             return self._committed_rows(metadata, ("numOutputRows",))
@@ -223,9 +227,9 @@ class DeltaTableAdapter(TableCommitAdapter):
             writer = writer.partitionBy(*self.partition_by)
         writer.save(self.path)
 
-    def _merge(self, spark: SparkSession, out: DataFrame, txn: TableTransaction, metadata: str) -> None:
-        """MERGE the batch on the key: of several rows of one key the last in offset order wins, ``add`` columns
-        add up every row's value (Delta refuses a source with two rows for one target row)."""
+    def _merge_source(self, out: DataFrame) -> DataFrame:
+        """One row per key: of several rows of one key the last in offset order wins, ``add`` columns add up every
+        row's value (Delta refuses a source with two rows for one target row)."""
         from pyspark.sql import functions as F
 
         # The output's rows come in offset order within each Spark partition (one Kafka partition's range): the
@@ -236,28 +240,37 @@ class DeltaTableAdapter(TableCommitAdapter):
         aggregates += [F.sum(F.col(c)).cast(out.schema[c].dataType).alias(c)
                        for c in out.columns if self.updates.get(c) == "add"]
         source = ordered.groupBy(*self.key_columns).agg(*aggregates)
-        source = source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
-                               *[c for c in out.columns if self.updates.get(c) == "add"])
+        return source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
+                             *[c for c in out.columns if self.updates.get(c) == "add"])
+
+    def _merge(self, spark: SparkSession, source: DataFrame, columns: Sequence[str], txn: TableTransaction,
+               metadata: str) -> None:
+        """MERGE the batch's :meth:`_merge_source` (materialized) on the key."""
         on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
         sets = ", ".join(f"t.{_q(c)} = " + (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
-                         for c in out.columns if c not in self.key_columns)
-        names, values = ", ".join(map(_q, out.columns)), ", ".join(f"s.{_q(c)}" for c in out.columns)
+                         for c in columns if c not in self.key_columns)
+        names, values = ", ".join(map(_q, columns)), ", ".join(f"s.{_q(c)}" for c in columns)
         view = f"_eo_merge_{uuid.uuid4().hex}"
         # SQL, not Delta's Python MERGE builder: over Spark Connect that needs Delta's Connect plugin on the server.
         statement = (f"MERGE INTO {self._path_table} t USING {view} s ON {on}"
                      + (f" WHEN MATCHED THEN UPDATE SET {sets}" if sets else "")
                      + f" WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})")
-        # MERGE takes the idempotent identity from the session (a batch's confs, unset after it: a later write of
-        # this session must not carry them).
-        confs = {_TXN_APP_ID: txn.app_id, _TXN_VERSION: str(txn.version), _USER_METADATA: metadata}
+        # MERGE takes the idempotent identity from the session (a batch's confs, restored after it: a later write of
+        # this session must not carry them). The source is materialized already: Delta need not copy it again.
+        confs = {_TXN_APP_ID: txn.app_id, _TXN_VERSION: str(txn.version), _USER_METADATA: metadata,
+                 _MATERIALIZE_SOURCE: "none"}
+        before = {key: spark.conf.get(key, None) for key in confs}
         source.createOrReplaceTempView(view)
         try:
             for key, value in confs.items():
                 spark.conf.set(key, value)
             spark.sql(statement).collect()
         finally:
-            for key in confs:
-                spark.conf.unset(key)
+            for key, was in before.items():
+                if was is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, was)
             spark.catalog.dropTempView(view)
 
     @property

@@ -54,6 +54,7 @@ class KafkaTransactionalAdapter:
 
     owns_commit_point = True
     writes_visible_before_commit = False  # read_committed readers see nothing before commit_transaction
+    commits_only_after_write_job = False  # its transaction is written by the tasks, committed apart
 
     def __init__(self, config: Mapping[str, Any], pipeline_id: str, *, name: str, topic: str, key_column: str,
                  value_column: str, transaction_timeout_ms: int) -> None:

@@ -58,6 +58,7 @@ class SqlTableSink:
     #: one prepared branch per Spark task, committed after the commit point
     two_phase = False
     writes_visible_before_commit = True
+    commits_only_after_write_job = False
 
     def __init__(self, connect_kwargs: Mapping[str, Any], *, name: str, table: str, key_columns: Sequence[str],
                  updates: Mapping[str, str], dead_letter_table: str, add_missing_columns: bool = False) -> None:

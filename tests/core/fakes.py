@@ -487,6 +487,7 @@ class _SinkBase:
     name = "fake"
     owns_commit_point = False
     writes_visible_before_commit = False
+    commits_only_after_write_job = False
 
     def __init__(self, proc: Process, check_error: Exception | None = None) -> None:
         self.proc, self.check_error = proc, check_error
@@ -691,6 +692,7 @@ class FakeUpsertSink(_SinkBase):
 
     name = "fake_upsert"
     writes_visible_before_commit = True
+    commits_only_after_write_job = False
 
     def __init__(self, table: UpsertTable, proc: Process, check_error: Exception | None = None,
                  fenced_by: FakeStore | None = None) -> None:

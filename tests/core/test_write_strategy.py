@@ -25,9 +25,11 @@ class Facts:
         return self.hold
 
 
-def choose(facts: Facts, *, visible: bool, dead_letters: bool, transform: bool) -> WriteStrategy:
+def choose(facts: Facts, *, visible: bool, dead_letters: bool, transform: bool,
+           commits_after_job: bool = False) -> WriteStrategy:
     return choose_write_strategy(writes_visible_before_commit=visible, dead_letters=dead_letters, transform=transform,
-                                 barrier_possible=facts.barrier_possible, can_hold_writes=facts.can_hold_writes)
+                                 barrier_possible=facts.barrier_possible, can_hold_writes=facts.can_hold_writes,
+                                 commits_only_after_write_job=commits_after_job)
 
 
 @pytest.mark.parametrize(("visible", "dead_letters"), [(False, False), (False, True), (True, True)],
@@ -70,6 +72,20 @@ def test_with_a_transform_visible_writes_and_fatal_bad_records_take_two_passes_w
     facts = Facts(barrier=True, hold=True)  # a vote would be possible: a transform's output is never held
     assert choose(facts, visible=True, dead_letters=False, transform=True) is WriteStrategy.TWO_PASS
     assert facts.asked == []
+
+
+def test_a_sink_committing_only_after_its_write_job_fails_the_task_that_reads_a_bad_record_in_one_pass():
+    facts = Facts(barrier=True, hold=True)
+    assert choose(facts, visible=True, dead_letters=False, transform=False,
+                  commits_after_job=True) is WriteStrategy.FAIL_IN_TASKS
+    assert facts.asked == []  # neither Spark nor the sink is asked
+
+
+def test_with_a_transform_a_sink_committing_after_its_write_job_takes_two_passes():
+    # the transform's own filters may run before the check and skip a bad record the batch must fail on
+    facts = Facts()
+    assert choose(facts, visible=True, dead_letters=False, transform=True,
+                  commits_after_job=True) is WriteStrategy.TWO_PASS
 
 
 @pytest.mark.parametrize(("visible", "dead_letters", "transform", "barrier", "hold"),

@@ -125,7 +125,9 @@ def test_appended_intervals_backfill_and_replay_once_under_a_name_in_a_metastore
 
     run_hour(1, "backfill__h1")
     assert f"created the Delta table at {path} from the output's schema as eo_lake.events" in said[0]
-    run_hour(0, "backfill__h0")
+    backfilled = run_hour(0, "backfill__h0")  # one pass: the writing job counted the records
+    assert backfilled["rows_out"] == backfilled["records_in"] == len(hours_truth(events, 0))
+    assert "count" not in backfilled["seconds"], "the records were counted by a job of their own"
     assert "registered the Delta table" not in said[1] and "created the Delta table" not in said[1], \
         "the metastore must keep the name from the first run's process"
     version = DeltaTable(str(path)).version()
@@ -184,3 +186,30 @@ def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, top
     truth = Counter(json.loads(r.value)["app_id"] for t in topics.values() for r in read_records(bootstrap, t)[0])
     assert {r["app_id"]: r["pv"] for r in table_rows(path)} == truth
     assert sum(truth.values()) == 500
+
+
+def test_a_bad_record_fails_its_batch_in_the_writing_job_and_the_table_commits_nothing(bootstrap, mysql_kwargs,
+                                                                                       topic_name, tmp_path):
+    """MERGE on ``event_id`` without a transform runs one pass (``core/write_strategy``: FAIL_IN_TASKS): the job that
+    writes counts the records. A later batch holding a bad record fails in the task that reads it: Delta commits no
+    version, the batch stays planned, and the error names the record."""
+    create_topic(bootstrap, topic_name, 1)
+    path, pipeline = tmp_path / "events", f"delta_bad_{topic_name}"
+    job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+                           "sink": {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["event_id"]}}
+    events = produce_page_views(bootstrap, 200, topic=topic_name)
+    done = child(job, f"manual__{uuid.uuid4().hex}")
+    assert done.returncode == 0, why(done)
+    summary = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (200, 200, 0)
+    assert "count" not in summary["seconds"], "the records were counted by a job of their own"
+    version = DeltaTable(str(path)).version()
+
+    produce_page_views(bootstrap, 50, topic=topic_name, raw_values=[b"{not json"])  # the bad record: offset 250
+    failed = child(job, f"manual__{uuid.uuid4().hex}")
+    assert failed.returncode != 0, why(failed)
+    said = failed.stdout + failed.stderr
+    assert f"1 bad record(s) in this batch; the first: {topic_name}[0] offset 250" in said, why(failed)
+    assert DeltaTable(str(path)).version() == version, "a batch with a bad record must not commit"
+    assert sorted(r["event_id"] for r in table_rows(path)) == sorted(e["event_id"] for e in events)
+    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "planned"]

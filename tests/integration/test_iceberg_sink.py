@@ -157,7 +157,9 @@ def test_appended_intervals_backfill_and_replay_once_in_a_jdbc_catalog(bootstrap
     assert {r["event_id"] for r in table.scan().to_arrow().to_pylist()} == hours_truth(events, 1)
     rolled = run_hour(1, "backfill__h1")
     assert summary(rolled)["rows_out"] == 0 and "already has batch 0" in rolled.stdout + rolled.stderr
-    assert summary(run_hour(0, "backfill__h0"))["rows_out"] == len(hours_truth(events, 0))
+    backfilled = summary(run_hour(0, "backfill__h0"))  # one pass: the writing job counted the records
+    assert backfilled["rows_out"] == backfilled["records_in"] == len(hours_truth(events, 0))
+    assert "count" not in backfilled["seconds"], "the records were counted by a job of their own"
     snapshot = jdbc_catalog().load_table(identifier).metadata.current_snapshot_id
     replay = summary(run_hour(1, "scheduled__h1_again"))
     assert replay["replayed"] and replay["rows_out"] == 0
@@ -209,6 +211,16 @@ def test_a_zombie_attempt_cannot_append_its_batch_again(bootstrap, mysql_kwargs,
     assert sorted(r["event_id"] for r in written) == sorted(e["event_id"] for e in events)
     [batch] = batch_rows(mysql_kwargs, pipeline)
     assert batch["state"] == "committed" and list(batch_snapshots(location)) == [batch["batch_id"]]
+
+    # A later batch holding a bad record fails in the task that reads it (one pass: core/write_strategy's
+    # FAIL_IN_TASKS): nothing staged, nothing published.
+    snapshots = len(StaticTable.from_metadata(str(location)).metadata.snapshots)
+    produce_page_views(bootstrap, 30, topic=topic_name, raw_values=[b"{not json"])  # the bad record: offset 130
+    failed = child(job, f"manual__{uuid.uuid4().hex}")
+    assert failed.returncode != 0, why(failed)
+    assert f"1 bad record(s) in this batch; the first: {topic_name}[0] offset 130" in failed.stdout + failed.stderr
+    assert len(StaticTable.from_metadata(str(location)).metadata.snapshots) == snapshots
+    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "planned"]
 
 
 def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, topic_name, tmp_path):

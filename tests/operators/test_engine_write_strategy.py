@@ -29,8 +29,9 @@ class FakeParsed:
 
 
 class FakeSink:
-    def __init__(self, visible: bool, hold: bool) -> None:
+    def __init__(self, visible: bool, hold: bool, commits_after_job: bool = False) -> None:
         self.writes_visible_before_commit, self.hold, self.asked = visible, hold, []
+        self.commits_only_after_write_job = commits_after_job
 
     def can_hold_writes(self, out: Any) -> bool:
         self.asked.append(out)
@@ -38,7 +39,7 @@ class FakeSink:
 
 
 def run(monkeypatch, *, visible: bool, policy: BadRecordPolicy = BadRecordPolicy.FAIL, transform: str | None = None,
-        barrier: bool = True, hold: bool = True) -> tuple[str, list[str], FakeSink]:
+        barrier: bool = True, hold: bool = True, commits_after_job: bool = False) -> tuple[str, list[str], FakeSink]:
     engine = SparkBatchEngine(session_factory=FakeSpark, kafka_config={},
                               parse=ParseConfig(ValueFormat.STRING, on_bad_record=policy), transform=transform)
     calls: list[str] = []
@@ -50,10 +51,11 @@ def run(monkeypatch, *, visible: bool, policy: BadRecordPolicy = BadRecordPolicy
         "_write_then_validate": lambda parsed, payload, batch, sink, vote: "vote" if vote else "one pass",
         "_transform_then_validate": lambda spark, parsed, payload, batch, sink: "one pass, transformed",
         "_validate_then_write": lambda spark, parsed, payload, batch, sink: "two passes",
+        "_write_failing_on_bad_records": lambda parsed, payload, batch, sink: "one pass, failing on a bad record",
     }
     for name, stand_in in passes.items():
         monkeypatch.setattr(engine, name, stand_in)
-    sink = FakeSink(visible, hold)
+    sink = FakeSink(visible, hold, commits_after_job)
     done = engine.execute(BATCH, sink)  # type: ignore[arg-type]
     return done, calls, sink  # type: ignore[return-value]
 
@@ -72,6 +74,13 @@ def test_the_vote_asks_spark_then_the_sink_about_the_parsed_payload(monkeypatch)
 def test_without_a_barrier_stage_two_passes_and_the_sink_is_not_asked(monkeypatch):
     done, calls, sink = run(monkeypatch, visible=True, barrier=False)
     assert (done, calls, sink.asked) == ("two passes", ["barrier"], [])
+
+
+def test_a_table_sink_committing_after_its_write_job_gets_one_pass_failing_on_a_bad_record(monkeypatch):
+    done, calls, sink = run(monkeypatch, visible=True, commits_after_job=True)
+    assert (done, calls, sink.asked) == ("one pass, failing on a bad record", [], [])
+    done, calls, sink = run(monkeypatch, visible=True, commits_after_job=True, transform="SELECT * FROM kafka_batch")
+    assert (done, calls, sink.asked) == ("two passes", [], [])
 
 
 def test_a_sink_that_cannot_hold_its_writes_gets_two_passes(monkeypatch):
