@@ -418,7 +418,7 @@ class SparkBatchEngine:
                          F.col("kafka_offset").cast("string"), F.lit(": "), F.col("_eo_error"))
         good = parsed.observe(observation, *_record_counts()).where(
             F.when(F.col("_eo_error").isNull(), F.lit(True)).otherwise(F.raise_error(where))).select(
-            *named_columns([*payload, *metadata_columns(self.parse)]))
+            *named_columns(payload))  # no transform: the payload is the output
         try:
             written = sink.write(WritePlan(good, self, observation=observation), batch)
         except Exception as exc:

@@ -204,6 +204,7 @@ def test_a_bad_record_fails_its_batch_in_the_writing_job_and_the_table_commits_n
     assert (summary["records_in"], summary["rows_out"], summary["dead_letters"]) == (200, 200, 0)
     assert "count" not in summary["seconds"], "the records were counted by a job of their own"
     version = DeltaTable(str(path)).version()
+    assert list(table_rows(path)[0]) == ["event_id", "app_id", "user_id", "ts"], "the events' columns, no other"
 
     produce_page_views(bootstrap, 50, topic=topic_name, raw_values=[b"{not json"])  # the bad record: offset 250
     failed = child(job, f"manual__{uuid.uuid4().hex}")

@@ -209,6 +209,7 @@ def test_a_zombie_attempt_cannot_append_its_batch_again(bootstrap, mysql_kwargs,
     written = table_rows(location)
     assert Counter(r["event_id"] for r in written).most_common(1)[0][1] == 1, "an event was appended twice"
     assert sorted(r["event_id"] for r in written) == sorted(e["event_id"] for e in events)
+    assert list(written[0]) == ["event_id", "app_id", "user_id", "ts"], "the events' columns, no other"
     [batch] = batch_rows(mysql_kwargs, pipeline)
     assert batch["state"] == "committed" and list(batch_snapshots(location)) == [batch["batch_id"]]
 
