@@ -842,11 +842,15 @@ def iceberg_rows(workdir: Path, table: str) -> int:
     return StaticTable.from_metadata(str(workdir / "b" / table)).scan().to_arrow().num_rows
 
 
-def _iceberg_table(spark: Any, name: str) -> str:
-    """A fresh empty table of the parsed events' shape, made before the clock starts (the peers append to it)."""
+def _iceberg_table(spark: Any, name: str, staged: bool = False) -> str:
+    """A fresh empty table of the parsed events' shape, made before the clock starts (each job appends or merges into
+    it); ``staged``: with ``write.wap.enabled``, as our sink keeps the tables it writes."""
+    from airflow_eo.iceberg.sink import WAP_ENABLED
+
     table = f"{ICEBERG_CATALOG}.b.{name}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ICEBERG_CATALOG}.b")
-    spark.sql(f"CREATE TABLE {table} (event_id STRING, app_id STRING, user_id STRING, ts TIMESTAMP) USING iceberg")
+    spark.sql(f"CREATE TABLE {table} (event_id STRING, app_id STRING, user_id STRING, ts TIMESTAMP) USING iceberg"
+              + (f" TBLPROPERTIES ('{WAP_ENABLED}'='true')" if staged else ""))
     return table
 
 
@@ -884,10 +888,11 @@ def structured_streaming_iceberg(topic: str, events: int, parallelism: int, work
 
 
 def eo_iceberg(topic: str, events: int, parallelism: int, workdir: Path, merge: bool = False) -> Job:
-    """Our Iceberg sink into a fresh table: appending (``eo_iceberg_append``) or MERGE on ``event_id``
-    (``eo_iceberg_merge``; the table created from the output's schema, as the sink does)."""
+    """Our Iceberg sink into a fresh empty table, made before the clock starts as the peers' are: appending
+    (``eo_iceberg_append``) or MERGE on ``event_id`` (``eo_iceberg_merge``)."""
     name = "eo_iceberg_merge" if merge else "eo_iceberg_append"
     table = f"{name}_{uuid.uuid4().hex[:6]}"
+    _iceberg_table(spark_hook().get_conn(), table, staged=True)
     sink = IcebergTableSink(table=f"{ICEBERG_CATALOG}.b.{table}", warehouse=str(workdir),
                             key_columns=["event_id"] if merge else [])
     job = ours(name, sink, None, topic, events, parallelism)
