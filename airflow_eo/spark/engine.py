@@ -424,7 +424,7 @@ class SparkBatchEngine:
         except Exception as exc:
             if BAD_RECORD_MARK not in str(exc):
                 raise
-            records_in, bad = _count(parsed)
+            _, bad = _count(parsed)
             for _ in self._bad_records(parsed, bad):  # raises, naming the first
                 pass
             raise  # not reached: the task failed on a bad record
