@@ -161,3 +161,34 @@ def test_a_delta_merge_over_spark_connect(spark_cluster, bootstrap, mysql_kwargs
     table = DeltaTable(str(path))
     assert {r["app_id"]: r["pv"] for r in table.to_pyarrow_table().to_pylist()} == truth
     assert batch["state"] == "committed" and table.transaction_version(f"airflow_eo.{pipeline}") == batch["batch_id"]
+
+
+def test_an_iceberg_append_on_the_standalone_cluster_and_a_bad_record_failing_on_an_executor(
+        spark_cluster, bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """An Iceberg append on the standalone cluster's executors (a classic session: the session ships the package and
+    Iceberg's jars to executors without either), one pass (``core/write_strategy``: FAIL_IN_TASKS); then a batch
+    holding a bad record: the executor's task that reads it fails (every retry of it), the job fails, nothing is
+    staged or published, and the error names the record."""
+    from pyiceberg.table import StaticTable
+
+    create_topic(bootstrap, topic_name, 2)
+    events = produce_page_views(bootstrap, 400, topic=topic_name)
+    location, pipeline = tmp_path / "lake" / "db" / "events", f"iceberg_cluster_{topic_name}"
+    job = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+           "options": {"spark_conn_id": "spark_cluster"},
+           "sink": {"kind": "IcebergTableSink", "table": "lake.db.events", "warehouse": str(tmp_path / "lake")}}
+    done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "manual__1"})])
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and f"Spark session on {spark_cluster.master}" in said, said[-4000:]
+    summary = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    assert (summary["records_in"], summary["rows_out"]) == (400, 400) and "count" not in summary["seconds"]
+    table = StaticTable.from_metadata(str(location))
+    assert sorted(r["event_id"] for r in table.scan().to_arrow().to_pylist()) == sorted(e["event_id"] for e in events)
+    snapshots = len(table.metadata.snapshots)
+
+    produce_page_views(bootstrap, 20, topic=topic_name, raw_values=[b"{not json"])
+    failed = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "manual__2"})])
+    said = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "1 bad record(s) in this batch; the first: " in said, said[-4000:]
+    assert len(StaticTable.from_metadata(str(location)).metadata.snapshots) == snapshots, "nothing staged"
+    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "planned"]
