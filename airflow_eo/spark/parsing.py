@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key", "kafka_headers")
 #: The parsed key (``key_format`` other than ``bytes``): a STRING, or a STRUCT of the key schema's fields.
 KEY_COLUMN = "key"
+#: A JSON escape of a UTF-16 surrogate without its pair (``"\ud800"``; I-JSON, RFC 7493, forbids them): Spark's JSON
+#: reader makes it ``?``, so no column would get the value produced. An escape's backslash is not itself escaped
+#: (an even run of backslashes before it). Java's regex syntax (``rlike``).
+LONE_SURROGATE_ESCAPE = (r"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                         r"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
 def named_columns(names: Iterable[str]) -> list[Column]:
@@ -179,6 +184,9 @@ def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what
                                                              F.from_json(text, as_text, options)))))
     # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
     error = F.when(~F.is_valid_utf8(text), F.lit(f"{what} is not valid UTF-8")).when(
+        (F.instr(text, "\\u") > 0) & text.rlike(LONE_SURROGATE_ESCAPE),  # instr first: most values escape nothing
+        F.lit(f"{what} has an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF): JSON readers turn it into '?', "
+              "no text column can keep it")).when(
         typed_row_failed & (F.col(as_text_col).isNull() | F.col(f"{as_text_col}._eo_corrupt").isNotNull()),
         F.lit(f"{prefix}malformed JSON"))
     for f in declared.fields:

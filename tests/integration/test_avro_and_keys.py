@@ -349,3 +349,30 @@ def test_ids_missing_from_writer_schemas_are_asked_of_the_lookup_once_per_batch(
                                    f"answered HTTP 403 for id {refused_id}: User is denied operation Read on Subject: "
                                    "orders-key)")
     assert parsed.where(F.col("_eo_error").isNull()).count() == 3 and payload[0] == "order_id"
+
+
+def test_an_unpaired_surrogate_escape_in_json_is_a_bad_record_and_a_pair_or_an_escaped_backslash_is_not():
+    """Spark's JSON reader turns ``"\\ud800"`` (a UTF-16 surrogate escape without its pair) into ``?``: the record
+    would be stored altered, so it is a bad record; a pair is its character, and ``"\\\\ud800"`` (an escaped
+    backslash, then text) is text."""
+    from airflow_eo.core.config import ParseConfig
+    from airflow_eo.spark.parsing import parse_records
+    from airflow_eo.spark.session import get_session
+
+    values = [br'{"id": "a", "s": "\ud800"}', br'{"id": "b", "s": "x\udc00y"}', br'{"id": "c", "s": "\ud83d\ude00"}',
+              br'{"id": "d", "s": "\\ud800"}', br'{"id": "e", "s": "\\\ud800"}', br'{"id": "f", "s": "\uD800\uDC00"}',
+              br'{"id": "g", "s": "\uDBFF!"}', br'{"id": "h", "s": "plain \u00e9"}',
+              br'{"id": "i", "s": "\udc00\ud800"}']
+    spark = get_session()
+    raw = spark.createDataFrame(
+        [("t", 0, i, None, None, None, v) for i, v in enumerate(values)],
+        "kafka_topic STRING, kafka_partition INT, kafka_offset BIGINT, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
+        "kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>, kafka_value BINARY")
+    parsed, _ = parse_records(spark, raw, ParseConfig("json", schema="id STRING NOT NULL, s STRING"))
+    got = {r["id"] or str(r["kafka_offset"]): (r["s"], r["_eo_error"])
+           for r in parsed.orderBy("kafka_offset").collect()}
+    unpaired = "value has an unpaired UTF-16 surrogate escape"
+    assert {k for k, (_, error) in got.items() if error} == {"a", "b", "e", "g", "i"}
+    assert all(got[k][1].startswith(unpaired) for k in "abegi")
+    assert (got["c"], got["d"], got["f"], got["h"]) == (("\U0001F600", None), ("\\ud800", None),
+                                                       ("\U00010000", None), ("plain \u00e9", None))
