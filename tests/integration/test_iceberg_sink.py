@@ -224,6 +224,37 @@ def test_a_zombie_attempt_cannot_append_its_batch_again(bootstrap, mysql_kwargs,
     assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "planned"]
 
 
+
+def test_a_zombie_attempt_cannot_publish_its_merge_again(bootstrap, mysql_kwargs, topic_name, tmp_path):
+    """The MERGE's zombie: an attempt held after staging its MERGE snapshot while a newer attempt of the same run
+    merges and publishes the batch; let go, the zombie's fast-forward is refused (the table moved past the snapshot
+    it merged into) and, asking the table, it finds its batch there. ``pv`` is added: a second publish would count
+    every event twice."""
+    create_topic(bootstrap, topic_name, 1)
+    location, pipeline = tmp_path / "lake" / "db" / "app_pv", f"iceberg_merge_zombie_{topic_name}"
+    job: dict[str, Any] = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
+                           "transform": "SELECT app_id, 1 AS pv FROM kafka_batch",
+                           "sink": {"kind": "IcebergTableSink", "table": "lake.db.app_pv",
+                                    "warehouse": str(tmp_path / "lake"), "key_columns": ["app_id"],
+                                    "updates": {"pv": "add"}}}
+    produce_page_views(bootstrap, 300, topic=topic_name)
+    run_id, folder = f"manual__{uuid.uuid4().hex}", tmp_path / "fp"
+    folder.mkdir()
+    zombie = start_held(job, run_id, "before_table_commit", folder)
+    try:
+        newer = child(job, run_id)  # the retry of the same task: resumes the batch, merges, commits table and store
+        assert newer.returncode == 0, why(newer)
+    finally:
+        late = release(zombie, "before_table_commit", folder)
+    said = late.stdout + late.stderr
+    assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
+    assert "not a fast-forward" in said and "already has batch" in said, said[-3000:]
+
+    truth = Counter(json.loads(r.value)["app_id"] for r in read_records(bootstrap, topic_name)[0])
+    assert {r["app_id"]: r["pv"] for r in table_rows(location)} == truth and sum(truth.values()) == 300
+    [batch] = batch_rows(mysql_kwargs, pipeline)
+    assert batch["state"] == "committed" and list(batch_snapshots(location)) == [batch["batch_id"]]
+
 def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, topic_name, tmp_path):
     """Two pipelines (a topic each) MERGE into one table with ``pv`` added on the same keys. Pipeline a is held
     after staging its MERGE while pipeline b commits one: a's staged MERGE read the table before b's commit, so it
