@@ -425,9 +425,10 @@ class SparkBatchEngine:
             if BAD_RECORD_MARK not in str(exc):
                 raise
             _, bad = _count(parsed)
-            for _ in self._bad_records(parsed, bad):  # raises, naming the first
-                pass
-            raise  # not reached: the task failed on a bad record
+            if bad:
+                for _ in self._bad_records(parsed, bad):  # raises, naming the first
+                    pass
+            raise  # no bad record now: the mark was in another failure's text
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse, check and write: one Spark job
         # No row written: the table had the batch (no job ran) or it was empty; else the job counted its records.
         counted = _observed_counts(observation) if written.rows else None
