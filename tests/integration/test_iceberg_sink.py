@@ -67,6 +67,23 @@ def batch_snapshots(table: Path | TableMetadata, pipeline: str | None = None) ->
     return found
 
 
+def zombie_then_newer(job: dict[str, Any], folder: Path) -> str:
+    """An attempt held just before its table commit (a zombie: its Airflow task was given up on) while a newer attempt
+    of the same run checks the table, writes and commits the batch; then the zombie is let go. Its output, after
+    checking that it failed (it must not commit the batch)."""
+    run_id = f"manual__{uuid.uuid4().hex}"
+    folder.mkdir()
+    zombie = start_held(job, run_id, "before_table_commit", folder)
+    try:
+        newer = child(job, run_id)  # the retry of the same task: resumes the batch, commits table and store
+        assert newer.returncode == 0, why(newer)
+    finally:
+        late = release(zombie, "before_table_commit", folder)
+    said = late.stdout + late.stderr
+    assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
+    return said
+
+
 def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysql_kwargs, topic_name, tmp_path):
     """MERGE INTO on app_id (``pv`` added, ``last_user`` the last event's in offset order) killed before the table's
     commit, after it (the store does not know yet: the next run, another run, must roll the store forward and not
@@ -192,16 +209,7 @@ def test_a_zombie_attempt_cannot_append_its_batch_again(bootstrap, mysql_kwargs,
                            "sink": {"kind": "IcebergTableSink", "table": "lake.db.events",
                                     "warehouse": str(tmp_path / "lake")}}
     produce_page_views(bootstrap, 100, topic=topic_name)
-    run_id, folder = f"manual__{uuid.uuid4().hex}", tmp_path / "fp"
-    folder.mkdir()
-    zombie = start_held(job, run_id, "before_table_commit", folder)
-    try:
-        newer = child(job, run_id)  # the retry of the same task: resumes the batch, commits table and store
-        assert newer.returncode == 0, why(newer)
-    finally:
-        late = release(zombie, "before_table_commit", folder)
-    said = late.stdout + late.stderr
-    assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
+    said = zombie_then_newer(job, tmp_path / "fp")
     # Its publish was refused inside Iceberg's commit (the batch's wap.id is published), then the table was asked.
     assert "DuplicateWAPCommitException" in said and "already has batch" in said, said[-3000:]
 
@@ -238,16 +246,7 @@ def test_a_zombie_attempt_cannot_publish_its_merge_again(bootstrap, mysql_kwargs
                                     "warehouse": str(tmp_path / "lake"), "key_columns": ["app_id"],
                                     "updates": {"pv": "add"}}}
     produce_page_views(bootstrap, 300, topic=topic_name)
-    run_id, folder = f"manual__{uuid.uuid4().hex}", tmp_path / "fp"
-    folder.mkdir()
-    zombie = start_held(job, run_id, "before_table_commit", folder)
-    try:
-        newer = child(job, run_id)  # the retry of the same task: resumes the batch, merges, commits table and store
-        assert newer.returncode == 0, why(newer)
-    finally:
-        late = release(zombie, "before_table_commit", folder)
-    said = late.stdout + late.stderr
-    assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
+    said = zombie_then_newer(job, tmp_path / "fp")
     assert "not a fast-forward" in said and "already has batch" in said, said[-3000:]
 
     truth = Counter(json.loads(r.value)["app_id"] for r in read_records(bootstrap, topic_name)[0])
