@@ -42,7 +42,7 @@ class WriteStrategy(str, Enum):
 def choose_write_strategy(*, writes_visible_before_commit: bool, dead_letters: bool, transform: bool,
                           barrier_possible: Callable[[], bool],
                           can_hold_writes: Callable[[], bool],
-                          commits_only_after_write_job: bool = False) -> WriteStrategy:
+                          commits_only_after_write_job: bool) -> WriteStrategy:
     """The strategy of a batch's write.
 
     :param writes_visible_before_commit: the sink's ``writes_visible_before_commit``: readers see what its write
