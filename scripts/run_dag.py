@@ -19,10 +19,11 @@ from airflow.dag_processing.dagbag import DagBag
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.children import exit_now  # noqa: E402
+from tests.support.children import dump_stacks_on_sigusr1, exit_now  # noqa: E402
 
 
 def main() -> int:
+    dump_stacks_on_sigusr1()
     dag_ids = sys.argv[1].split(",")
     logical_date = datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else datetime.now(timezone.utc)
     run_conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None

@@ -3,11 +3,11 @@ most of its start is the JVM loading and verifying Spark's classes. With the cla
 archive (JDK 17's ``-XX:ArchiveClassesAtExit`` / ``-XX:SharedArchiveFile``), a local session and its first job start
 in ~3.4 s instead of ~6.3 s (measured on two cores, pyspark 4.0, OpenJDK 17).
 
-The archive is made once per pyspark, Spark home and Java, in the cache folder, by a process of its own
-(``python -m airflow_eo.spark.class_archive``) started in the background the first time a session finds none; a
-session uses it from then on. A JVM crashes on a half-written archive, so it is written under another name, checked
-by a JVM and only then renamed into place. A JVM ignores an archive that does not match it (another Java build, other
-jars), so a stale one costs nothing but the speed-up. ``EO_CLASS_ARCHIVE=off`` turns it off.
+The archive is made once per pyspark, Spark home (with its jars' sizes and times) and Java, in the cache folder, by
+a process of its own (``python -m airflow_eo.spark.class_archive``) started in the background the first time a
+session finds none; a session uses it from then on. A JVM crashes on a half-written archive, so it is written under
+another name, checked by a JVM and only then renamed into place. A JVM ignores an archive that does not match it
+(another Java build, other jars), so a stale one costs nothing but the speed-up. ``EO_CLASS_ARCHIVE=off`` turns it off.
 """
 
 from __future__ import annotations
@@ -48,9 +48,13 @@ def archive_path(cache: Path) -> Path | None:
     if java is None:
         return None
     stat = java.stat()
-    spark_home = os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
-    key = "|".join((pyspark.__version__, str(Path(spark_home).resolve()), str(java), str(stat.st_size),
-                    str(stat.st_mtime_ns)))
+    spark_home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent).resolve()
+    # The JVM maps an archive only if each jar on the class path has the size and time it had when the archive was
+    # made; a venv made again at the same path (a CI clone) has new times: keyed by them, it gets an archive of its
+    # own instead of one the JVM silently refuses.
+    jars = sorted((jar.name, jar.stat().st_size, jar.stat().st_mtime_ns) for jar in (spark_home / "jars").glob("*.jar"))
+    key = "|".join((pyspark.__version__, str(spark_home), str(java), str(stat.st_size), str(stat.st_mtime_ns),
+                    repr(jars)))
     return cache / "class-archives" / f"spark-{pyspark.__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 

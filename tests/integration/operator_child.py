@@ -12,10 +12,11 @@ from datetime import datetime
 
 from airflow_eo.sinks import SINK_KINDS
 from tests.integration.operator_harness import operator, run
-from tests.support.children import exit_now
+from tests.support.children import dump_stacks_on_sigusr1, exit_now
 
 
 def main() -> int:
+    dump_stacks_on_sigusr1()
     job = json.loads(sys.argv[1])
     sink = dict(job["sink"])
     spec = SINK_KINDS[sink.pop("kind")](**sink)

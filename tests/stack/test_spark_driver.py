@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 import psutil
@@ -47,3 +48,15 @@ def test_a_cache_folder_that_cannot_be_written_only_costs_the_speed_up(tmp_path:
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")  # the archive folder would be under a file: mkdir fails, as on a read-only home
     assert with_class_archive("-Xmx1g", blocked) == "-Xmx1g"
+
+
+def test_a_spark_home_whose_jars_were_installed_again_gets_an_archive_of_its_own(tmp_path: Path, monkeypatch):
+    """A JVM silently refuses an archive made with jars of other sizes or times (a venv made again at the same
+    path, as a CI clone's is): the archive's name must change with them, or the driver starts without one."""
+    jar = tmp_path / "jars" / "spark-core.jar"
+    jar.parent.mkdir()
+    jar.write_bytes(b"first install")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    first = archive_path(tmp_path / "cache")
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 1_000_000_000))
+    assert archive_path(tmp_path / "cache") != first

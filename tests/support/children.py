@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
+from typing import Any
+
+import psutil
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """A child's Python stacks go to its stderr on SIGUSR1: what :func:`diagnose_hang` asks of a child that hangs."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def exit_now(code: int) -> None:
@@ -37,3 +48,85 @@ def why(child: subprocess.CompletedProcess, limit: int = 6000) -> str:
 
 
 _ERROR = re.compile(r"(Error|Exception|Caused by)[:\s]")
+
+
+def diagnose_hang(child: subprocess.Popen) -> str:
+    """What a child that hangs is waiting for, before it is killed: its Python stacks (SIGUSR1, see
+    :func:`dump_stacks_on_sigusr1`) and its JVMs' thread dumps (SIGQUIT) go to its own output; the databases'
+    sessions that are not idle (a lock wait shows there) are returned."""
+    try:
+        family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "the child is gone"
+    for process in family:
+        try:
+            if process.pid == child.pid:
+                process.send_signal(signal.SIGUSR1)
+            elif process.name() == "java":
+                process.send_signal(signal.SIGQUIT)
+        except psutil.NoSuchProcess:
+            pass
+    time.sleep(3)
+    return "\n".join([f"processes: {[(p.pid, _name(p)) for p in family]}", _postgres_sessions(), _mysql_sessions()])
+
+
+def kill_family(child: subprocess.Popen) -> None:
+    """SIGKILL the child and every process under it (its Spark JVM keeps the child's output pipes open)."""
+    try:
+        family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
+def _postgres_sessions() -> str:
+    if "AIRFLOW_CONN_POSTGRES_DEFAULT" not in os.environ:
+        return "postgres: no stack"
+    try:
+        import psycopg
+
+        from airflow_eo.hooks.postgres import EoPostgresHook
+
+        kwargs = EoPostgresHook("postgres_default").get_connect_kwargs()
+
+        with psycopg.connect(**{**kwargs, "connect_timeout": 5}, autocommit=True) as conn:
+            rows: list[Any] = conn.execute(
+                "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 200) "
+                "FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database() "
+                "AND state IS DISTINCT FROM 'idle'").fetchall()
+            prepared = conn.execute("SELECT gid, prepared FROM pg_prepared_xacts").fetchall()
+        return f"postgres sessions: {rows}\npostgres prepared: {prepared}"
+    except Exception as exc:  # a diagnosis must not hide the hang it diagnoses
+        return f"postgres: {exc}"
+
+
+def _mysql_sessions() -> str:
+    if "AIRFLOW_CONN_MYSQL_DEFAULT" not in os.environ:
+        return "mysql: no stack"
+    try:
+        import pymysql
+
+        from airflow_eo.hooks.mysql import EoMySqlHook
+
+        kwargs = EoMySqlHook("mysql_default").get_connect_kwargs()
+
+        with pymysql.connect(**{**kwargs, "connect_timeout": 5}) as conn, conn.cursor() as cur:
+            cur.execute("SELECT id, command, time, state, left(info, 200) FROM information_schema.processlist "
+                        "WHERE command <> 'Sleep' AND id <> connection_id()")
+            rows = cur.fetchall()
+            cur.execute("XA RECOVER")
+            prepared = cur.fetchall()
+        return f"mysql sessions: {rows}\nmysql prepared: {prepared}"
+    except Exception as exc:
+        return f"mysql: {exc}"
