@@ -520,6 +520,12 @@ def stack_env(bootstrap: str, mysql: dict, postgres: dict) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "EO_KAFKA_BOOTSTRAP": bootstrap,
+        # The ports the services run on: a service the fault tests kill starts again on its own port whoever
+        # sources this file (not on the default, when `make up` had EO_STACK_*_PORT and the shell running the
+        # tests has not).
+        "EO_STACK_KAFKA_PORT": str(KAFKA_PORT),
+        "EO_STACK_MYSQL_PORT": str(mysql["port"]),
+        "EO_STACK_PG_PORT": str(postgres["port"]),
     }
     return lines
 

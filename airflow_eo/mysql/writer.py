@@ -14,6 +14,7 @@ import pyarrow as pa
 import pymysql
 from pymysql.constants import ER
 
+from airflow_eo.arrow_files import KeptBatches
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.refused_rows import refusal_text
@@ -123,7 +124,14 @@ class PartitionWriter(SqlPartitionWriter):
                     else:
                         conn.rollback()
 
-                if types is None:
+                if types is None and xa is not None and not self.probe:
+                    # A deadlock's victim loses its whole branch: its rows are kept on the local disk as they are
+                    # written, so that the branch, started again, writes them all again from the first.
+                    def write(commit: bool) -> int:
+                        with KeptBatches(stream) as kept:
+                            return restarting(lambda: self._write(conn, cur, _rows(kept.batches(), self.columns)),
+                                              restart)
+                elif types is None:
                     def write(commit: bool) -> int:
                         return self._write(conn, cur, _rows(stream, self.columns))
                 elif self.replace_rows and "FLOAT" not in types:
@@ -233,8 +241,8 @@ class PartitionWriter(SqlPartitionWriter):
         return written
 
     def _transaction(self, conn: pymysql.connections.Connection, cur: Any, statement: str, args: list[Any]) -> None:
-        """One statement of the multi-row path, committed on its own (upserts), or added to the branch (XA: a
-        deadlock there fails the task, as the branch's earlier statements are gone with it)."""
+        """One statement of the multi-row path, committed on its own (upserts), or added to the branch (XA: after
+        a deadlock the whole branch runs again, in ``__call__``, as its earlier statements are gone with it)."""
         def run() -> int:
             cur.execute(statement, args)
             failpoint("during_write")  # in flight: this statement is not committed or prepared yet

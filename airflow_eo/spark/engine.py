@@ -15,8 +15,6 @@ import contextlib
 import importlib
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 import uuid
@@ -24,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_eo.arrow_files import KeptBatches
 from airflow_eo.core.batch import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -45,7 +44,6 @@ from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
 from airflow_eo.core.protocol import SeenIds, Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
-from airflow_eo.core.task_files import task_folder
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
 from airflow_eo.spark.dedup import (
     DUPLICATE,
@@ -593,7 +591,7 @@ class SparkBatchEngine:
                     verdict.append(sum(int(bad) for bad in ctx.allGather(str(seen["bad"]))) == 0)
                 return verdict[0]
 
-            spill = _Spill() if route is not None else None
+            spill = KeptBatches() if route is not None else None  # the bad records, off the heap
 
             def good_batches() -> Iterator[Any]:
                 for batch in batches:
@@ -764,46 +762,6 @@ class _DeadLetterPartitions:
                  agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
         return self.route.writer(_dead_letter_batches(batches, self.route), dead_letter_partition(partition),
                                  stage_id, attempt_id, agreed)
-
-
-class _Spill:
-    """A task's bad records, kept in an Arrow stream file on the executor's local disk while its good rows are
-    written (memory stays flat whatever their number); removed on exit."""
-
-    def __init__(self) -> None:
-        self._path: str | None = None
-        self._writer: Any = None
-
-    def add(self, batch: Any) -> None:
-        import pyarrow as pa
-
-        if self._writer is None:
-            fd, self._path = tempfile.mkstemp(prefix="airflow_eo_dead_", suffix=".arrows", dir=task_folder())
-            os.close(fd)
-            self._writer = pa.ipc.new_stream(self._path, batch.schema)
-        self._writer.write_batch(batch)
-
-    def batches(self) -> Iterator[Any]:
-        import pyarrow as pa
-
-        if self._writer is None:
-            return
-        self._close()
-        with pa.memory_map(self._path) as source:
-            yield from pa.ipc.open_stream(source)
-
-    def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def __enter__(self) -> _Spill:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._close()
-        if self._path is not None:
-            os.unlink(self._path)
 
 
 def _dead_letter_batches(bad: Iterable[Any], route: DeadLetterRoute) -> Iterator[Any]:
