@@ -1,6 +1,7 @@
-"""A Spark task's write chosen as a deadlock's victim by the real MariaDB runs its transaction again, and the batch
-goes on (an XA branch: the whole branch, from its first row): the tasks of one batch write one table at once, and InnoDB's next-key locks make such deadlocks happen
-between them (seen: 2 in 16 runs of the tombstones test, the retry of a killed run failing with error 1213).
+"""A Spark task's write chosen as a deadlock's victim by the real MariaDB runs its transaction again (an XA branch:
+the whole branch, from its first row), and the batch goes on: the tasks of one batch write one table at once, and
+InnoDB's next-key locks make such deadlocks happen between them (seen: 2 in 16 runs of the tombstones test, the
+retry of a killed run failing with error 1213).
 
 Each case makes one deadlock on purpose: this test's transaction holds row 1 (and has changed 1,000 other rows, so
 the server picks the writer, the lighter one, as the victim); the writer locks row 0 and waits for row 1; then this
