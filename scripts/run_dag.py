@@ -10,6 +10,8 @@ succeeded; the first that fails ends it.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +26,13 @@ from tests.support.children import dump_stacks_on_sigusr1, exit_now  # noqa: E40
 
 def main() -> int:
     dump_stacks_on_sigusr1()
+    if os.environ.get("AIRFLOW__OPENLINEAGE__TRANSPORT"):
+        # OpenLineage sends DAG-run events from a process pool. Forked from this process once a Spark driver runs
+        # in it (threads of py4j and of Spark's accumulator server), a worker can inherit a lock held by one of
+        # them and wait on it for good, and the pool's join at exit with it. Workers forked from a fork server
+        # (a fresh process, the listener's module loaded once) inherit none.
+        multiprocessing.set_forkserver_preload(["airflow.providers.openlineage.plugins.listener"])
+        multiprocessing.set_start_method("forkserver")
     dag_ids = sys.argv[1].split(",")
     logical_date = datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else datetime.now(timezone.utc)
     run_conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None

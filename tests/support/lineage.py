@@ -10,9 +10,15 @@ from typing import Any
 
 
 def file_transport(path: Path) -> dict[str, str]:
-    """The environment of a child whose OpenLineage events are appended to ``path``, one JSON event per line."""
+    """The environment of a child whose OpenLineage events are appended to ``path``, one JSON event per line.
+
+    A task's events are sent from a thread, not from a fork of the child (the provider's default): the child runs a
+    Spark driver, and a fork of a process with threads running can inherit a lock held by one of them and wait on
+    it for good (Python 3.12 warns of exactly this). Its DAG runs' events go through a process pool, which
+    ``scripts/run_dag.py`` starts from a fork server for the same reason."""
     return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(path),
-                                                         "append": True})}
+                                                         "append": True}),
+            "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True"}
 
 
 def completes(path: Path, job: str) -> list[dict[str, Any]]:
