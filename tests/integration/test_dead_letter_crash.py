@@ -28,6 +28,7 @@ from examples.page_views import produce_page_views
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import our_prepared_branches
 from tests.support import REPO
+from tests.support.children import output_within
 from tests.support.kafka import create_topic
 from tests.support.postgres import EVENTS_DDL, pg_rows, pg_table, prepared_gids
 
@@ -70,7 +71,7 @@ def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, boot
     with subprocess.Popen([sys.executable, "-c", ATTEMPT, topic_name, table, kind], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
         register_process(str(tmp_path), "driver", child.pid)
-        output, _ = child.communicate(timeout=600)
+        output = output_within(child, 600)
     assert child.returncode == -signal.SIGKILL, f"not killed at after_task_dead_letters:\n{output[-3000:]}"
     assert list(tmp_path.glob("fired-after_task_dead_letters*")), "the kill fell elsewhere"
     assert rows(mysql_kwargs, "SELECT state FROM eo_batch WHERE pipeline_id = %s", (pipeline,)) == [("planned",)]

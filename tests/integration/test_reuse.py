@@ -15,7 +15,7 @@ from examples.page_views import produce_page_views
 from examples.topics import read_topic
 from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.integration.page_views import REPO, committed_offsets, run_dag
-from tests.support.children import why
+from tests.support.children import output_within, why
 
 REGIONS = ("eu", "us")
 
@@ -39,7 +39,7 @@ def test_two_dags_from_one_factory_run_concurrently_and_a_mapped_task_reads_both
     # Both factory DAGs at the same time, as the scheduler would run them.
     children = [subprocess.Popen([sys.executable, str(REPO / "scripts" / "run_dag.py"), f"page_view_events_{r}"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in REGIONS]
-    outputs = [child.communicate(timeout=900)[0] for child in children]
+    outputs = [output_within(child, 900, python_stacks=True) for child in children]
     assert [child.returncode for child in children] == [0, 0], "\n".join(out[-3000:] for out in outputs)
     ids, ends = region_truth(bootstrap)
     stored = {r[0] for r in rows(mysql_kwargs, "SELECT event_id FROM page_view_events_regional")}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.children import output_within
 from tests.support.stack import load_stack
 
 DAG_FILE = '''from datetime import datetime
@@ -44,7 +45,7 @@ def test_runs_started_together_on_a_fresh_metadata_database_all_succeed(tmp_path
     children = [subprocess.Popen([sys.executable, "-m", "airflow", "dags", "test", f"side_by_side_{n}", "2026-01-02"],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  stdin=subprocess.DEVNULL) for n in (1, 2, 3)]
-    outputs = [child.communicate(timeout=300)[0] for child in children]
+    outputs = [output_within(child, 300) for child in children]
     failed = [(n, out[-3000:]) for n, (child, out) in enumerate(zip(children, outputs, strict=True), 1)
               if child.returncode != 0]
     assert not failed, "runs started together failed:\n" + "\n".join(f"side_by_side_{n}:\n{out}" for n, out in failed)

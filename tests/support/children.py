@@ -50,10 +50,25 @@ def why(child: subprocess.CompletedProcess, limit: int = 6000) -> str:
 _ERROR = re.compile(r"(Error|Exception|Caused by)[:\s]")
 
 
-def diagnose_hang(child: subprocess.Popen) -> str:
-    """What a child that hangs is waiting for, before it is killed: its Python stacks (SIGUSR1, see
-    :func:`dump_stacks_on_sigusr1`) and its JVMs' thread dumps (SIGQUIT) go to its own output; the databases'
-    sessions that are not idle (a lock wait shows there) are returned."""
+def output_within(child: subprocess.Popen, timeout: float, python_stacks: bool = False) -> str:
+    """The child's output (its stdout, with its stderr when merged into it) once it ends. Still running after
+    ``timeout`` seconds: an AssertionError with what it waits for (:func:`diagnose_hang`; ``python_stacks`` when
+    the child called :func:`dump_stacks_on_sigusr1`) and its output, the child and its JVMs killed (they hold its
+    output open: a wait would last until pytest's own timeout, showing nothing)."""
+    try:
+        return child.communicate(timeout=timeout)[0] or ""
+    except subprocess.TimeoutExpired:
+        waiting = diagnose_hang(child, python_stacks)
+        kill_family(child)
+        out, err = child.communicate()
+        raise AssertionError(f"{child.args} still running after {timeout} s; {waiting}\nits output's end:\n"
+                             f"{(out or '')[-20000:]}{(err or '')[-20000:]}") from None
+
+
+def diagnose_hang(child: subprocess.Popen, python_stacks: bool = True) -> str:
+    """What a child that hangs is waiting for, before it is killed: its Python stacks (SIGUSR1, when it called
+    :func:`dump_stacks_on_sigusr1`: SIGUSR1 ends any other) and its JVMs' thread dumps (SIGQUIT) go to its own
+    output; the databases' sessions that are not idle (a lock wait shows there) are returned."""
     try:
         family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -61,7 +76,8 @@ def diagnose_hang(child: subprocess.Popen) -> str:
     for process in family:
         try:
             if process.pid == child.pid:
-                process.send_signal(signal.SIGUSR1)
+                if python_stacks:
+                    process.send_signal(signal.SIGUSR1)
             elif process.name() == "java":
                 process.send_signal(signal.SIGQUIT)
         except psutil.NoSuchProcess:
@@ -106,7 +122,7 @@ def _postgres_sessions() -> str:
                 "FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND datname = current_database() "
                 "AND state IS DISTINCT FROM 'idle'").fetchall()
             prepared = conn.execute("SELECT gid, prepared FROM pg_prepared_xacts").fetchall()
-        return f"postgres sessions: {rows}\npostgres prepared: {prepared}"
+        return f"postgres sessions: {rows}\npostgres prepared ({len(prepared)}): {prepared[:40]}"
     except Exception as exc:  # a diagnosis must not hide the hang it diagnoses
         return f"postgres: {exc}"
 
@@ -127,6 +143,6 @@ def _mysql_sessions() -> str:
             rows = cur.fetchall()
             cur.execute("XA RECOVER")
             prepared = cur.fetchall()
-        return f"mysql sessions: {rows}\nmysql prepared: {prepared}"
+        return f"mysql sessions: {rows}\nmysql prepared ({len(prepared)}): {prepared[:40]}"
     except Exception as exc:
         return f"mysql: {exc}"
