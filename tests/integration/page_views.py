@@ -20,7 +20,7 @@ from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, r
 from examples import page_views
 from examples.state import our_prepared_branches, reset_page_views, sink_state
 from tests.integration.operator_harness import rows
-from tests.support.children import diagnose_hang, kill_family, why
+from tests.support.children import communicate_within
 
 REPO = Path(__file__).resolve().parents[2]
 XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
@@ -74,15 +74,7 @@ def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | N
                               text=True) as child:
             if fault:
                 register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)
-            try:
-                stdout, stderr = child.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                waiting = diagnose_hang(child)
-                kill_family(child)
-                stdout, stderr = child.communicate()
-                hung = subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
-                raise AssertionError(f"{args[1:]} still running after {timeout} s; {waiting}\n"
-                                     f"{why(hung, limit=20000)}\nits stdout's end:\n{stdout[-20000:]}") from None
+            stdout, stderr = communicate_within(child, timeout, python_stacks=True)
     finally:
         if made:
             shutil.rmtree(made, ignore_errors=True)

@@ -51,12 +51,19 @@ _ERROR = re.compile(r"(Error|Exception|Caused by)[:\s]")
 
 
 def output_within(child: subprocess.Popen, timeout: float, python_stacks: bool = False) -> str:
-    """The child's output (its stdout, with its stderr when merged into it) once it ends. Still running after
-    ``timeout`` seconds: an AssertionError with what it waits for (:func:`diagnose_hang`; ``python_stacks`` when
-    the child called :func:`dump_stacks_on_sigusr1`) and its output, the child and its JVMs killed (they hold its
-    output open: a wait would last until pytest's own timeout, showing nothing)."""
+    """The child's output (its stdout, with its stderr when merged into it) once it ends (see
+    :func:`communicate_within`)."""
+    return communicate_within(child, timeout, python_stacks)[0]
+
+
+def communicate_within(child: subprocess.Popen, timeout: float, python_stacks: bool = False) -> tuple[str, str]:
+    """The child's stdout and stderr once it ends. Still running after ``timeout`` seconds: an AssertionError with
+    what it waits for (:func:`diagnose_hang`; ``python_stacks`` when the child called :func:`dump_stacks_on_sigusr1`)
+    and its output, the child and its JVMs killed (they hold its output open: a wait would last until pytest's own
+    timeout, showing nothing)."""
     try:
-        return child.communicate(timeout=timeout)[0] or ""
+        out, err = child.communicate(timeout=timeout)
+        return out or "", err or ""
     except subprocess.TimeoutExpired:
         waiting = diagnose_hang(child, python_stacks)
         kill_family(child)
@@ -69,9 +76,8 @@ def diagnose_hang(child: subprocess.Popen, python_stacks: bool = True) -> str:
     """What a child that hangs is waiting for, before it is killed: its Python stacks (SIGUSR1, when it called
     :func:`dump_stacks_on_sigusr1`: SIGUSR1 ends any other) and its JVMs' thread dumps (SIGQUIT) go to its own
     output; the databases' sessions that are not idle (a lock wait shows there) are returned."""
-    try:
-        family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
+    family = _family(child)
+    if not family:
         return "the child is gone"
     for process in family:
         try:
@@ -88,15 +94,20 @@ def diagnose_hang(child: subprocess.Popen, python_stacks: bool = True) -> str:
 
 def kill_family(child: subprocess.Popen) -> None:
     """SIGKILL the child and every process under it (its Spark JVM keeps the child's output pipes open)."""
-    try:
-        family = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for process in family:
+    for process in _family(child):
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _family(child: subprocess.Popen) -> list[psutil.Process]:
+    """The child and every process under it; none when it is gone."""
+    try:
+        parent = psutil.Process(child.pid)
+        return [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _name(process: psutil.Process) -> str:
@@ -115,7 +126,6 @@ def _postgres_sessions() -> str:
         from airflow_eo.hooks.postgres import EoPostgresHook
 
         kwargs = EoPostgresHook("postgres_default").get_connect_kwargs()
-
         with psycopg.connect(**{**kwargs, "connect_timeout": 5}, autocommit=True) as conn:
             rows: list[Any] = conn.execute(
                 "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, left(query, 200) "
@@ -136,7 +146,6 @@ def _mysql_sessions() -> str:
         from airflow_eo.hooks.mysql import EoMySqlHook
 
         kwargs = EoMySqlHook("mysql_default").get_connect_kwargs()
-
         with pymysql.connect(**{**kwargs, "connect_timeout": 5}) as conn, conn.cursor() as cur:
             cur.execute("SELECT id, command, time, state, left(info, 200) FROM information_schema.processlist "
                         "WHERE command <> 'Sleep' AND id <> connection_id()")
