@@ -8,9 +8,9 @@ built-in kind.
 from __future__ import annotations
 
 import airflow_eo.integrations  # noqa: F401  (registers every built-in kind)
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.sinks import (
     SinkAsset,
-    SinkCapabilities,
     SinkKind,
     SinkSpec,
     sink_kind,

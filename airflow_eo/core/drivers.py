@@ -52,8 +52,11 @@ class Driver:
         classes: list[type[BaseException]] = []
         for dotted in self.errors:
             found: object = module
+            path = self.module
             for part in dotted.split("."):
-                found = getattr(found, part)
+                path = f"{path}.{part}"
+                # a submodule its package does not import itself (pyiceberg.exceptions)
+                found = getattr(found, part) if hasattr(found, part) else importlib.import_module(path)
             if isinstance(found, type) and issubclass(found, BaseException):
                 classes.append(found)
         return tuple(classes)
@@ -98,5 +101,5 @@ def require_driver(conn_type: str) -> None:
     except ImportError as exc:
         install = f"pip install '{DISTRIBUTION}[{driver.extra}]'" if driver.extra else f"pip install {driver.module}"
         raise ConfigurationError(
-            f"a {conn_type} connection ({driver.database}) needs the {driver.module} driver, which is not installed "
-            f"({exc}): {install}") from None
+            f"{driver.database} (the registered driver {conn_type!r}) needs the {driver.module} library, which is not "
+            f"installed ({exc}): {install}") from None

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.batch import (
     BatchContext,
     BatchRecord,
@@ -51,13 +52,11 @@ from airflow_eo.core.batch import (
     DeadLetter,
     ExecutionResult,
     Owner,
-    PartitionWriter,
     RunRequest,
     WritePlan,
     WriteResult,
 )
 from airflow_eo.core.config import SinkRecord
-from airflow_eo.core.dedup import SeenAt
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.planning import (
@@ -70,7 +69,6 @@ from airflow_eo.core.planning import (
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, check_contiguous
 from airflow_eo.core.recovery import BatchAction, BatchDecision, BranchDecision, SinkRecovery, decide_unfinished
-from airflow_eo.core.refusals import ValueRule
 from airflow_eo.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -107,8 +105,6 @@ class OffsetSource(Protocol):
     def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]: ...
 
 
-
-
 class Sink(Protocol):
     """A sink's run-time adapter: everything the protocol and the engine call on it.
 
@@ -116,16 +112,12 @@ class Sink(Protocol):
     """
 
     name: str
-    #: True when the sink's own commit is the commit point (Kafka transactions carry the
-    #: offsets); the store then mirrors it. False: the store's commit is the commit point.
-    owns_commit_point: bool
-    #: True when readers see what ``write`` wrote before the commit point (the upsert sink: replay-safe
-    #: upserts). The engine then finds bad records before it writes, when they must fail the batch.
-    writes_visible_before_commit: bool
-    #: True when ``write`` itself commits, after the Spark job that writes the output and only when every task of that
-    #: job succeeded (a table format's commit): a task that fails on a bad record then commits nothing, so the engine
-    #: finds bad records in the writing job (:class:`~airflow_eo.core.write_strategy.WriteStrategy`).
-    commits_only_after_write_job: bool
+
+    @property
+    def capabilities(self) -> SinkCapabilities:
+        """Its kind's, as registered (:class:`~airflow_eo.core.sinks.KindAdapter`): whether it owns the commit point,
+        whether its writes are visible before it, and the abilities whose roles the engine and ``airflow eo`` ask
+        for (:func:`~airflow_eo.core.abilities.role`)."""
 
     def check(self) -> None:
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""
@@ -150,42 +142,6 @@ class Sink(Protocol):
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         """Best effort on failure before the commit point: roll back what this attempt (``batch.epoch``)
         prepared or opened, reported in ``xids`` or not (a failed Spark job reports nothing)."""
-
-
-class ExecutorDeadLetters(Protocol):
-    """A sink whose dead letters the executors write (optional next to :meth:`Sink.write_dead_letters`): in a one-pass
-    batch each task writes the bad records it finds, in its own branch or fenced transaction (see
-    :class:`~airflow_eo.core.batch.DeadLetterRoute`). A sink without this method gets them streamed through the
-    driver."""
-
-    def dead_letter_writer(self, batch: BatchContext) -> PartitionWriter:
-        """The dead-letter table's partition writer for this batch's attempt; creates the table first when it is
-        missing (DDL, on the driver, before any branch of the batch starts)."""
-
-
-class SeenIds(Protocol):
-    """A sink that keeps the event ids of ``dedup_key`` (:mod:`airflow_eo.core.dedup`) in its database, written with
-    the output so that they commit exactly when it does."""
-
-    #: the output table's key (empty: every row appended); a ``dedup_key`` among them lets the write tasks mark copies
-    key_columns: tuple[str, ...]
-
-    def seen_id_writer(self, batch: BatchContext) -> PartitionWriter:
-        """The seen-id table's partition writer for this batch's attempt (its own branch / fenced transaction per
-        task, committed with the batch's); creates the table first when it is missing."""
-    def seen_id_lookup(self, batch: BatchContext) -> Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]]:
-        """Where the given ids were seen by this pipeline's committed batches (picklable: the executors call it)."""
-    def purge_seen_ids(self, pipeline_id: str, before_ms: int, limit: int) -> int:
-        """Remove at most ``limit`` ids seen before ``before_ms``; how many went."""
-
-
-class ValueChecks(Protocol):
-    """A sink that knows values its table refuses (optional): the engine checks them where the records are parsed,
-    so that such a record is a bad record (``on_bad_record``), not a write that fails every run of the batch. Only
-    the records of a batch without a transform are checked (a transform's output row is no one record)."""
-
-    def value_rules(self, output: Sequence[tuple[str, str]]) -> Sequence[ValueRule]:
-        """The rules of the ``output`` columns' values (name, Spark ``simpleString`` type)."""
 
 
 class Engine(Protocol):
@@ -391,7 +347,7 @@ class Attempt:
                 storing = True
                 store.record_replay(batch, epoch, summary)  # the batch stays committed; its summary is updated
             else:
-                if sink.owns_commit_point:
+                if sink.capabilities.owns_commit_point:
                     sink.commit(batch)  # THE commit point (Kafka transaction with the offsets) ...
                 storing = True
                 store.commit_batch(batch, epoch, summary)  # ... else this is THE commit point

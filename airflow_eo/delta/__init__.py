@@ -6,8 +6,11 @@ libraries) when a run builds one.
 
 from __future__ import annotations
 
-from airflow_eo.core.sinks import SinkCapabilities, register_sink
+from airflow_eo.core.drivers import Driver, register_driver
+from airflow_eo.core.sinks import register_sink
 from airflow_eo.delta.specs import DeltaTableSink, build
+from airflow_eo.lakehouse.specs import table_commit_capabilities
 
-register_sink(DeltaTableSink, SinkCapabilities(accumulates=True, appends=True, interval_replay=True,
-                                                table_commits=True), build)
+# The library that reads the table's log on the Airflow worker, without Spark (the ``delta`` extra).
+register_driver(Driver("delta", "Delta Lake", "deltalake", ("exceptions.DeltaError",), extra="delta"))
+register_sink(DeltaTableSink, table_commit_capabilities("delta"), build)

@@ -23,7 +23,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _q
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter, named_failure
+from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -34,7 +34,6 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-_ORDER = "_eo_order"
 #: how many of the table's newest versions ``airflow eo status`` looks through for the pipeline's last batch
 _STATUS_HISTORY = 100
 
@@ -61,15 +60,6 @@ class DeltaTableAdapter(TableCommitAdapter):
         self.last_version: int | None = None
 
     # ------------------------------------------------------------------ the table's log
-
-    def check(self) -> None:
-        # Delta's Python API (delta-spark) is not used: its table creation and MERGE are SQL, which Spark Connect
-        # runs with Delta's SQL extension alone.
-        try:
-            __import__("deltalake")
-        except ImportError:
-            raise ConfigurationError(f"{self.name} needs deltalake (reads the table's transaction log on the "
-                                     "driver): pip install 'airflow-eo[delta]'") from None
 
     def log(self) -> Any:
         """The table's transaction log as delta-rs reads it on the driver (no Spark job); None: no table yet."""
@@ -125,17 +115,14 @@ class DeltaTableAdapter(TableCommitAdapter):
             return WriteResult([], 0)
         if self.table:  # after the check: a replayed batch's run does not start the catalog (a metastore client)
             self._register(spark)
-        missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
-        if missing:
-            raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
-                                     f"it has {', '.join(out.columns)}")
+        self.missing_output_columns(out)
         # An append creates the table in its own commit, unless it also has a name (created with it).
         if self.log() is None and (self.key_columns or self.table):
             self._create(spark, out)
         metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         # Materialized once for every try (Delta would materialize it in each: the offset-order id makes it not
         # deterministic); its job is the one that reads the batch, and counts its records (the plan's observation).
-        source = self._merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
         failpoint("before_table_commit")
 
         def commit() -> int:
@@ -186,7 +173,7 @@ class DeltaTableAdapter(TableCommitAdapter):
         if self.log() is None:
             return  # _create makes the table under its name
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quoted.rsplit('.', 1)[0]}")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {quoted} USING delta LOCATION {_string(self.path)}")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {quoted} USING delta LOCATION {sql_string(self.path)}")
         log.info("%s: registered the Delta table at %s as %s", self.name, self.path, self.table)
 
     def _create(self, spark: SparkSession, out: DataFrame) -> None:
@@ -199,7 +186,7 @@ class DeltaTableAdapter(TableCommitAdapter):
         if self.table:
             spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {'.'.join(map(_q, self.table.split('.')[:-1]))}")
             target = f"{'.'.join(map(_q, self.table.split('.')))} ({columns}) USING delta{partitioned} " \
-                     f"LOCATION {_string(self.path)}"
+                     f"LOCATION {sql_string(self.path)}"
         else:
             target = f"{self._path_table} ({columns}) USING delta{partitioned}"
         for attempt in range(1, self.commit_tries + 1):
@@ -227,28 +214,10 @@ class DeltaTableAdapter(TableCommitAdapter):
             writer = writer.partitionBy(*self.partition_by)
         writer.save(self.path)
 
-    def _merge_source(self, out: DataFrame) -> DataFrame:
-        """One row per key: of several rows of one key the last in offset order wins, ``add`` columns add up every
-        row's value (Delta refuses a source with two rows for one target row)."""
-        from pyspark.sql import functions as F
-
-        # The output's rows come in offset order within each Spark partition (one Kafka partition's range): the
-        # increasing id keeps that order through the shuffle of the aggregation.
-        ordered = out.withColumn(_ORDER, F.monotonically_increasing_id())
-        kept = [c for c in out.columns if c not in self.key_columns and self.updates.get(c) != "add"]
-        aggregates = [F.max_by(F.struct(*[F.col(c) for c in kept]), F.col(_ORDER)).alias("_eo_last")] if kept else []
-        aggregates += [F.sum(F.col(c)).cast(out.schema[c].dataType).alias(c)
-                       for c in out.columns if self.updates.get(c) == "add"]
-        source = ordered.groupBy(*self.key_columns).agg(*aggregates)
-        return source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept],
-                             *[c for c in out.columns if self.updates.get(c) == "add"])
-
     def _merge(self, spark: SparkSession, source: DataFrame, columns: Sequence[str], txn: TableTransaction,
                metadata: str) -> None:
         """MERGE the batch's :meth:`_merge_source` (materialized) on the key."""
-        on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in self.key_columns)
-        sets = ", ".join(f"t.{_q(c)} = " + (f"t.{_q(c)} + s.{_q(c)}" if self.updates.get(c) == "add" else f"s.{_q(c)}")
-                         for c in columns if c not in self.key_columns)
+        on, sets = self.merge_clauses(columns)
         names, values = ", ".join(map(_q, columns)), ", ".join(f"s.{_q(c)}" for c in columns)
         view = f"_eo_merge_{uuid.uuid4().hex}"
         # SQL, not Delta's Python MERGE builder: over Spark Connect that needs Delta's Connect plugin on the server.
@@ -329,7 +298,7 @@ def _require_delta_session(spark: SparkSession, name: str) -> None:
     """A session without Delta's SQL extension cannot MERGE nor create tables: say so (a session of this process
     started before the Delta sink's conf, which Spark cannot add to a running session)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
-    if "io.delta.sql.DeltaSparkSessionExtension" not in extensions and _is_connect(spark):
+    if "io.delta.sql.DeltaSparkSessionExtension" not in extensions and is_connect(spark):
         raise ConfigurationError(
             f"{name}: the Spark Connect server runs without Delta Lake (spark.sql.extensions={extensions!r}); a "
             "client cannot add jars or SQL extensions to it. Start the server with Delta's jars and its "
@@ -348,12 +317,3 @@ def _location(uri: str) -> str:
             uri = uri[len(prefix):]
             break
     return uri.rstrip("/")
-
-
-def _is_connect(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def _string(text: str) -> str:
-    """A Spark SQL string literal (quotes and backslashes escaped)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

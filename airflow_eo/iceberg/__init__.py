@@ -6,8 +6,11 @@ pyiceberg) when a run builds one.
 
 from __future__ import annotations
 
-from airflow_eo.core.sinks import SinkCapabilities, register_sink
+from airflow_eo.core.drivers import Driver, register_driver
+from airflow_eo.core.sinks import register_sink
 from airflow_eo.iceberg.specs import IcebergTableSink, build
+from airflow_eo.lakehouse.specs import table_commit_capabilities
 
-register_sink(IcebergTableSink, SinkCapabilities(accumulates=True, appends=True, interval_replay=True,
-                                                  table_commits=True), build)
+# The library that reads the table's snapshots on the Airflow worker, without Spark (the ``iceberg`` extra).
+register_driver(Driver("iceberg", "Apache Iceberg", "pyiceberg", ("exceptions.ValidationError",), extra="iceberg"))
+register_sink(IcebergTableSink, table_commit_capabilities("iceberg"), build)

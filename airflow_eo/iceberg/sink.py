@@ -40,8 +40,8 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _quote
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
+from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,7 +53,6 @@ PIPELINE, BATCH, APP_ID, INTERVAL, RANGES = (f"airflow-eo.{k}" for k in ("pipeli
                                                                          "ranges"))
 #: a staged write's own token: which of the batch's staged snapshots (a zombie's, a crashed attempt's) is this one
 STAGE = "airflow-eo.stage"
-_ORDER = "_eo_order"
 #: the table property that makes Spark stage a write whose session sets ``spark.wap.id`` instead of committing it
 WAP_ENABLED = "write.wap.enabled"
 WAP_ID_CONF = "spark.wap.id"
@@ -92,13 +91,6 @@ class IcebergTableAdapter(TableCommitAdapter):
         self.last_snapshot_id: int | None = None
 
     # ------------------------------------------------------------------ the table's snapshots
-
-    def check(self) -> None:
-        try:
-            __import__("pyiceberg")
-        except ImportError:
-            raise ConfigurationError(f"{self.name} needs pyiceberg (reads the table's snapshots on the driver): "
-                                     "pip install 'airflow-eo[iceberg]'") from None
 
     def metadata(self) -> Any:
         """The table's metadata as pyiceberg reads it: from the catalog (a connection's), or from a Hadoop catalog's
@@ -177,15 +169,12 @@ class IcebergTableAdapter(TableCommitAdapter):
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
         if self._has(txn):
             return WriteResult([], 0)
-        missing = [c for c in (*self.key_columns, *self.updates, *self.partition_by) if c not in out.columns]
-        if missing:
-            raise ConfigurationError(f"{self.name}: the transform's output lacks column(s) {', '.join(missing)}; "
-                                     f"it has {', '.join(out.columns)}")
+        self.missing_output_columns(out)
         self._create(spark, out)
         properties = snapshot_properties(batch, txn)
         # Materialized once for every try: MERGE INTO refuses a source whose plan is not deterministic (the
         # offset-order id).
-        source = self._merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
         self.last_snapshot_id = None
 
         def stage_and_publish() -> dict[str, str] | None:
@@ -312,21 +301,6 @@ class IcebergTableAdapter(TableCommitAdapter):
             return self._create(spark, out)  # sets write.wap.enabled if that writer did not
         log.info("%s: created the Iceberg table %s from the output's schema", self.name, self.table)
 
-    def _merge_source(self, out: DataFrame) -> DataFrame:
-        """One row per key: of several rows of one key the last in offset order wins, ``add`` columns add up every
-        row's value (MERGE refuses a source with two rows for one target row)."""
-        from pyspark.sql import functions as F
-
-        # The output's rows come in offset order within each Spark partition (one Kafka partition's range): the
-        # increasing id keeps that order through the shuffle of the aggregation.
-        ordered = out.withColumn(_ORDER, F.monotonically_increasing_id())
-        added = [c for c in out.columns if self.updates.get(c) == "add"]
-        kept = [c for c in out.columns if c not in self.key_columns and c not in added]
-        aggregates = [F.max_by(F.struct(*[F.col(c) for c in kept]), F.col(_ORDER)).alias("_eo_last")] if kept else []
-        aggregates += [F.sum(F.col(c)).cast(out.schema[c].dataType).alias(c) for c in added]
-        source = ordered.groupBy(*self.key_columns).agg(*aggregates)
-        return source.select(*self.key_columns, *[F.col(f"_eo_last.{c}").alias(c) for c in kept], *added)
-
     def _merge(self, spark: SparkSession, source: DataFrame, properties: Mapping[str, str]) -> None:
         """``MERGE INTO`` the table, its snapshot carrying ``properties``: Iceberg takes them from
         ``CommitMetadata.withCommitProperties``, a thread-local of the JVM thread that runs the callable. The MERGE
@@ -338,10 +312,7 @@ class IcebergTableAdapter(TableCommitAdapter):
             raise ConfigurationError(f"{self.name}: MERGE with snapshot properties needs a classic Spark session "
                                      "(py4j); over Spark Connect use the sink without key_columns (append)")
         view = f"_eo_merge_{uuid.uuid4().hex}"
-        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in self.key_columns)
-        sets = ", ".join(f"t.{_quote(c)} = " + (f"t.{_quote(c)} + s.{_quote(c)}" if self.updates.get(c) == "add"
-                                               else f"s.{_quote(c)}")
-                         for c in source.columns if c not in self.key_columns)
+        on, sets = self.merge_clauses(source.columns)
         matched = f" WHEN MATCHED THEN UPDATE SET {sets}" if sets else ""
         statement = (f"MERGE INTO {_quote_table(self.table)} t USING {view} s ON {on}{matched} "
                      "WHEN NOT MATCHED THEN INSERT *")
@@ -438,7 +409,7 @@ def _require_iceberg_session(spark: SparkSession, name: str, table: str, needed:
     session of this process started before the Iceberg sink's conf, which Spark cannot add to a running one)."""
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     catalog = table.split(".")[0]
-    if needed not in extensions and type(spark).__module__.startswith("pyspark.sql.connect"):
+    if needed not in extensions and is_connect(spark):
         raise ConfigurationError(
             f"{name}: the Spark Connect server runs without Iceberg (spark.sql.extensions={extensions!r}); a client "
             "cannot add jars or SQL extensions to it. Start the server with Iceberg's runtime jar and "

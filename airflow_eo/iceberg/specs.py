@@ -11,7 +11,8 @@ from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.lineage_names import LineageDataset, LineageSymlink, location_dataset, location_namespace
-from airflow_eo.core.sinks import LakehouseTableSpec, SinkAsset
+from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.lakehouse.specs import LakehouseTableSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink

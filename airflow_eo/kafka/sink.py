@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from airflow_eo.core.abilities import no_dead_letters
 from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
-from airflow_eo.core.sinks import no_dead_letters
+from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.kafka.offsets import KafkaOffsetSource, alter_group_offsets, group_id, read_group_offsets
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 
@@ -40,7 +41,7 @@ def transactional_id(pipeline_id: str) -> str:
     return f"airflow_eo.{pipeline_id}"
 
 
-class KafkaTransactionalAdapter:
+class KafkaTransactionalAdapter(KindAdapter):
     """The run-time side of :class:`~airflow_eo.kafka.specs.KafkaTransactionalSink` (a ``core.protocol.Sink``).
 
     :param config: librdkafka config of the target cluster's Airflow ``kafka`` connection.
@@ -51,10 +52,6 @@ class KafkaTransactionalAdapter:
     :param value_column: the output's column written as the record value.
     :param transaction_timeout_ms: longest a batch's transaction may stay open.
     """
-
-    owns_commit_point = True
-    writes_visible_before_commit = False  # read_committed readers see nothing before commit_transaction
-    commits_only_after_write_job = False  # its transaction is written by the tasks, committed apart
 
     def __init__(self, config: Mapping[str, Any], pipeline_id: str, *, name: str, topic: str, key_column: str,
                  value_column: str, transaction_timeout_ms: int) -> None:

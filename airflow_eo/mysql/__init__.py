@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
-from airflow_eo.core.sinks import SinkCapabilities, register_sink
+from airflow_eo.core.sinks import register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink, build_upsert, build_xa
+from airflow_eo.sqlsink.specs import two_phase_capabilities, upsert_capabilities
 
 
 def _describe(exc: BaseException) -> str:
@@ -22,11 +23,8 @@ def _describe(exc: BaseException) -> str:
 # of one fails with a clear error.
 register_driver(Driver("mysql", "MySQL / MariaDB", "pymysql", ("err.MySQLError",), extra="mysql",
                        describe=_describe))
-register_sink(MySqlUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True, seen_ids=True,
-                                                connection_type="mysql"),
-              build_upsert)
-register_sink(MySqlXaSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                            seen_ids=True, connection_type="mysql"), build_xa)
+register_sink(MySqlUpsertSink, upsert_capabilities("mysql"), build_upsert)
+register_sink(MySqlXaSink, two_phase_capabilities("mysql"), build_xa)
 
 
 def _store(connection: ConnectionInfo) -> PipelineLedger:

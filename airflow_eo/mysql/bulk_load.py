@@ -168,7 +168,7 @@ def stage(cur: Any, batches: Iterable[pa.RecordBatch], columns: Sequence[str], t
 def load_replacing(cur: Any, files: Iterable[tuple[str, int]], table: str, columns: Sequence[str],
                    hex_positions: frozenset[int], stamped: Sequence[str] = ()) -> int:
     """Loads :func:`csv_files` straight into ``table`` with ``LOAD DATA LOCAL INFILE .. REPLACE`` (where that equals
-    the upsert: :func:`~airflow_eo.core.sinks.why_replace_is_not_upsert`), in the caller's transaction; returns the
+    the upsert: :func:`~.table_shape.why_replace_is_not_upsert`), in the caller's transaction; returns the
     rows. A warning fails it: the caller's transaction (or XA branch) is then never committed."""
     statement = load_replacing_statement(table, columns, hex_positions, stamped)
     # A value rounded to the column's scale is a note, as in the staging path's INSERT .. SELECT: not recorded, so

@@ -18,7 +18,6 @@ from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError, UnsupportedServerError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.sinks import TableShape, why_replace_is_not_upsert
 from airflow_eo.mysql.bulk_load import staging_types
 from airflow_eo.mysql.database import DATABASE, split_table
 from airflow_eo.mysql.sql import (
@@ -27,6 +26,7 @@ from airflow_eo.mysql.sql import (
     parse_server_version,
     supports_row_alias,
 )
+from airflow_eo.mysql.table_shape import TableShape, why_replace_is_not_upsert
 from airflow_eo.mysql.writer import PartitionWriter
 from airflow_eo.mysql.xa import ER_SPECIFIC_ACCESS_DENIED, XaFacade
 from airflow_eo.sqlsink.sink import DEAD_LETTER_KEY, SqlTableSink, SqlTwoPhaseAdapter, SqlUpsertAdapter

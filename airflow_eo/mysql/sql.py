@@ -82,7 +82,7 @@ def load_replacing_statement(table: str, columns: Sequence[str], hex_columns: fr
     """``LOAD DATA LOCAL INFILE %s REPLACE`` of an Arrow-written CSV file (as :func:`load_staging_statement` reads
     one) straight into ``table``: a row of a key the table has replaces the old one whole, later rows of the file
     replace earlier ones. Only where that equals the upsert
-    (:func:`~airflow_eo.core.sinks.why_replace_is_not_upsert`). ``hex_columns``: positions holding hexadecimal text
+    (:func:`~.table_shape.why_replace_is_not_upsert`). ``hex_columns``: positions holding hexadecimal text
     of binary values, read into variables and ``UNHEX``-ed. ``stamped``: columns the server sets to the load's time
     (``CURRENT_TIMESTAMP(3)``, what their default would have given a new row)."""
     quoted = [quote_identifier(c, "column name") for c in columns]

@@ -88,7 +88,7 @@ class PartitionWriter(SqlPartitionWriter):
     #: LOAD DATA LOCAL INFILE into a staging table + one INSERT .. SELECT, for columns of types it reads back exactly
     bulk_load: bool = False
     #: the bulk load goes straight into the table with LOAD DATA .. REPLACE, no staging table (the sink decided that
-    #: replacing a row whole equals its upsert: ``core.sinks.why_replace_is_not_upsert``)
+    #: replacing a row whole equals its upsert: ``mysql.table_shape.why_replace_is_not_upsert``)
     replace_rows: bool = False
     #: columns the replacing load sets to the load's time (the dead-letter table's ``created_at``)
     stamped: tuple[str, ...] = ()

@@ -27,7 +27,8 @@ from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_batch
-from airflow_eo.core.sinks import capabilities_of, with_sink_spark_conf
+from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from airflow_eo.core.abilities import ConsumerGroupSink, DeadLetterTable, InDoubtSink, TableCommitSink, role
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
@@ -27,14 +28,7 @@ from airflow_eo.core.protocol import Sink, recover_pipeline
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
 from airflow_eo.core.recovery import BatchAction, BranchDecision, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindPlan, RewindTarget, check_rewind, plan_rewind
-from airflow_eo.core.sinks import (
-    ConsumerGroupSink,
-    DeadLetterSink,
-    InDoubtSink,
-    TableCommitSink,
-    capabilities_of,
-    lacks_role,
-)
+from airflow_eo.core.sinks import capabilities_of
 from airflow_eo.core.states import UNFINISHED, BatchState
 from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo, partition_status
 from airflow_eo.core.stores import PipelineLedger
@@ -341,9 +335,7 @@ class PipelineOperations:
         if capabilities is None or not capabilities.dead_letters:
             raise OperationError(f"pipeline {pipeline_id!r} writes through {info.sink.kind}, which keeps no dead "
                                  "letters (its bad records fail the batch)")
-        sink = self.connections.sink(pipeline_id, info.sink)
-        if not isinstance(sink, DeadLetterSink):  # the kind keeps dead letters: its adapter must read them
-            raise lacks_role(info.sink.kind, "dead_letters", DeadLetterSink, sink)
+        sink = role(self.connections.sink(pipeline_id, info.sink), DeadLetterTable)
         return [_dead_letter(row) for row in sink.dead_letters(pipeline_id, batch_id, limit) or []]
 
     def pipelines_of_dag(self, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
@@ -434,9 +426,7 @@ class PipelineOperations:
             return _Verified(checked=f"in-doubt: {info.sink.kind} leaves nothing in doubt")
         try:
             if capabilities.in_doubt_branches:
-                sink = self.connections.sink(info.pipeline_id, info.sink)
-                if not isinstance(sink, InDoubtSink):
-                    raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
+                sink = role(self.connections.sink(info.pipeline_id, info.sink), InDoubtSink)
                 return _Verified(check_branches(sink.in_doubt(info.pipeline_id), {b.batch_id: b for b in batches}),
                                  f"in-doubt: prepared branches on {info.sink.kind}'s server")
             group = self._kafka_group(info.pipeline_id, info)
@@ -632,19 +622,13 @@ class PipelineOperations:
         capabilities = capabilities_of(info.sink)
         if info.sink is None or capabilities is None or not capabilities.consumer_group:
             return None
-        sink = self.connections.sink(pipeline_id, info.sink)
-        if not isinstance(sink, ConsumerGroupSink):  # the kind keeps a consumer group: its adapter must read it
-            raise lacks_role(info.sink.kind, "consumer_group", ConsumerGroupSink, sink)
-        return sink
+        return role(self.connections.sink(pipeline_id, info.sink), ConsumerGroupSink)
 
     def _table(self, info: PipelineInfo) -> TableCommitSink | None:
         capabilities = capabilities_of(info.sink)
         if info.sink is None or capabilities is None or not capabilities.table_commits:
             return None
-        sink = self.connections.sink(info.pipeline_id, info.sink)
-        if not isinstance(sink, TableCommitSink):  # the kind commits through a table: its adapter must read it
-            raise lacks_role(info.sink.kind, "table_commits", TableCommitSink, sink)
-        return sink
+        return role(self.connections.sink(info.pipeline_id, info.sink), TableCommitSink)
 
     def _unfinished(self, info: PipelineInfo, notes: list[str]) -> list[UnfinishedBatch]:
         """The unfinished batches and what recovery does with each (a Kafka sink may have committed one)."""
@@ -676,9 +660,7 @@ class PipelineOperations:
         capabilities = capabilities_of(info.sink)
         if info.sink is None or capabilities is None or not capabilities.in_doubt_branches:
             return []  # only two-phase sinks prepare branches
-        sink = self.connections.sink(info.pipeline_id, info.sink)
-        if not isinstance(sink, InDoubtSink):  # the kind prepares branches: its adapter must list them
-            raise lacks_role(info.sink.kind, "in_doubt_branches", InDoubtSink, sink)
+        sink = role(self.connections.sink(info.pipeline_id, info.sink), InDoubtSink)
         xids = sink.in_doubt(info.pipeline_id)
         batch_ids = sorted({x.batch_id for x in xids})
         found = {b.record.batch_id: b for b in self.store.batch_history(info.pipeline_id, len(batch_ids), batch_ids)}

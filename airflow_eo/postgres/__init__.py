@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
-from airflow_eo.core.sinks import SinkCapabilities, register_sink
+from airflow_eo.core.sinks import register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
+from airflow_eo.sqlsink.specs import two_phase_capabilities, upsert_capabilities
 
 # Not imported here: without the driver (``pip install 'airflow-eo[postgres]'``) the kinds still register, and a use
 # of one fails with a clear error.
 register_driver(Driver("postgres", "PostgreSQL", "psycopg", ("Error",), extra="postgres"))
-register_sink(PostgresUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, deletes=True,
-                                                   seen_ids=True, connection_type="postgres"), build_upsert)
-register_sink(PostgresTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                                     seen_ids=True, connection_type="postgres"), build_two_phase)
+register_sink(PostgresUpsertSink, upsert_capabilities("postgres"), build_upsert)
+register_sink(PostgresTwoPhaseSink, two_phase_capabilities("postgres"), build_two_phase)
 
 
 def _store(connection: ConnectionInfo) -> PipelineLedger:

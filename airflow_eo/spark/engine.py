@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.arrow_files import KeptBatches
+from airflow_eo.core.abilities import DeadLetterTable, RowRefusals, SeenIds, has_role, role
 from airflow_eo.core.batch import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -41,7 +42,7 @@ from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
-from airflow_eo.core.protocol import SeenIds, Sink
+from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
@@ -204,9 +205,9 @@ class SparkBatchEngine:
             try:
                 return self._execute(spark, parsed, payload, batch, sink)
             except WriteRefused as refused:
-                table = getattr(sink, "table", None)
-                if table is None or getattr(refused.writer, "table", None) != table:
+                if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
+                table = role(sink, RowRefusals).output_table
                 if self.transform is not None:
                     raise BadRecordError(
                         f"table {table} refused a row of the transform's output: {refused.error}. A transformed row "
@@ -233,19 +234,19 @@ class SparkBatchEngine:
                 log.warning("table %s refused %s record(s) (the first: %s: %s): they become dead letters and the "
                             "batch is written again without them", table, len(found), where, first.error)
                 parsed = mark_refused(parsed, found, table)
-        raise BadRecordError(f"table {getattr(sink, 'table', '?')} still refused rows after {REFUSAL_ROUNDS} rounds "
-                             "of finding them: nothing was committed")
+        raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
+                             f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")
 
     def _strategy(self, spark: SparkSession, parsed: DataFrame, payload: list[str], sink: Sink) -> WriteStrategy:
         # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
         # (lazily, in this order) only when the decision needs them.
         return choose_write_strategy(
-            writes_visible_before_commit=sink.writes_visible_before_commit,
+            writes_visible_before_commit=sink.capabilities.writes_visible_before_commit,
             dead_letters=self.parse.on_bad_record is BadRecordPolicy.DEAD_LETTER,
             transform=self.transform is not None,
             barrier_possible=lambda: self._barrier_possible(spark),
             can_hold_writes=lambda: sink.can_hold_writes(parsed.select(*named_columns(payload))),
-            commits_only_after_write_job=sink.commits_only_after_write_job)
+            commits_only_after_write_job=sink.capabilities.commits_only_after_write_job)
 
     def _execute(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                  sink: Sink) -> ExecutionResult:
@@ -267,11 +268,9 @@ class SparkBatchEngine:
         events and the ids seen first. None when they cannot, or when the table refused a row: then the copies are
         marked by a job of their own (:meth:`_mark_duplicates`) and the refused records found against the marked
         batch (what this write prepared is rolled back by the next write's tasks, as after any refusal)."""
-        if not callable(getattr(sink, "seen_id_writer", None)):
-            return None
-        seen: SeenIds = sink  # type: ignore[assignment]
+        seen = role(sink, SeenIds, "dedup_key")  # refused at parse time; a sink built by hand is refused here
         strategy = self._strategy(spark, parsed, payload, sink)
-        if not marks_in_write_tasks(self.parse.dedup_key, tuple(getattr(seen, "key_columns", ()) or ()),
+        if not marks_in_write_tasks(self.parse.dedup_key, tuple(seen.key_columns),
                                     transform=self.transform is not None,
                                     one_pass=strategy in (WriteStrategy.ONE_PASS, WriteStrategy.VOTE)):
             return None
@@ -282,7 +281,7 @@ class SparkBatchEngine:
                                              vote=strategy is WriteStrategy.VOTE, dedup=dedup)
         except WriteRefused as refused:
             log.warning("table %s refused a row (%s): the copies are marked apart and the batch written again, to "
-                        "find the records it refuses", getattr(sink, "table", "?"), refused.error)
+                        "find the records it refuses", sink.name, refused.error)
             return None
 
     def _purge_seen_ids(self, seen: SeenIds, pipeline_id: str, oldest_ms: int | None) -> None:
@@ -304,9 +303,7 @@ class SparkBatchEngine:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        if not callable(getattr(sink, "seen_id_writer", None)):  # refused at parse time; a sink built by hand
-            raise ConfigurationError(f"dedup_key: {type(sink).__name__} keeps no seen ids")
-        seen: SeenIds = sink  # type: ignore[assignment]
+        seen = role(sink, SeenIds, "dedup_key")  # refused at parse time; a sink built by hand is refused here
         t0 = time.monotonic()
         writer = seen.seen_id_writer(batch)  # creates the table first: the look-ups read it
         retention = self.parse.dedup_retention
@@ -467,7 +464,7 @@ class SparkBatchEngine:
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse (mark) and write: one Spark job
         t1 = time.monotonic()
         if dedup is not None:
-            self._purge_seen_ids(sink, batch.pipeline_id, written.oldest_ms)  # type: ignore[arg-type]
+            self._purge_seen_ids(role(sink, SeenIds, "dedup_key"), batch.pipeline_id, written.oldest_ms)
             failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
             log.info("dedup: %s duplicate record(s) dropped by the write tasks", written.duplicates)
         counted = written.counted
@@ -484,10 +481,10 @@ class SparkBatchEngine:
     def _dead_letter_route(self, batch: BatchContext, sink: Sink) -> DeadLetterRoute | None:
         """The executors write the dead letters when the policy keeps them and the sink has a partition writer for
         them (:class:`~airflow_eo.core.protocol.ExecutorDeadLetters`); else they go through the driver."""
-        make = getattr(sink, "dead_letter_writer", None)
-        if self.parse.on_bad_record is not BadRecordPolicy.DEAD_LETTER or make is None:
+        if self.parse.on_bad_record is not BadRecordPolicy.DEAD_LETTER or not has_role(sink, DeadLetterTable):
             return None
-        return DeadLetterRoute(make(batch), batch.pipeline_id, batch.batch_id)
+        return DeadLetterRoute(role(sink, DeadLetterTable).dead_letter_writer(batch), batch.pipeline_id,
+                               batch.batch_id)
 
     def _write_dead_letters(self, parsed: DataFrame, route: DeadLetterRoute) -> WriteResult:
         """The bad records into the dead-letter table by the executors, in a Spark job of their own (a batch with a

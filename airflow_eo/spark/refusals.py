@@ -6,8 +6,9 @@ record that breaks one gets its ``_eo_error`` (a bad record: dead-lettered or fa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from airflow_eo.core.abilities import ValueChecks, has_role, role
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.refusals import Check, ValueRule
 from airflow_eo.spark.parsing import named_columns
@@ -15,17 +16,19 @@ from airflow_eo.spark.parsing import named_columns
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+    from airflow_eo.core.protocol import Sink
 
-def refuse_unstorable(parsed: DataFrame, payload: Sequence[str], sink: Any) -> DataFrame:
+
+def refuse_unstorable(parsed: DataFrame, payload: Sequence[str], sink: Sink) -> DataFrame:
     """``parsed`` with an ``_eo_error`` for every good record whose payload the sink's table refuses (the first
     rule it breaks); ``parsed`` itself when the sink checks no value."""
     from pyspark.sql import functions as F
 
-    rules_of = getattr(sink, "value_rules", None)
-    if rules_of is None:
+    if not has_role(sink, ValueChecks):
         return parsed
     fields = parsed.select(*named_columns(payload)).schema.fields
-    rules: Sequence[ValueRule] = rules_of([(f.name, f.dataType.simpleString()) for f in fields])
+    rules: Sequence[ValueRule] = role(sink, ValueChecks).value_rules([(f.name, f.dataType.simpleString())
+                                                                      for f in fields])
     if not rules:
         return parsed
     deleted = (F.col(DELETE_COLUMN) if DELETE_COLUMN in payload else F.lit(False))

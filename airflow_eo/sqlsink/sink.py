@@ -21,6 +21,7 @@ from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.recovery import SinkRecovery
 from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
+from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.sqlsink.columns import add_new_columns
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_KEY = ("pipeline_id", "topic", "kafka_partition", "kafka_offset")
 
 
-class SqlTableSink:
+class SqlTableSink(KindAdapter):
     """What every SQL sink shares: the checks of the target table, and the partition writers.
 
     :param connect_kwargs: the driver's arguments of the sink's database (its Airflow connection).
@@ -54,11 +55,8 @@ class SqlTableSink:
     #: the executor-side writer of one partition
     writer_class: ClassVar[type[SqlPartitionWriter]]
 
-    owns_commit_point = False
     #: one prepared branch per Spark task, committed after the commit point
     two_phase = False
-    writes_visible_before_commit = True
-    commits_only_after_write_job = False
 
     def __init__(self, connect_kwargs: Mapping[str, Any], *, name: str, table: str, key_columns: Sequence[str],
                  updates: Mapping[str, str], dead_letter_table: str, add_missing_columns: bool = False) -> None:
@@ -90,6 +88,15 @@ class SqlTableSink:
         """What the table refuses of the ``output`` columns' values (name, Spark type), checked where the records
         are parsed: such a record is a bad record, not a failed write (:mod:`airflow_eo.core.refusals`)."""
         return value_rules(self.table, self.column_facts, output, self.database.refuses_nul_in_text)
+
+    @property
+    def output_table(self) -> str:
+        return self.table
+
+    def refused_by_output(self, writer: object) -> bool:
+        """A refusal is the output table's when its writer writes that table (not the dead-letter or seen-id
+        table's writer)."""
+        return isinstance(writer, SqlPartitionWriter) and writer.table == self.table
 
     def _check_target(self, conn: Any) -> None:
         """The database's reads of its server and of the target table (sets :attr:`table_columns`)."""
@@ -301,8 +308,7 @@ class SqlUpsertAdapter(SqlTableSink):
 class SqlTwoPhaseAdapter(SqlTableSink):
     """Two-phase commit: one prepared branch per Spark task, committed only after the store's commit point."""
 
-    two_phase = True
-    writes_visible_before_commit = False  # prepared branches: nothing visible before finalize
+    two_phase = True  # prepared branches: nothing visible before finalize
 
     def in_doubt(self, pipeline_id: str) -> list[Xid]:
         """The pipeline's prepared (in-doubt) branches on the sink's database (read-only)."""

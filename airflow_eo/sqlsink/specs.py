@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.drivers import require_driver
-from airflow_eo.core.sinks import SinkAsset, SinkSpec, fencing_store, table_sink_options
+from airflow_eo.core.sinks import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -21,6 +22,35 @@ def _load(dotted: str) -> Any:
     """``module:name`` imported (the adapters and the driver load when a run needs them, not with a DAG file)."""
     module, _, name = dotted.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def upsert_capabilities(connection_type: str) -> SinkCapabilities:
+    """What every database's upsert kind can do (:class:`~airflow_eo.sqlsink.sink.SqlUpsertAdapter`): replay-safe
+    writes, visible at once, fenced by the store's epoch where the store lives."""
+    return SinkCapabilities(writes_visible_before_commit=True, interval_replay=True, deletes=True, dead_letters=True,
+                            seen_ids=True, value_checks=True, refused_rows=True, connection_type=connection_type)
+
+
+def two_phase_capabilities(connection_type: str) -> SinkCapabilities:
+    """What every database's two-phase kind can do (:class:`~airflow_eo.sqlsink.sink.SqlTwoPhaseAdapter`): prepared
+    branches committed after the store's commit point, so its updates may add."""
+    return SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True, seen_ids=True,
+                            value_checks=True, refused_rows=True, connection_type=connection_type)
+
+
+def table_sink_options(spec: Any) -> dict[str, Any]:
+    """What every database table sink's adapter takes from its spec (name, table, keys, updates as their values,
+    dead-letter table, add_missing_columns); a kind adds its own options."""
+    return {"name": spec.name, "table": spec.table, "key_columns": tuple(spec.key_columns),
+            "updates": {c: UpdateMode(m).value for c, m in spec.updates.items()},
+            "dead_letter_table": spec.dead_letter_table, "add_missing_columns": spec.add_missing_columns}
+
+
+def fencing_store(connections: Connections, offset_store_conn_id: str | None, conn_type: str) -> ConnectionInfo | None:
+    """The offset store's connection when it is a ``conn_type`` one: the epoch fence is a row of the store's own
+    database, so only a store on the sink's kind of database can fence the sink's writes (None: no fence)."""
+    store = connections.connection(offset_store_conn_id) if offset_store_conn_id else None
+    return store if store is not None and store.conn_type == conn_type else None
 
 
 @dataclass(frozen=True)

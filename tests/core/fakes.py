@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.batch import (
     BatchContext,
     BatchRecord,
@@ -485,9 +486,7 @@ class FakeEngine:
 
 class _SinkBase:
     name = "fake"
-    owns_commit_point = False
-    writes_visible_before_commit = False
-    commits_only_after_write_job = False
+    capabilities = SinkCapabilities()
 
     def __init__(self, proc: Process, check_error: Exception | None = None) -> None:
         self.proc, self.check_error = proc, check_error
@@ -578,6 +577,7 @@ class FakeXaSink(_SinkBase):
     """Like ``MySqlXaAdapter``: a prepared branch per write partition; the store's commit is the commit point."""
 
     name = "fake_xa"
+    capabilities = SinkCapabilities(accumulates=True, in_doubt_branches=True)
 
     def __init__(self, server: XaServer, proc: Process, check_error: Exception | None = None) -> None:
         super().__init__(proc, check_error)
@@ -691,8 +691,7 @@ class FakeUpsertSink(_SinkBase):
     """
 
     name = "fake_upsert"
-    writes_visible_before_commit = True
-    commits_only_after_write_job = False
+    capabilities = SinkCapabilities(writes_visible_before_commit=True, interval_replay=True)
 
     def __init__(self, table: UpsertTable, proc: Process, check_error: Exception | None = None,
                  fenced_by: FakeStore | None = None) -> None:
@@ -766,7 +765,7 @@ class FakeKafkaSink(_SinkBase):
     commit is the commit point; ``recover`` names the unfinished batches whose ends the group reached."""
 
     name = "fake_kafka"
-    owns_commit_point = True
+    capabilities = SinkCapabilities(owns_commit_point=True, accumulates=True, appends=True, consumer_group=True)
 
     def __init__(self, cluster: KafkaCluster, proc: Process, check_error: Exception | None = None) -> None:
         super().__init__(proc, check_error)

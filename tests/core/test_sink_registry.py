@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import airflow_eo.integrations  # noqa: F401  (registers the built-in kinds)
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.batch import RunRequest
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.connections import ConnectionInfo
@@ -21,7 +22,6 @@ from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget, check_rewind
 from airflow_eo.core.sinks import (
     SinkAsset,
-    SinkCapabilities,
     SinkSpec,
     capabilities_of,
     register_sink,

@@ -12,8 +12,8 @@ from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import committed_by_table, table_transaction
-from airflow_eo.core.sinks import TableCommitAdapter, named_failure
 from airflow_eo.core.states import BatchState
+from airflow_eo.lakehouse.adapter import TableCommitAdapter, named_failure
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

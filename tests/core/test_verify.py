@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
+from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import AuditEntry
 from airflow_eo.core.verify import (
@@ -194,7 +195,9 @@ class _Connections:
     def sink(self, pipeline_id, record):
         branches = self.branches
 
-        class XaServer:
+        class XaServer(KindAdapter):
+            name = "MySqlXaSink"
+
             def in_doubt(self, pipeline_id):
                 return branches
 

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 import airflow_eo
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.rewind import RewindKind, RewindTarget
-from airflow_eo.core.sinks import SinkAsset, SinkCapabilities, SinkSpec, register_sink
+from airflow_eo.core.sinks import KindAdapter, SinkAsset, SinkSpec, register_sink
 from airflow_eo.core.status import PipelineInfo
 from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.ops.service import PipelineOperations
@@ -32,7 +33,7 @@ class HalfSink(SinkSpec):
         return SinkAsset("half://", "t")
 
 
-class HalfAdapter:
+class HalfAdapter(KindAdapter):
     name = "HalfSink"
 
 
@@ -77,8 +78,8 @@ def operations() -> tuple[PipelineOperations, PipelineInfo]:
 def test_a_kind_keeping_dead_letters_whose_adapter_cannot_read_them_is_named(half_kind):
     ops, _ = operations()
     with pytest.raises(ConfigurationError, match=r"sink kind 'HalfSink' declares the 'dead_letters' capability, "
-                                                 r"but its adapter .*HalfAdapter does not implement DeadLetterSink "
-                                                 r"\(it has no dead_letters\)"):
+                                                 r"but its adapter .*HalfAdapter does not implement DeadLetterTable "
+                                                 r"\(it has no dead_letter_writer, dead_letters\)"):
         ops.dead_letters(P)
 
 

@@ -107,3 +107,31 @@ def test_the_sink_connection_override_goes_by_the_kinds_registered_connection_ty
 
     connections = AirflowConnections("store", "kafka", given, mysql_conn_id=deprecated)
     assert connections.sink_conn_override(sink_kind(kind).capabilities.connection_type) == expected
+
+
+MISSING_TABLE_LIBRARY = """
+import sys
+sys.modules[{module!r}] = None  # as if the library were not installed: importing it raises ImportError
+
+import airflow_eo.sinks
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.sinks import sink_kind
+
+spec = airflow_eo.sinks.{sink}
+try:
+    sink_kind(spec.kind).build(spec, "p", None, None)
+except ConfigurationError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(("module", "extra", "spec"), [
+    ("deltalake", "delta", "DeltaTableSink(path='/tmp/t')"),
+    ("pyiceberg", "iceberg", "IcebergTableSink(table='lake.db.t', warehouse='/tmp/w')")])
+def test_a_table_format_without_its_library_names_the_extra_to_install(tmp_path, module, extra, spec):
+    """The table formats check the library that reads their log through the driver registry, as the databases do."""
+    code = textwrap.dedent(MISSING_TABLE_LIBRARY.format(module=module, sink=spec))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=_env(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"pip install 'airflow-eo[{extra}]'" in done.stdout and module in done.stdout, done.stdout

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, check_pipeline
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.sinks import with_sink_spark_conf
+from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.sinks import DeltaTableSink, spec_from_record
 from airflow_eo.spark import session
 from airflow_eo.spark.session import JAR_SHA256

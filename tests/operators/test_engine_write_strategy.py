@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig, ValueFormat
 from airflow_eo.spark import engine as engine_module
@@ -29,9 +30,12 @@ class FakeParsed:
 
 
 class FakeSink:
+    name = "fake"
+
     def __init__(self, visible: bool, hold: bool, commits_after_job: bool = False) -> None:
-        self.writes_visible_before_commit, self.hold, self.asked = visible, hold, []
-        self.commits_only_after_write_job = commits_after_job
+        self.hold, self.asked = hold, []
+        self.capabilities = SinkCapabilities(writes_visible_before_commit=visible,
+                                             commits_only_after_write_job=commits_after_job)
 
     def can_hold_writes(self, out: Any) -> bool:
         self.asked.append(out)

@@ -10,7 +10,7 @@ import pytest
 from airflow_eo.core.config import Mode, ParseConfig, check_pipeline
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.sinks import with_sink_spark_conf
+from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.iceberg.catalog import catalog_properties
 from airflow_eo.iceberg.specs import ICEBERG_PACKAGE, POSTGRES_JDBC_PACKAGE
 from airflow_eo.sinks import IcebergTableSink, spec_from_record

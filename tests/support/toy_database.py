@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode
@@ -20,12 +20,12 @@ from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.sinks import SinkAsset, SinkCapabilities, register_sink
+from airflow_eo.core.sinks import SinkAsset, register_sink
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.xid import Xid
 from airflow_eo.sqlsink.database import SqlDatabase, dead_letter_table_ddl
 from airflow_eo.sqlsink.sink import SqlTableSink, SqlTwoPhaseAdapter, SqlUpsertAdapter
-from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory
+from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory, two_phase_capabilities, upsert_capabilities
 from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 from airflow_eo.sqlstore.dialect import StoreDialect
 
@@ -300,10 +300,11 @@ class ToyTwoPhaseSink(ToyUpsertSink):
 def register() -> None:
     """The room's registration: its driver, and its two kinds with their capabilities and factories."""
     register_driver(Driver(CONN_TYPE, "Toy SQL", "sqlite3", ("Error",)))
-    register_sink(ToyUpsertSink, SinkCapabilities(dead_letters=True, interval_replay=True, connection_type=CONN_TYPE),
+    # The shared SQL kinds' capabilities, less what the toy's SQL does not do (deletes; seen ids: its dialect has no
+    # seen-id table).
+    register_sink(ToyUpsertSink, replace(upsert_capabilities(CONN_TYPE), deletes=False, seen_ids=False),
                   table_sink_factory("tests.support.toy_database:ToyUpsertAdapter", fenced=True))
-    register_sink(ToyTwoPhaseSink, SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True,
-                                                    connection_type=CONN_TYPE),
+    register_sink(ToyTwoPhaseSink, replace(two_phase_capabilities(CONN_TYPE), seen_ids=False),
                   table_sink_factory("tests.support.toy_database:ToyTwoPhaseAdapter", fenced=False))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.core.sinks import TableShape, why_replace_is_not_upsert
+from airflow_eo.mysql.table_shape import TableShape, why_replace_is_not_upsert
 
 EVENTS = TableShape(columns=("event_id", "app_id", "user_id", "ts"), unique_keys=(frozenset({"event_id"}),))
 ALL = ("event_id", "app_id", "user_id", "ts")
