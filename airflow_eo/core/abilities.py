@@ -70,6 +70,9 @@ class SinkCapabilities:
     #: its table may refuse a row only at the write (a constraint, a trigger); its writers then raise a refusal the
     #: engine isolates by probes
     refused_rows: bool = False
+    #: it applies a change stream (``changes=``): keeps each key's last applied source position (and delete markers)
+    #: in its database, written with the output, and writes a change only when it is newer
+    applies_changes: bool = False
 
     # -- where it lives
     #: the Airflow connection type of its ``conn_id`` (``airflow eo`` may be given another connection of that type
@@ -167,6 +170,24 @@ class RowRefusals(Protocol):
         rows are the batch's records (not the dead-letter or seen-id table's)."""
 
 
+@runtime_checkable
+class ChangePositions(Protocol):
+    """``applies_changes``: the source positions of the changes applied to each key of the output table
+    (:mod:`airflow_eo.core.changes`), in the sink's database, written with the output so that they commit when it
+    does."""
+
+    #: the output table's key: a change names its row by it
+    key_columns: tuple[str, ...]
+
+    def position_writer(self, batch: BatchContext) -> PartitionWriter:
+        """The change-position table's partition writer for this batch's attempt (its own branch / fenced transaction
+        per task, written after the task's output); creates the table first when it is missing."""
+    def position_lookup(self, batch: BatchContext) -> Callable[[Iterable[bytes]], Mapping[bytes, bytes]]:
+        """The applied positions of the given key ids (picklable: the executors call it)."""
+    def purge_delete_markers(self, pipeline_id: str, before_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` delete markers of changes older than ``before_ms``; how many went."""
+
+
 #: every role, and the ability that comes with it
 ROLES: dict[type, str] = {
     InDoubtSink: "in_doubt_branches",
@@ -176,6 +197,7 @@ ROLES: dict[type, str] = {
     SeenIds: "seen_ids",
     ValueChecks: "value_checks",
     RowRefusals: "refused_rows",
+    ChangePositions: "applies_changes",
 }
 _ABILITY_FIELDS = {f.name for f in fields(SinkCapabilities)}
 if not set(ROLES.values()) <= _ABILITY_FIELDS:  # a typo here would make an ability unaskable

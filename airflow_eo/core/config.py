@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from airflow_eo.core.changes import ChangeFormat
 from airflow_eo.core.dedup import DEFAULT_RETENTION, check_dedup
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
@@ -190,6 +191,11 @@ class ParseConfig:
     dedup_key: tuple[str, ...] = ()
     #: how long (in record time) an event id is remembered (``dedup_retention``)
     dedup_retention: timedelta = DEFAULT_RETENTION
+    #: the values are change events of a source table (``changes=``, :mod:`airflow_eo.core.changes`): ``schema`` is
+    #: the row's columns; None: a value is a row
+    changes: ChangeFormat | None = None
+    #: with ``changes``: the sink's key columns, which name a change's row
+    change_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
@@ -206,6 +212,15 @@ class ParseConfig:
             raise ConfigurationError("write_partitions must be a positive number of Spark tasks (or None)")
         self._check_keys_and_avro()
         object.__setattr__(self, "dedup_key", tuple(self.dedup_key))
+        if self.changes is not None:
+            object.__setattr__(self, "changes", choice(ChangeFormat, self.changes, "changes", "change formats"))
+            object.__setattr__(self, "change_keys", tuple(self.change_keys))
+            if self.value_format is not ValueFormat.JSON:
+                raise ConfigurationError(f"changes={self.changes.value!r} reads Debezium's JSON converter's events "
+                                         "(value_format='json', with or without its schema/payload wrapper); Avro "
+                                         "and Protobuf change events are not read yet")
+            if not self.change_keys:
+                raise ConfigurationError("changes: the sink's key columns are needed (they name a change's row)")
         if self.delete_keys:
             object.__setattr__(self, "delete_keys", tuple(self.delete_keys))
             if self.key_format is KeyFormat.BYTES:

@@ -59,6 +59,8 @@ POINTS: dict[str, Point] = {
     "task_write": Point("a Spark write task holds its connection and starts writing (pause, kill_executor)", None),
     "after_task_prepare": Point("a Spark task prepared its XA branch, before it reports (panic: Spark retries it)",
                                 None),
+    "after_change_positions": Point("changes: the batch's output is written and the positions of its changes are "
+                                    "prepared (two-phase) or committed (upsert) in the change-position table"),
     "after_seen_ids": Point("dedup_key: the batch's first sightings are prepared (two-phase) or committed (upsert) in "
                             "the seen-id table; its output is written too when the write tasks marked the copies, "
                             "else not yet"),

@@ -86,6 +86,11 @@ class SinkSpec(ABC):
         """The table or topic written."""
         return ""
 
+    @property
+    def row_key(self) -> tuple[str, ...]:
+        """The columns that name a row of the target (a table's ``key_columns``); empty: rows are appended."""
+        return ()
+
     def record(self) -> SinkRecord:
         """What the offset store records of this sink at each take (``airflow eo`` reads it)."""
         options = {f.name: _json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]

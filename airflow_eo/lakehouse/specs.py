@@ -30,6 +30,10 @@ class LakehouseTableSpec(SinkSpec):
     updates: Mapping[str, UpdateMode | str]
 
     @property
+    def row_key(self) -> tuple[str, ...]:
+        return tuple(self.key_columns)
+
+    @property
     def accumulating(self) -> bool:
         """Appends and ``add`` updates count reprocessed offsets twice (a rewind); a replay of the same batch is
         skipped by the table itself."""

@@ -16,6 +16,7 @@ from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.mysql import connection, migrations, sql
 from airflow_eo.mysql.xa import xa_session
+from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
 from airflow_eo.sqlstore.dialect import StoreDialect
@@ -118,6 +119,11 @@ class MySqlDatabase(SqlDatabase):
                                  inline_index=", KEY eo_seen_ids_age (pipeline_key, seen_at)",
                                  table_options=f" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 "
                                                f"COLLATE={sql.DEAD_LETTER_COLLATION}")
+
+    def change_position_ddl(self, table: str) -> str:
+        return change_position_table_ddl(sql.quote_table(table), "BINARY({n})",
+                                         inline_index=", KEY eo_change_markers (pipeline_key, deleted, changed_at)",
+                                         table_options=" ENGINE=InnoDB")
 
     def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:
         # A DELETE over a range of the age index locks the key past the range (READ COMMITTED too): the first id

@@ -11,6 +11,7 @@ from airflow.sdk.log import mask_secret
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
+from airflow_eo.core.changes import ChangeFormat, check_changes
 from airflow_eo.core.config import (
     BadRecordPolicy,
     Framing,
@@ -112,6 +113,14 @@ class KafkaMicroBatchOperator(BaseOperator):
         are kept in the sink's database (``eo_seen_ids``), committed with the output. MySQL/MariaDB and PostgreSQL
         sinks, continuous mode (README, "Duplicates").
     :param dedup_retention: how long, in record (Kafka timestamp) time, an event id is remembered; default 7 days.
+    :param changes: ``"debezium"``: each value is a Debezium change event of a source table (JSON, with or without
+        the converter's ``schema``/``payload`` wrapper) and ``schema`` is the row's columns (Spark DDL). A create,
+        snapshot read or update writes its ``after`` image, a delete deletes the row of its ``before`` key; per key,
+        the newest change by source position applies, and only when it is newer than the position recorded for the
+        row (``eo_change_positions`` in the sink's database, committed with the output; deletes leave a marker kept 7
+        days), so re-sent changes, re-snapshots and replays never roll a row back. Debezium's tombstones, heartbeats
+        and transaction records are skipped. The SQL sinks with ``key_columns`` (the source's primary key),
+        overwriting updates, continuous mode, no transform (README, "Change data capture").
     :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
         with ``offsets_for_times``; backfills and clears replay intervals, so only the upsert sinks,
@@ -176,6 +185,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         key_protobuf_message: str | None = None,
         dedup_key: Sequence[str] | str | None = None,
         dedup_retention: timedelta = DEFAULT_RETENTION,
+        changes: ChangeFormat | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -197,6 +207,12 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.key_protobuf_message = key_protobuf_message
         self.dedup_key = (dedup_key,) if isinstance(dedup_key, str) else tuple(dedup_key or ())
         self.dedup_retention = dedup_retention
+        self.changes = check_changes(changes, sink_name=sink.name, applies_changes=sink.capabilities.applies_changes,
+                                     key_columns=sink.row_key, accumulating=sink.accumulating,
+                                     interval_mode=mode is Mode.INTERVAL, dedup_key=self.dedup_key)
+        if self.changes is not None and transform is not None:
+            raise ConfigurationError(f"changes={self.changes.value!r} works without a transform (the written rows are "
+                                     "the source's rows, a delete's row named by its key); drop the transform")
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO
@@ -320,7 +336,8 @@ class KafkaMicroBatchOperator(BaseOperator):
                            writer_schemas=self.writer_schemas, protobuf_descriptor=self.protobuf_descriptor,
                            protobuf_message=self.protobuf_message, key_protobuf_message=self.key_protobuf_message,
                            delete_keys=self.sink.delete_keys, dedup_key=self.dedup_key,
-                           dedup_retention=self.dedup_retention)
+                           dedup_retention=self.dedup_retention, changes=self.changes,
+                           change_keys=self.sink.row_key if self.changes is not None else ())
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

@@ -14,6 +14,7 @@ from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.postgres import connection, migrations, sql
 from airflow_eo.postgres.prepared import prepared_session
+from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
 from airflow_eo.sqlstore.dialect import StoreDialect
@@ -107,6 +108,14 @@ class PostgresDatabase(SqlDatabase):
         _, name = sql.split_table(table)
         return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_age')} ON {sql.quote_table(table)} "
                 "(pipeline_key, seen_at)"]
+
+    def change_position_ddl(self, table: str) -> str:
+        return change_position_table_ddl(sql.quote_table(table), "BYTEA")
+
+    def change_position_indexes(self, table: str) -> list[str]:
+        _, name = sql.split_table(table)
+        return [f"CREATE INDEX IF NOT EXISTS {sql.quote_identifier(name + '_markers')} ON {sql.quote_table(table)} "
+                "(pipeline_key, deleted, changed_at)"]
 
     def purge_seen_ids(self, cur: Any, table: str, key: bytes, before_ms: int, limit: int) -> int:
         # A delete locks only the rows it deletes here: one statement.

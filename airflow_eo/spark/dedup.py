@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_eo.core.batch import TaskDedup
 from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.parsing import KEY_COLUMN, positional
+from airflow_eo.spark.columns import positional
+from airflow_eo.spark.parsing import KEY_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.arrow_files import KeptBatches
-from airflow_eo.core.abilities import DeadLetterTable, RowRefusals, SeenIds, has_role, role
+from airflow_eo.core.abilities import ChangePositions, DeadLetterTable, RowRefusals, SeenIds, has_role, role
 from airflow_eo.core.batch import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -37,6 +37,7 @@ from airflow_eo.core.batch import (
     WriteResult,
     dead_letter_partition,
 )
+from airflow_eo.core.changes import CHANGE_POSITION_KEY, DEFAULT_DELETE_RETENTION, position_partition
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
@@ -46,6 +47,8 @@ from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
+from airflow_eo.spark.changes import SKIP, newest_changes, position_rows, with_key_ids
+from airflow_eo.spark.columns import named_columns, positional
 from airflow_eo.spark.dedup import (
     DUPLICATE,
     ID,
@@ -58,7 +61,7 @@ from airflow_eo.spark.dedup import (
     with_event_ids,
 )
 from airflow_eo.spark.kafka_security import spark_kafka_options
-from airflow_eo.spark.parsing import metadata_columns, named_columns, parse_records, positional
+from airflow_eo.spark.parsing import metadata_columns, parse_records
 from airflow_eo.spark.refusals import refuse_unstorable
 from airflow_eo.spark.refused_rows import (
     WriteRefused,
@@ -181,6 +184,8 @@ class SparkBatchEngine:
             parsed, payload = self.parse_records(spark, self.read(spark, batch))
             if self.transform is None:  # a record is a row of the table: what the table refuses, it is refused here
                 parsed = refuse_unstorable(parsed, payload, sink)
+            if self.parse.changes is not None:  # a change applies when it is its key's newest and newer than its row
+                return self._apply_changes(spark, parsed, payload, batch, sink)
             if self.parse.dedup_key:  # copies of events already seen are dropped before anything else sees them
                 in_tasks = self._dedup_in_write_tasks(spark, parsed, payload, batch, sink)
                 if in_tasks is not None:
@@ -236,6 +241,50 @@ class SparkBatchEngine:
                 parsed = mark_refused(parsed, found, table)
         raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
                              f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")
+
+    def _apply_changes(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                       sink: Sink) -> ExecutionResult:
+        """A change stream's batch (:mod:`airflow_eo.core.changes`): per key, the newest change by source position,
+        when newer than the position the sink recorded for the key, is written (an upsert of its row, or a delete);
+        then the positions of what was written, in the sink's change-position table (each task its own branch /
+        fenced transaction, after the output's: a position is never recorded without its write). Kept by Spark
+        between the two jobs, so the records are read and decided once."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        changes = role(sink, ChangePositions, "changes")
+        t0 = time.monotonic()
+        writer = changes.position_writer(batch)  # creates the table first: the look-ups read it
+        rows = parsed.where(~F.col(SKIP)).drop(SKIP)
+        newest = newest_changes(with_key_ids(rows, changes.key_columns), changes.position_lookup(batch),
+                                self.parse.write_partitions or _default_parallelism(spark))
+        newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            result = self._execute_around_refusals(spark, newest, payload, batch, sink)
+            t1 = time.monotonic()
+            written = self.run_partitions(WritePlan(position_rows(newest, batch.pipeline_id, batch.batch_id), self),
+                                          _PositionPartitions(writer))
+            failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
+            log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
+            self._purge_delete_markers(changes, batch.pipeline_id)
+            return ExecutionResult(records_in=result.records_in, rows_out=result.rows_out,
+                                   dead_letters=result.dead_letters, duplicates=result.duplicates,
+                                   xids=[*result.xids, *written.xids],
+                                   seconds={**result.seconds, "changes": round(t1 - t0, 3),
+                                            "change_positions": round(time.monotonic() - t1, 3)})
+        finally:
+            newest.unpersist()
+
+    def _purge_delete_markers(self, changes: ChangePositions, pipeline_id: str) -> None:
+        """Remove a bounded number of delete markers past their retention (by the change's Kafka timestamp)."""
+        cutoff = int((time.time() - DEFAULT_DELETE_RETENTION.total_seconds()) * 1000)
+        try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
+            purged = changes.purge_delete_markers(pipeline_id, cutoff, PURGE_LIMIT)
+            if purged:
+                log.info("changes: %s delete marker(s) past retention removed", purged)
+        except Exception:
+            log.warning("changes: could not remove delete markers past retention (the next batch tries again)",
+                        exc_info=True)
 
     def _strategy(self, spark: SparkSession, parsed: DataFrame, payload: list[str], sink: Sink) -> WriteStrategy:
         # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
@@ -717,6 +766,27 @@ class _Dedup:
         return ExecutionResult(records_in=result.records_in + self.duplicates, rows_out=result.rows_out,
                                dead_letters=result.dead_letters, duplicates=self.duplicates,
                                xids=[*self.xids, *result.xids], seconds={**self.seconds, **result.seconds})
+
+
+@dataclass(frozen=True)
+class _PositionPartitions:
+    """The change-position table's writer run as a job's partition writer, numbered apart
+    (:func:`~airflow_eo.core.changes.position_partition`): its branches never take the place of the output's, the
+    dead letters' or the seen ids' of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return CHANGE_POSITION_KEY
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        import pyarrow as pa
+
+        received = list(batches)  # in key order: the table's index takes them page after page (ids are hashes)
+        ordered = pa.Table.from_batches(received).sort_by("key_id").to_batches() if received else []
+        return self.writer(ordered, position_partition(partition), stage_id, attempt_id, agreed)
 
 
 @dataclass(frozen=True)

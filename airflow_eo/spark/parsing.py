@@ -8,12 +8,14 @@ value, and an ``_eo_error`` column that is NULL for a good record and says what 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
+from airflow_eo.spark.changes import SKIP, envelope_ddl
+from airflow_eo.spark.changes import change_columns as change_row
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
@@ -30,22 +32,6 @@ KEY_COLUMN = "key"
 #: (an even run of backslashes before it). Java's regex syntax (``rlike``).
 LONE_SURROGATE_ESCAPE = (r"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
                          r"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
-
-
-def named_columns(names: Iterable[str]) -> list[Column]:
-    """Top-level columns by their exact names: a name as text is parsed by Spark (``a.b`` is field ``b`` of ``a``),
-    so every name is backquoted, a backquote doubled (output columns may hold anything the sink's database does)."""
-    from pyspark.sql import functions as F
-
-    return [F.col("`" + name.replace("`", "``") + "`") for name in names]
-
-
-def positional(df: DataFrame) -> tuple[DataFrame, list[str]]:
-    """``df`` with its columns renamed ``_eo_c0``, ``_eo_c1`` .., and their names: mapInArrow refers to its input's
-    columns by name, which Spark parses (a backquote in one fails), so the names go positional in between and each
-    task gives its Arrow batches the exact ones back (``batch.rename_columns(names)``)."""
-    names = list(df.columns)
-    return df.toDF(*(f"_eo_c{i}" for i in range(len(names)))), names
 
 
 def metadata_columns(parse: ParseConfig) -> tuple[str, ...]:
@@ -65,7 +51,15 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     df = raw
     framing = parse.framing or Framing.NONE
     lookups = SchemaLookups(schema_lookup) if schema_lookup is not None else None  # this batch's, keys and values
-    if parse.value_format is ValueFormat.JSON:
+    change_columns: list[Column] = []  # changes=: the op, the position, and whether the record is no row
+    if parse.changes is not None:
+        row = _parse_ddl(spark, parse.schema or "")
+        df, _, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, envelope_ddl(row)), "_eo_v", "value")
+        columns, change_error, skip = change_row("_eo_v", row, parse.change_keys)
+        value_columns, change_columns = columns[:-2], [*columns[-2:], skip.alias(SKIP)]
+        value_error = F.when(~skip, F.coalesce(value_error, change_error))
+        payload = [*(f.name for f in row.fields), DELETE_COLUMN]
+    elif parse.value_format is ValueFormat.JSON:
         df, payload, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, parse.schema or ""), "_eo_v",
                                                "value")
         value_columns = [F.col("_eo_v").getField(n).alias(n) for n in payload]
@@ -122,7 +116,8 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
                                                                 key_fields)
         payload = [*payload, DELETE_COLUMN]
     error = value_error if key_error is None else F.coalesce(value_error, key_error)
-    return df.select(*value_columns, *METADATA_COLUMNS, *key_columns, "kafka_value", error.alias("_eo_error")), payload
+    return df.select(*value_columns, *METADATA_COLUMNS, *key_columns, "kafka_value", error.alias("_eo_error"),
+                     *change_columns), payload
 
 
 def _tombstones_as_deletes(df: DataFrame, parse: ParseConfig, payload: list[str], value_columns: list[Column],

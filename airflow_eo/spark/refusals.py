@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from airflow_eo.core.abilities import ValueChecks, has_role, role
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.refusals import Check, ValueRule
-from airflow_eo.spark.parsing import named_columns
+from airflow_eo.spark.columns import named_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

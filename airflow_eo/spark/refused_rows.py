@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.refused_rows import REFUSED_MARK, TooManyRefused, isolate_refused
-from airflow_eo.spark.parsing import named_columns, positional
+from airflow_eo.spark.columns import named_columns, positional
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -138,6 +138,14 @@ class SqlDatabase:
         not delete; how many went."""
         raise NotImplementedError
 
+    def change_position_ddl(self, table: str) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` of the change-position table (:mod:`airflow_eo.sqlsink.change_positions`)."""
+        raise NotImplementedError
+
+    def change_position_indexes(self, table: str) -> list[str]:
+        """Statements that add the change-position table's purge index, when its DDL cannot hold it (idempotent)."""
+        return []
+
     def dead_letter_upgrades(self, table: str, columns: Iterable[str]) -> list[tuple[str, str]]:
         """``(column, ALTER TABLE statement)`` of each column an existing dead-letter table with ``columns`` lacks."""
         return missing_column_statements(table, columns, self.dead_letter_migrations, self.add_column_statement,

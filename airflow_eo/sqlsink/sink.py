@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow_eo.core.batch import DEAD_LETTER_FIELDS, BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.changes import CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
@@ -24,6 +25,12 @@ from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.xid import Xid, pipeline_key
+from airflow_eo.sqlsink.change_positions import (
+    CHANGE_POSITION_TABLE,
+    PositionLookup,
+    create_change_position_table,
+    purge_delete_markers,
+)
 from airflow_eo.sqlsink.columns import add_new_columns
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.dead_letters import read_dead_letters
@@ -237,6 +244,26 @@ class SqlTableSink(KindAdapter):
         """Remove at most ``limit`` ids seen before ``before_ms`` (epoch ms), in a transaction of their own."""
         return purge_seen_ids(self.database, self.connect_kwargs, SEEN_ID_TABLE, seen_pipeline_key(pipeline_id),
                               before_ms, limit)
+
+    def position_writer(self, batch: BatchContext) -> SqlPartitionWriter:
+        """The change-position table's writer (:class:`~airflow_eo.core.abilities.ChangePositions`): upserts keyed by
+        pipeline and key id, each task in its own branch / fenced transaction after its output's. Creates the table
+        when missing, on the driver before any transaction of the batch starts."""
+        create_change_position_table(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE)
+        return self._writer(batch, CHANGE_POSITION_TABLE, CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY,
+                            {c: "replace" for c in CHANGE_POSITION_FIELDS if c not in CHANGE_POSITION_KEY},
+                            **self._seen_id_writer_options())
+
+    def position_lookup(self, batch: BatchContext) -> PositionLookup:
+        """The positions of the changes applied to this pipeline's keys by committed batches, read by the
+        executors."""
+        return PositionLookup(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
+                              seen_pipeline_key(batch.pipeline_id))
+
+    def purge_delete_markers(self, pipeline_id: str, before_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` delete markers of changes before ``before_ms`` (epoch ms)."""
+        return purge_delete_markers(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
+                                    seen_pipeline_key(pipeline_id), before_ms, limit)
 
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into

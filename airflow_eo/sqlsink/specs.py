@@ -28,14 +28,16 @@ def upsert_capabilities(connection_type: str) -> SinkCapabilities:
     """What every database's upsert kind can do (:class:`~airflow_eo.sqlsink.sink.SqlUpsertAdapter`): replay-safe
     writes, visible at once, fenced by the store's epoch where the store lives."""
     return SinkCapabilities(writes_visible_before_commit=True, interval_replay=True, deletes=True, dead_letters=True,
-                            seen_ids=True, value_checks=True, refused_rows=True, connection_type=connection_type)
+                            seen_ids=True, value_checks=True, refused_rows=True, applies_changes=True,
+                            connection_type=connection_type)
 
 
 def two_phase_capabilities(connection_type: str) -> SinkCapabilities:
     """What every database's two-phase kind can do (:class:`~airflow_eo.sqlsink.sink.SqlTwoPhaseAdapter`): prepared
     branches committed after the store's commit point, so its updates may add."""
     return SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True, seen_ids=True,
-                            value_checks=True, refused_rows=True, connection_type=connection_type)
+                            value_checks=True, refused_rows=True, applies_changes=True,
+                            connection_type=connection_type)
 
 
 def table_sink_options(spec: Any) -> dict[str, Any]:
@@ -106,6 +108,10 @@ class SqlTableSinkSpec(SinkSpec):
                                                     *checks)
         object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)
+
+    @property
+    def row_key(self) -> tuple[str, ...]:
+        return tuple(self.key_columns)
 
     @property
     def accumulating(self) -> bool:

@@ -300,11 +300,12 @@ class ToyTwoPhaseSink(ToyUpsertSink):
 def register() -> None:
     """The room's registration: its driver, and its two kinds with their capabilities and factories."""
     register_driver(Driver(CONN_TYPE, "Toy SQL", "sqlite3", ("Error",)))
-    # The shared SQL kinds' capabilities, less what the toy's SQL does not do (deletes; seen ids: its dialect has no
-    # seen-id table).
-    register_sink(ToyUpsertSink, replace(upsert_capabilities(CONN_TYPE), deletes=False, seen_ids=False),
+    # The shared SQL kinds' capabilities, less what the toy's SQL does not do (deletes; seen ids and change positions:
+    # its dialect has no table for them).
+    register_sink(ToyUpsertSink, replace(upsert_capabilities(CONN_TYPE), deletes=False, seen_ids=False,
+                                         applies_changes=False),
                   table_sink_factory("tests.support.toy_database:ToyUpsertAdapter", fenced=True))
-    register_sink(ToyTwoPhaseSink, replace(two_phase_capabilities(CONN_TYPE), seen_ids=False),
+    register_sink(ToyTwoPhaseSink, replace(two_phase_capabilities(CONN_TYPE), seen_ids=False, applies_changes=False),
                   table_sink_factory("tests.support.toy_database:ToyTwoPhaseAdapter", fenced=False))
 
 

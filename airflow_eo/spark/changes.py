@@ -1,0 +1,204 @@
+"""Change streams in Spark (``changes="debezium"``, :mod:`airflow_eo.core.changes`): a batch's Debezium change events
+parsed into the source table's rows (the ``after`` image of a create, snapshot read or update; the key of ``before``
+for a delete), each with its source position; per key, the newest change of the batch by position; of those, the
+ones newer than the position the sink recorded for the key (its look-up, in chunks, where the records are).
+
+Records that are no change of a row are skipped, not bad: the tombstone Debezium writes after a delete, and the
+records of its heartbeat and transaction-metadata topics when a pipeline reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_eo.core.changes import CHANGE_OP, CHANGE_POSITION, DELETE_OP, POSITION_COLUMN, TRUNCATE_OP, UPSERT_OPS
+from airflow_eo.core.config import DELETE_COLUMN
+from airflow_eo.core.dedup import seen_pipeline_key
+from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.spark.columns import positional
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
+
+#: The columns this module adds: a change that is no row (skipped), the key's id (16 bytes of a hash of the key
+#: columns' values), and whether the change is its key's newest in the batch.
+SKIP, KEY_ID, NEWEST = "_eo_skip", "_eo_key_id", "_eo_newest"
+#: The parts of Debezium's ``source`` block that give a change's position (PostgreSQL, MySQL / MariaDB).
+SOURCE_DDL = "lsn BIGINT, sequence STRING, file STRING, pos BIGINT, row INT, snapshot STRING"
+
+
+def envelope_ddl(row: StructType) -> str:
+    """The Spark DDL of a Debezium change event's JSON, with the JSON converter's ``schema``/``payload`` wrapper or
+    without it (both parse: one shape's fields are NULL), and the fields of Debezium's heartbeat and transaction
+    records that tell them apart."""
+    image = f"STRUCT<{', '.join(f'`{f.name}`: {f.dataType.simpleString()}' for f in row.fields)}>"
+    change = f"before {image}, after {image}, op STRING, source STRUCT<{_struct(SOURCE_DDL)}>, ts_ms BIGINT"
+    return f"payload STRUCT<{_struct(change)}, status STRING>, {change}, status STRING"
+
+
+def _struct(ddl: str) -> str:
+    """``a T, b U`` as a STRUCT's field list ``a: T, b: U``."""
+    fields = []
+    depth, start = 0, 0
+    for i, ch in enumerate(ddl):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "," and depth == 0:
+            fields.append(ddl[start:i].strip())
+            start = i + 1
+    fields.append(ddl[start:].strip())
+    return ", ".join(f"{f.split(' ', 1)[0]}: {f.split(' ', 1)[1]}" for f in fields)
+
+
+def change_columns(parsed: str, row: StructType, key_columns: Sequence[str]) -> tuple[list[Column], Column, Column]:
+    """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`): the row's columns (the
+    ``after`` image, or ``before`` for a delete) followed by :data:`DELETE_COLUMN`, :data:`CHANGE_OP` and
+    :data:`POSITION_COLUMN`; what is wrong with a change that is one (NULL: nothing); and whether the record is no
+    change of a row (a tombstone, a heartbeat, a transaction's boundary)."""
+    from pyspark.sql import functions as F
+
+    wrapped = F.col(f"{parsed}.payload").isNotNull()
+
+    def part(name: str) -> Column:
+        return F.when(wrapped, F.col(f"{parsed}.payload").getField(name)).otherwise(F.col(parsed).getField(name))
+
+    op, before, after, source = part("op"), part("before"), part("after"), part("source")
+    image = F.when(op == DELETE_OP, before).otherwise(after)
+    columns = [image.getField(f.name).alias(f.name) for f in row.fields]
+    deleted = (op == DELETE_OP).alias(DELETE_COLUMN)
+    position = _position(op, source)
+    # No row: a tombstone (Debezium's after a delete, for log compaction), a heartbeat ({"ts_ms": ..}) or a
+    # transaction's BEGIN / END record.
+    skip = F.col("kafka_value").isNull() | (op.isNull() & (part("status").isNotNull() | (
+        before.isNull() & after.isNull() & source.isNull() & part("ts_ms").isNotNull())))
+    error = (F.when(op.isNull(), F.lit("not a Debezium change event: no 'op' (is changes='debezium' the topic's "
+                                       "format?)"))
+             .when(op == TRUNCATE_OP, F.lit("a truncate of the source table (op 't'): the target is not emptied; "
+                                            "empty it and rewind the pipeline, or drop the event")))
+    error = error.when(~op.isin(*UPSERT_OPS, DELETE_OP), F.concat(F.lit("unknown change op "), op))
+    error = error.when(op.isin(*UPSERT_OPS) & after.isNull(), F.concat(F.lit("change op "), op,
+                                                                      F.lit(" without its 'after' image")))
+    error = error.when((op == DELETE_OP) & before.isNull(), F.lit(
+        "delete without its 'before' image (the source table's replica identity must include the key)"))
+    for key in key_columns:
+        error = error.when(image.getField(key).isNull(), F.lit(f"change without its key column {key!r}"))
+    error = error.when(position.isNull(), F.lit("change without a source position (source.lsn or source.file/pos)"))
+    return [*columns, deleted, op.alias(CHANGE_OP), position.alias(POSITION_COLUMN)], error, skip
+
+
+def _position(op: Column, source: Column) -> Column:
+    """The change's position (16 bytes, :func:`~airflow_eo.core.changes.postgres_position` /
+    :func:`~airflow_eo.core.changes.mysql_position`)."""
+    from pyspark.sql import functions as F
+
+    sequence = F.from_json(source.getField("sequence"), "array<string>")
+    snapshot = op == "r"
+    pg_high = F.coalesce(sequence.getItem(0).cast("long"), F.lit(0).cast("long"))
+    pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(
+        F.coalesce(sequence.getItem(1).cast("long"), source.getField("lsn")))
+    file_number = F.coalesce(F.regexp_extract(source.getField("file"), r"\.(\d+)$", 1).try_cast("long"),
+                             F.lit(0).cast("long"))
+    my_low = F.shiftleft(source.getField("pos"), 24).bitwiseOR(
+        F.when(snapshot, F.lit(0)).otherwise(F.coalesce(source.getField("row"), F.lit(0)) + 1).cast("long"))
+    mysql = source.getField("file").isNotNull() & source.getField("pos").isNotNull()
+    high = F.when(mysql, file_number).otherwise(pg_high)
+    low = F.when(mysql, my_low).otherwise(pg_low)
+
+    def hex16(value: Column) -> Column:
+        return F.lpad(F.hex(value), 16, "0")
+
+    return F.when(low.isNotNull(), F.unhex(F.concat(hex16(high), hex16(low))))
+
+
+def with_key_ids(parsed: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    """``parsed`` with :data:`KEY_ID`: the first 128 bits of the SHA-256 of the key columns' JSON, for every change
+    whose key and position are known, a bad one included (the newest change of a key may be one the table refuses:
+    then no older one is written in its place)."""
+    from pyspark.sql import functions as F
+
+    missing = [c for c in key_columns if c not in parsed.columns]
+    if missing:
+        raise ConfigurationError(f"changes: the sink's key column(s) {', '.join(missing)} are not columns of the "
+                                 f"schema ({', '.join(c for c in parsed.columns if not c.startswith('_eo_'))})")
+    identity = F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]))
+    known = F.col(POSITION_COLUMN).isNotNull()
+    for c in key_columns:
+        known = known & F.col(f"`{c}`").isNotNull()
+    return parsed.withColumn(KEY_ID, F.when(known, F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
+
+
+def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]],
+                   partitions: int) -> DataFrame:
+    """The batch's changes (with :data:`KEY_ID`) spread by key into ``partitions`` tasks; per key, the newest change
+    by position when it is newer than the sink's recorded one (:func:`~airflow_eo.core.changes.winners`). Bad records
+    stay (they become dead letters or fail the batch); every other change goes."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, StructField, StructType
+
+    spread, names = positional(parsed.repartition(partitions, F.col(KEY_ID)))
+    schema = StructType([*spread.schema.fields, StructField(NEWEST, BooleanType(), False)])
+    key_at, position_at, error_at = names.index(KEY_ID), names.index(POSITION_COLUMN), names.index("_eo_error")
+
+    def marked(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else None
+        if table is None or table.num_rows == 0:
+            return
+        marks = newest_marks(table, key_at, position_at, error_at, lookup)
+        yield from table.append_column(NEWEST, marks).to_batches()
+
+    marked_df = spread.mapInArrow(marked, schema).toDF(*names, NEWEST)
+    return marked_df.where(F.col(NEWEST) | F.col("_eo_error").isNotNull()).drop(NEWEST)
+
+
+def newest_marks(table: Any, key_at: int, position_at: int, error_at: int,
+                 lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]]) -> Any:
+    """One task's changes (an Arrow table holding every change of its keys): True for the change each key writes.
+    The newest by position of each key is found with Arrow's sort; the recorded positions of those keys are read at
+    once (the look-up), and a change not newer than its key's is not written, nor one that is a bad record (the
+    key's older changes are not written in its place)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = table.column(key_at).combine_chunks()
+    positions = table.column(position_at).combine_chunks()
+    index = pa.array(range(len(keys)), pa.int64())
+    valid = pc.is_valid(keys)
+    bad = pc.is_valid(table.column(error_at).combine_chunks())
+    candidates = pa.table({"k": keys, "p": positions, "i": index, "bad": bad}).filter(valid)
+    # Descending by position within each key: the first row of each key is its newest change.
+    ordered = candidates.sort_by([("k", "ascending"), ("p", "descending")])
+    ordered_keys = ordered.column("k").to_pylist()
+    firsts = [i for i, k in enumerate(ordered_keys) if i == 0 or k != ordered_keys[i - 1]]
+    newest = ordered.take(pa.array(firsts, pa.int64()))
+    applied = lookup(newest.column("k").to_pylist())
+    chosen = [int(i) for k, p, i, b in zip(newest.column("k").to_pylist(), newest.column("p").to_pylist(),
+                                           newest.column("i").to_pylist(), newest.column("bad").to_pylist(),
+                                           strict=True)
+              if not b and (k not in applied or p > applied[k])]
+    marks = [False] * len(keys)
+    for i in chosen:
+        marks[i] = True
+    return pa.array(marks, pa.bool_())
+
+
+def position_rows(changes: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:
+    """The written changes as rows of the change-position table (``sqlsink/change_positions.py``)."""
+    from pyspark.sql import functions as F
+
+    return changes.where(F.col("_eo_error").isNull()).select(
+        F.lit(bytearray(seen_pipeline_key(pipeline_id))).alias("pipeline_key"), F.col(KEY_ID).alias("key_id"),
+        F.col(POSITION_COLUMN).alias("position"), F.col(DELETE_COLUMN).cast("int").alias("deleted"),
+        F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long").alias("changed_at"),
+        F.lit(batch_id).cast("long").alias("batch_id"))
+
+
+#: What a transform sees of a change besides the row's columns (the position as its 32 hex digits).
+def transform_columns() -> list[Column]:
+    from pyspark.sql import functions as F
+
+    return [F.col(CHANGE_OP), F.lower(F.hex(F.col(POSITION_COLUMN))).alias(CHANGE_POSITION)]

@@ -1,0 +1,94 @@
+"""Change streams' decisions (``core/changes.py``): positions in source order, the newest change per key, and the
+pipelines that may read changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_eo.core.changes import (
+    Change,
+    ChangeFormat,
+    check_changes,
+    mysql_position,
+    newer,
+    position_partition,
+    postgres_position,
+    winners,
+)
+from airflow_eo.core.dedup import seen_id_partition
+from airflow_eo.core.errors import ConfigurationError
+
+
+def pg(op: str, last_commit: int | None, lsn: int) -> bytes:
+    return postgres_position(op, lsn, json.dumps([None if last_commit is None else str(last_commit), str(lsn)]))
+
+
+def test_postgres_positions_follow_commit_order_not_lsn_order():
+    # Transaction a (changes at LSN 3, 5) commits after b (changes at 4, 6): Debezium emits b's changes first, each
+    # carrying the commit LSN of the transaction before its own.
+    b_first, b_second = pg("c", 100, 4), pg("u", 100, 6)
+    a_first, a_second = pg("c", 109, 3), pg("u", 109, 5)  # sequence[0]: the commit before a's own, b's (109)
+    assert b_first < b_second < a_first < a_second
+
+
+def test_a_snapshot_read_comes_before_every_change_streamed_after_it():
+    snapshot = pg("r", 200, 250)
+    assert snapshot == postgres_position("r", 250, json.dumps(["200", "250"]))
+    assert snapshot < pg("u", 200, 190)  # a transaction that began before the snapshot and committed after it
+    assert pg("u", 150, 180) < snapshot  # a change the snapshot already reflects
+
+
+def test_a_postgres_event_without_sequence_uses_its_lsn():
+    assert postgres_position("c", 42, None) == (0).to_bytes(8, "big") + (42).to_bytes(8, "big")
+
+
+def test_mysql_positions_order_by_file_then_position_then_row():
+    assert mysql_position("c", "mysql-bin.000002", 10, 0) > mysql_position("c", "mysql-bin.000001", 99999, 7)
+    assert mysql_position("u", "mysql-bin.000001", 500, 1) > mysql_position("u", "mysql-bin.000001", 500, 0)
+    assert mysql_position("r", "mysql-bin.000001", 500, 0) < mysql_position("c", "mysql-bin.000001", 500, 0)
+
+
+def test_equal_is_not_newer_so_a_re_sent_change_is_a_no_op():
+    assert newer(b"\x02", b"\x01") and newer(b"\x01", None)
+    assert not newer(b"\x01", b"\x01") and not newer(b"\x01", b"\x02")
+
+
+def test_per_key_the_newest_change_applies_only_over_an_older_row():
+    changes = [Change((1,), b"\x05", "u"), Change((1,), b"\x03", "c"), Change((2,), b"\x04", "d"),
+               Change((3,), b"\x01", "c")]
+    applied = {(2,): b"\x09", (3,): b"\x00"}
+    assert winners(changes, applied) == {(1,): Change((1,), b"\x05", "u"), (3,): Change((3,), b"\x01", "c")}
+
+
+def test_the_position_writers_branches_are_numbered_apart_from_every_other_writers():
+    numbers = {p: position_partition(p) for p in range(4)}
+    taken = {*range(4), -1, *(-2 - p for p in range(4)), *(seen_id_partition(p) for p in range(4))}
+    assert not set(numbers.values()) & taken
+
+
+CHECKED = dict(sink_name="MySqlUpsertSink", applies_changes=True, key_columns=("id",), accumulating=False,
+               interval_mode=False, dedup_key=())
+
+
+def test_changes_are_read_by_a_sink_that_applies_them_by_key():
+    assert check_changes(None, **CHECKED) is None
+    assert check_changes("debezium", **CHECKED) is ChangeFormat.DEBEZIUM
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ({"applies_changes": False}, "cannot keep"),
+    ({"key_columns": ()}, "needs key_columns"),
+    ({"accumulating": True}, "'add' updates"),
+    ({"interval_mode": True}, "mode='continuous'"),
+    ({"dedup_key": ("id",)}, "drop dedup_key"),
+])
+def test_what_cannot_apply_changes_is_refused_with_the_reason(override, said):
+    with pytest.raises(ConfigurationError, match=said):
+        check_changes("debezium", **{**CHECKED, **override})
+
+
+def test_an_unknown_change_format_names_the_known_ones():
+    with pytest.raises(ConfigurationError, match="choose one of debezium"):
+        check_changes("maxwell", **CHECKED)
