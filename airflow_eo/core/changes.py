@@ -16,10 +16,13 @@ recorded events).
 Positions, by source connector (Debezium's ``source`` block):
 
 - PostgreSQL: ``sequence`` is ``[last commit LSN, LSN]`` (DBZ-2911): events are emitted in commit order and each
-  carries the commit LSN of the transaction before its own, so ``(last commit LSN, LSN)`` orders changes as the
-  source committed them (an LSN alone does not: concurrent transactions interleave their LSNs). A snapshot read
-  (``op="r"``) reflects every transaction committed before it: ``(last commit LSN, 0)``, before the first change
-  streamed after it.
+  carries the end LSN of the commit before its transaction, so ``(last commit LSN, LSN)`` orders changes as the source
+  committed them (an LSN alone does not: concurrent transactions interleave their LSNs). Debezium leaves the first
+  part null for the first transaction it streams (after a snapshot, after a restart): the change's own LSN stands in,
+  which is past every earlier change of the same row (a row's next writer waits for its last one's commit). A
+  snapshot read (``op="r"``) reflects every transaction committed before it: ``(last commit LSN or 0, 0)``, before
+  any change streamed after it; a new connector's snapshot is ``(0, 0)``, so it fills rows the target lacks and
+  never rolls one back.
 - MySQL / MariaDB: ``(binlog file number, position, row)``; a snapshot read ``(file number, position, 0)``.
 """
 
@@ -70,19 +73,22 @@ class TruncatePolicy(str, Enum):
 
 
 def postgres_position(op: str, lsn: int | None, sequence: str | None) -> bytes:
-    """The position of a Debezium PostgreSQL change: ``(last commit LSN, LSN)``, the LSN 0 for a snapshot read.
+    """The position of a Debezium PostgreSQL change: ``(last commit LSN, LSN)`` (the module's docstring).
 
     :param op: the event's ``op``.
     :param lsn: ``source.lsn``.
     :param sequence: ``source.sequence``, a JSON array of two LSNs as strings (either may be null).
     """
-    last_commit, current = 0, lsn or 0
+    last_commit: int | None = None
+    current = lsn or 0
     if sequence:
         parts = json.loads(sequence)
-        last_commit = int(parts[0]) if parts and parts[0] is not None else 0
+        last_commit = int(parts[0]) if parts and parts[0] is not None else None
         if len(parts) > 1 and parts[1] is not None:
             current = int(parts[1])
-    return _pack(last_commit, 0 if op == "r" else current)
+    if op == "r":
+        return _pack(last_commit or 0, 0)
+    return _pack(current if last_commit is None else last_commit, current)
 
 
 def mysql_position(op: str, file: str | None, pos: int | None, row: int | None) -> bytes:

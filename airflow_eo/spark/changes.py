@@ -52,6 +52,29 @@ def _struct(ddl: str) -> str:
     return ", ".join(f"{f.split(' ', 1)[0]}: {f.split(' ', 1)[1]}" for f in fields)
 
 
+def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_columns: Sequence[str]
+                  ) -> tuple[DataFrame, list[Column], Column, Column]:
+    """``df``'s ``kafka_value`` parsed as change events (``envelope``: :func:`envelope_ddl` of ``row``): the
+    frame, :func:`change_columns`, the error of each record (NULL: a good change, or a record skipped) and whether
+    it is skipped."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([*envelope.fields, StructField("_eo_corrupt", StringType(), True)])
+    text = F.col("kafka_value").cast("string")
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
+    # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
+    # parse into every reference (as spark/parsing.py's JSON values).
+    df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
+    columns, change_error, skip = change_columns("_eo_v", row, key_columns)
+    error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
+             .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
+                 "value is malformed JSON, or a change event whose row does not match the schema (a column of "
+                 "another type)"))
+             .otherwise(change_error))
+    return df, columns, F.when(~skip, error), skip
+
+
 def change_columns(parsed: str, row: StructType, key_columns: Sequence[str]) -> tuple[list[Column], Column, Column]:
     """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`): the row's columns (the
     ``after`` image, or ``before`` for a delete) followed by :data:`DELETE_COLUMN`, :data:`CHANGE_OP` and
@@ -95,9 +118,9 @@ def _position(op: Column, source: Column) -> Column:
 
     sequence = F.from_json(source.getField("sequence"), "array<string>")
     snapshot = op == "r"
-    pg_high = F.coalesce(sequence.getItem(0).cast("long"), F.lit(0).cast("long"))
-    pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(
-        F.coalesce(sequence.getItem(1).cast("long"), source.getField("lsn")))
+    lsn = F.coalesce(sequence.getItem(1).cast("long"), source.getField("lsn"))
+    pg_high = F.coalesce(sequence.getItem(0).cast("long"), F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn))
+    pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn)
     file_number = F.coalesce(F.regexp_extract(source.getField("file"), r"\.(\d+)$", 1).try_cast("long"),
                              F.lit(0).cast("long"))
     my_low = F.shiftleft(source.getField("pos"), 24).bitwiseOR(

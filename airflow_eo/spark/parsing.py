@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
-from airflow_eo.spark.changes import SKIP, envelope_ddl
-from airflow_eo.spark.changes import change_columns as change_row
+from airflow_eo.spark.changes import SKIP, envelope_ddl, parse_changes
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
@@ -54,10 +53,9 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     change_columns: list[Column] = []  # changes=: the op, the position, and whether the record is no row
     if parse.changes is not None:
         row = _parse_ddl(spark, parse.schema or "")
-        df, _, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, envelope_ddl(row)), "_eo_v", "value")
-        columns, change_error, skip = change_row("_eo_v", row, parse.change_keys)
+        df, columns, value_error, skip = parse_changes(df, row, _parse_ddl(spark, envelope_ddl(row)),
+                                                       parse.change_keys)
         value_columns, change_columns = columns[:-2], [*columns[-2:], skip.alias(SKIP)]
-        value_error = F.when(~skip, F.coalesce(value_error, change_error))
         payload = [*(f.name for f in row.fields), DELETE_COLUMN]
     elif parse.value_format is ValueFormat.JSON:
         df, payload, value_error = _parse_json(df, "kafka_value", _parse_ddl(spark, parse.schema or ""), "_eo_v",

@@ -40,8 +40,14 @@ def test_a_snapshot_read_comes_before_every_change_streamed_after_it():
     assert pg("u", 150, 180) < snapshot  # a change the snapshot already reflects
 
 
-def test_a_postgres_event_without_sequence_uses_its_lsn():
-    assert postgres_position("c", 42, None) == (0).to_bytes(8, "big") + (42).to_bytes(8, "big")
+def test_the_first_transaction_streamed_without_a_last_commit_comes_after_earlier_changes_of_its_rows():
+    # Recorded from Debezium 3.6: the snapshot's reads and the first transaction after them have no last commit.
+    snapshot, first = pg("r", None, 27048824), pg("c", None, 27048864)
+    assert snapshot < first < pg("u", 27049048, 27049048)
+    # After a restart the first transaction has none either; a row it changes was last changed before its begin.
+    earlier = pg("u", 500, 480)  # began before the commit that ended at 500, changed the row at 480, committed at 520
+    assert pg("u", None, 530) > earlier
+    assert postgres_position("c", 42, None) == (42).to_bytes(8, "big") * 2
 
 
 def test_mysql_positions_order_by_file_then_position_then_row():
