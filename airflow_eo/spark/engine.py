@@ -250,12 +250,16 @@ class SparkBatchEngine:
         fenced transaction, after the output's: a position is never recorded without its write). Kept by Spark
         between the two jobs, so the records are read and decided once."""
         from pyspark import StorageLevel
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         changes = role(sink, ChangePositions, "changes")
         t0 = time.monotonic()
         writer = changes.position_writer(batch)  # creates the table first: the look-ups read it
-        rows = parsed.where(~F.col(SKIP)).drop(SKIP)
+        # Every record read counts (skipped ones and changes a newer one replaced too), counted by the job that
+        # reads them.
+        observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
+        rows = parsed.observe(observation, *_record_counts()).where(~F.col(SKIP)).drop(SKIP)
         newest = newest_changes(with_key_ids(rows, changes.key_columns), changes.position_lookup(batch),
                                 self.parse.write_partitions or _default_parallelism(spark))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
@@ -267,7 +271,8 @@ class SparkBatchEngine:
             failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
             log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
             self._purge_delete_markers(changes, batch.pipeline_id)
-            return ExecutionResult(records_in=result.records_in, rows_out=result.rows_out,
+            read = _observed_counts(observation)
+            return ExecutionResult(records_in=result.records_in if read is None else read[0], rows_out=result.rows_out,
                                    dead_letters=result.dead_letters, duplicates=result.duplicates,
                                    xids=[*result.xids, *written.xids],
                                    seconds={**result.seconds, "changes": round(t1 - t0, 3),
