@@ -318,9 +318,12 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
 
 POSTGRES_HOME = STACK / "postgres"
 # Settings of the stack's server: two-phase commit on (0 by default), room for a test suite's connections; the
-# data only has to survive a SIGKILL of the server (not of the machine), so fsync buys nothing here.
+# data only has to survive a SIGKILL of the server (not of the machine), so fsync buys nothing here. Logical
+# decoding for Debezium (`pgoutput`): wal_level=logical, and room for a replication slot and a WAL sender per
+# connector a test suite registers (10 of each by default).
 POSTGRES_SETTINGS = {"listen_addresses": "127.0.0.1", "max_prepared_transactions": "100", "max_connections": "300",
-                     "fsync": "off", "full_page_writes": "off", "log_min_messages": "warning"}
+                     "fsync": "off", "full_page_writes": "off", "log_min_messages": "warning",
+                     "wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
 
 
 def postgres_settings() -> dict:
@@ -489,7 +492,7 @@ def postgres_up(home: Path | None = None, port: int = POSTGRES_PORT) -> dict:
 
     wait_for("PostgreSQL", answers, 120, log)
     if fresh:
-        sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER PASSWORD '{DB_PASSWORD}';"
+        sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER REPLICATION PASSWORD '{DB_PASSWORD}';"
                f"CREATE DATABASE {DB_NAME} OWNER {DB_USER};")
         for statement in sql.split(";")[:-1]:
             done = subprocess.run([*psql, "-c", statement], capture_output=True, text=True, cwd=root, **as_user)
