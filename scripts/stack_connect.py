@@ -207,7 +207,7 @@ def check_postgres(stack: Any) -> None:
         with psycopg.connect(host=settings["host"], port=settings["port"], user=settings["user"],
                              password=settings["password"], dbname=settings["database"], connect_timeout=3,
                              autocommit=True) as conn:
-            wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+            wal_level = (conn.execute("SHOW wal_level").fetchone() or ("?",))[0]
             role = conn.execute("SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user").fetchone()
             if not settings["external"] and role == (True, False):
                 conn.execute(f'ALTER ROLE "{settings["user"]}" REPLICATION')

@@ -86,9 +86,14 @@ class DebeziumConnector:
     def transaction_topic(self) -> str:
         return f"{self.name}.transaction"
 
+    def table_topic(self, table: str, schema: str = "public") -> str:
+        """The change events of another table the connector captures (``table.include.list``)."""
+        return f"{self.name}.{schema}.{table}"
+
     @property
     def topics(self) -> list[str]:
-        return [self.topic, self.heartbeat_topic, self.transaction_topic]
+        tables = [f"{self.name}.{t.strip()}" for t in self.config["table.include.list"].split(",")]
+        return [*tables, self.heartbeat_topic, self.transaction_topic]
 
     def status(self) -> dict[str, Any]:
         code, answer = rest("GET", f"/connectors/{self.name}/status")
@@ -199,12 +204,23 @@ def wait_until_streaming(connector: DebeziumConnector, postgres_kwargs: dict[str
 
 
 def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootstrap: str,
-           timeout: float = 60) -> None:
+           timeout: float = 60, forget_offsets: bool = False) -> None:
     """``DELETE /connectors/{name}``, then drop its replication slot (once the stopped task lets it go) and its
-    publication, and delete its topics."""
+    publication, and delete its topics. ``forget_offsets``: first stop it and delete its source offsets (Kafka
+    3.6+'s ``DELETE /connectors/{name}/offsets``), so that a connector registered again under the name starts
+    afresh with a snapshot instead of resuming from them."""
     import psycopg
     from confluent_kafka.admin import AdminClient
 
+    if forget_offsets and rest("GET", f"/connectors/{connector.name}")[0] == 200:
+        code, answer = rest("PUT", f"/connectors/{connector.name}/stop")
+        assert code in (202, 204), f"PUT /connectors/{connector.name}/stop: HTTP {code} {answer}"
+        deadline = time.monotonic() + timeout
+        while connector.status()["connector"]["state"] != "STOPPED" or connector.status()["tasks"]:
+            assert time.monotonic() < deadline, f"{connector.name} not STOPPED: {connector.status()}"
+            time.sleep(0.2)
+        code, answer = rest("DELETE", f"/connectors/{connector.name}/offsets")
+        assert code == 200, f"DELETE /connectors/{connector.name}/offsets: HTTP {code} {answer}"
     code, answer = rest("DELETE", f"/connectors/{connector.name}")
     assert code in (204, 404), f"DELETE /connectors/{connector.name}: HTTP {code} {answer}"
     deadline = time.monotonic() + timeout
@@ -298,7 +314,7 @@ def read_records(bootstrap: str, topic: str, until: Callable[[list[Record]], boo
             if message is None or message.error():
                 continue
             key, value = message.key(), message.value()
-            records.append(Record(message.offset(), json.loads(key) if key is not None else None,
+            records.append(Record(message.offset() or 0, json.loads(key) if key is not None else None,
                                   json.loads(value) if value is not None else None, key, value))
     finally:
         consumer.close()
