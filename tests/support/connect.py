@@ -187,20 +187,50 @@ def end_offset(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def snapshot_committed(connector: DebeziumConnector) -> bool:
+    """The worker has committed a source offset of the connector past its snapshot (``GET .../offsets``, Kafka
+    3.5+): ``snapshot_completed``, or a streaming offset. Before that, a connector whose worker dies takes its
+    snapshot again when it restarts (seen: a worker SIGKILLed within a second of a registration re-read the table,
+    ``op`` r)."""
+    code, answer = rest("GET", f"/connectors/{connector.name}/offsets")
+    if code != 200 or not answer["offsets"]:
+        return False
+    offset = answer["offsets"][0]["offset"]
+    return "snapshot" not in offset or bool(offset.get("snapshot_completed"))
+
+
 def wait_until_streaming(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootstrap: str,
                          timeout: float = 120) -> None:
     """Until the connector's task runs and its snapshot is done: a heartbeat was written (Debezium writes the first
-    once the snapshot is complete) and the replication slot is held by the streaming connection (a slot is created
-    before the snapshot and taken only when streaming starts). A change committed after this returns is streamed
-    (``op`` c/u/d/t), never read by the snapshot (``r``)."""
+    once the snapshot is complete), the replication slot is held by the streaming connection (a slot is created
+    before the snapshot and taken only when streaming starts) and the worker has committed an offset past the
+    snapshot (:func:`snapshot_committed`; offsets are committed every second). A change committed after this
+    returns is streamed (``op`` c/u/d/t), never read by the snapshot (``r``), even across a restart of the worker."""
     deadline = time.monotonic() + timeout
     while not running(connector):
-        assert time.monotonic() < deadline, f"{connector.name} not RUNNING in {timeout}s: {connector.status()}"
+        assert time.monotonic() < deadline, (
+            f"{connector.name} not RUNNING in {timeout}s: {connector.status()}; {slot_blockers(postgres_kwargs)}")
         time.sleep(0.2)
-    while not (end_offset(bootstrap, connector.heartbeat_topic) > 0 and slot_active(postgres_kwargs, connector.name)):
+    while not (end_offset(bootstrap, connector.heartbeat_topic) > 0 and slot_active(postgres_kwargs, connector.name)
+               and snapshot_committed(connector)):
         assert running(connector)
-        assert time.monotonic() < deadline, f"connector {connector.name}'s snapshot not done in {timeout}s"
+        assert time.monotonic() < deadline, (
+            f"connector {connector.name}'s snapshot not done in {timeout}s; {slot_blockers(postgres_kwargs)}")
         time.sleep(0.2)
+
+
+def slot_blockers(postgres_kwargs: dict[str, Any]) -> str:
+    """What keeps a new replication slot from being made: PostgreSQL creates one only once every transaction
+    running at that moment has ended, prepared ones included (a two-phase sink's transaction left in doubt holds
+    every new Debezium connector until it is committed or rolled back)."""
+    import psycopg
+
+    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+        prepared = [r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall()]
+        open_transactions = conn.execute(
+            "SELECT pid, state, left(query, 100) FROM pg_stat_activity WHERE backend_xid IS NOT NULL "
+            "AND pid <> pg_backend_pid()").fetchall()
+    return f"prepared transactions: {prepared}; sessions with an open transaction: {open_transactions}"
 
 
 def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootstrap: str,
