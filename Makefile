@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status demo bench soak test lint clean postgres chromium java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status connect demo bench soak test lint clean postgres chromium java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ up: venv maven postgres
 	  echo "installing MariaDB from Debian's packages"; \
 	  $(APT_INSTALL) mariadb-server mariadb-client >/dev/null; }
 	$(PY) scripts/stack.py up
+
+# A Kafka Connect worker (distributed mode, REST on 127.0.0.1:28083 or EO_STACK_CONNECT_PORT) with Debezium's
+# PostgreSQL connector, jars from Maven Central (scripts/stack_connect.py); `down` stops it. Harmless when it runs.
+connect: up
+	$(PY) scripts/stack.py connect
 
 down:
 	@test -x $(PY) && $(PY) scripts/stack.py down || $(PYTHON) scripts/stack.py down

@@ -1,7 +1,8 @@
 """Local stack for airflow_eo: a single-node Kafka (KRaft), a MariaDB and a PostgreSQL, on loopback.
 
-Usage: ``python scripts/stack.py up|down|status|clean`` (``postgres up|down``: the PostgreSQL alone); for fault
-tests ``kill mariadb|postgres|kafka`` (SIGKILL, as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then
+Usage: ``python scripts/stack.py up|down|status|clean`` (``postgres up|down``: the PostgreSQL alone; ``connect``: a
+Kafka Connect worker with Debezium's PostgreSQL connector, scripts/stack_connect.py); for fault tests
+``kill mariadb|postgres|kafka|connect`` (SIGKILL, as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then
 start it again on the same data) and ``second-mariadb up|down`` / ``second-postgres up|down`` (another MariaDB /
 PostgreSQL server on the next port, for a store and a sink on two servers).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +36,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
@@ -318,9 +321,12 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
 
 POSTGRES_HOME = STACK / "postgres"
 # Settings of the stack's server: two-phase commit on (0 by default), room for a test suite's connections; the
-# data only has to survive a SIGKILL of the server (not of the machine), so fsync buys nothing here.
+# data only has to survive a SIGKILL of the server (not of the machine), so fsync buys nothing here. Logical
+# decoding for Debezium (`pgoutput`): wal_level=logical, and room for a replication slot and a WAL sender per
+# connector a test suite registers (10 of each by default).
 POSTGRES_SETTINGS = {"listen_addresses": "127.0.0.1", "max_prepared_transactions": "100", "max_connections": "300",
-                     "fsync": "off", "full_page_writes": "off", "log_min_messages": "warning"}
+                     "fsync": "off", "full_page_writes": "off", "log_min_messages": "warning",
+                     "wal_level": "logical", "max_replication_slots": "20", "max_wal_senders": "20"}
 
 
 def postgres_settings() -> dict:
@@ -489,7 +495,7 @@ def postgres_up(home: Path | None = None, port: int = POSTGRES_PORT) -> dict:
 
     wait_for("PostgreSQL", answers, 120, log)
     if fresh:
-        sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER PASSWORD '{DB_PASSWORD}';"
+        sql = (f"CREATE ROLE {DB_USER} LOGIN SUPERUSER REPLICATION PASSWORD '{DB_PASSWORD}';"
                f"CREATE DATABASE {DB_NAME} OWNER {DB_USER};")
         for statement in sql.split(";")[:-1]:
             done = subprocess.run([*psql, "-c", statement], capture_output=True, text=True, cwd=root, **as_user)
@@ -526,6 +532,8 @@ def stack_env(bootstrap: str, mysql: dict, postgres: dict) -> dict[str, str]:
         "EO_STACK_KAFKA_PORT": str(KAFKA_PORT),
         "EO_STACK_MYSQL_PORT": str(mysql["port"]),
         "EO_STACK_PG_PORT": str(postgres["port"]),
+        # The Kafka Connect worker's REST port (`make connect`; started by the tests when they need it).
+        "EO_STACK_CONNECT_PORT": str(connect_module().port()),
     }
     return lines
 
@@ -616,7 +624,24 @@ def stop_together(services: dict[str, Path], how: signal.Signals = signal.SIGTER
         print(f"stack: {name} stopped")
 
 
+def connect_module() -> ModuleType:
+    """scripts/stack_connect.py, the stack's Kafka Connect worker (a fresh import: its port is read at import)."""
+    spec = importlib.util.spec_from_file_location("eo_stack_connect", Path(__file__).with_name("stack_connect.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def connect() -> str:
+    """``make connect``: the Kafka Connect worker with Debezium's PostgreSQL connector (started, or found running);
+    its REST URL."""
+    return connect_module().up(SimpleNamespace(**globals()))
+
+
 def down() -> None:
+    # The worker before the broker: stopped after it, it would wait for the gone broker to commit its offsets.
+    connect_module().down(SimpleNamespace(**globals()))
     kafka_cluster_down()
     stop("Kafka", STACK / "kafka" / "kafka.pid")
     stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
@@ -637,6 +662,7 @@ def clean() -> None:
 
 def status() -> None:
     for name, pid_file in (("Kafka", STACK / "kafka" / "kafka.pid"),
+                           ("Kafka Connect", STACK / "connect" / "connect.pid"),
                            ("MariaDB", STACK / "mariadb" / "mariadb.pid"),
                            ("PostgreSQL", POSTGRES_HOME / "postgres.pid"),
                            ("second MariaDB", SECOND_MARIADB / "mariadb.pid"),
@@ -778,7 +804,7 @@ def kafka_cluster_down() -> None:
 
 
 if __name__ == "__main__":
-    commands = {"up": up, "down": down, "status": status, "clean": clean}
+    commands = {"up": up, "down": down, "status": status, "clean": clean, "connect": connect}
     services = ("mariadb", "postgres", "kafka")
     args = sys.argv[1:]
     if len(args) == 1 and args[0] in commands:
@@ -786,6 +812,9 @@ if __name__ == "__main__":
     elif len(args) == 2 and args[0] in ("kill", "restart") and args[1] in services:
         (kill if args[0] == "kill" else restart)(args[1])
         print(f"stack: {args[1]} {args[0]}ed")
+    elif args == ["kill", "connect"]:  # started again by `connect`
+        connect_module().kill(SimpleNamespace(**globals()))
+        print("stack: connect killed")
     elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
         second_mariadb_up() if args[1] == "up" else second_mariadb_down()
     elif args in (["postgres", "up"], ["postgres", "down"]):  # the stack's PostgreSQL alone
@@ -795,5 +824,6 @@ if __name__ == "__main__":
     elif args in (["kafka-cluster", "up"], ["kafka-cluster", "down"]):
         kafka_cluster_up() if args[1] == "up" else kafka_cluster_down()
     else:
-        die("usage: stack.py up|down|status|clean | kill|restart mariadb|postgres|kafka | postgres up|down "
+        die("usage: stack.py up|down|status|clean|connect | kill|restart mariadb|postgres|kafka | kill connect "
+            "| postgres up|down "
             "| second-mariadb up|down | second-postgres up|down | kafka-cluster up|down")

@@ -18,6 +18,9 @@ from airflow_eo.hooks.mysql import EoMySqlHook
 # (registered before anything imports them).
 pytest.register_assert_rewrite("tests.support")
 
+# Fixtures of the stack's Kafka Connect worker and Debezium's connectors (connect_worker, debezium).
+pytest_plugins = ["tests.support.connect"]
+
 # The suite starts some 150 short-lived Spark JVMs (a driver per DAG run): on two cores, C2 compiler threads only
 # compete with the work. C1 only makes each run ~8% faster (20.5-20.9 s -> 18.9-19.0 s for a 1,000-event
 # page_views_xa run, measured here); results are unchanged. Tests only: a production driver keeps the JVM's
