@@ -149,9 +149,10 @@ def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, applies
                                  f"{', '.join(f.value for f in ChangeFormat)}") from None
     if not applies_changes:
         raise ConfigurationError(
-            f"changes={chosen.value!r} with {sink_name}: a change applies to a row only when its source position is "
-            "newer than the row's, which this sink cannot keep. Use MySqlUpsertSink or PostgresUpsertSink with "
-            "key_columns (the source table's primary key)")
+            f"changes={chosen.value!r} with {sink_name}: a change stream deletes rows and applies a change only when "
+            "its source position is newer than the row's, which this sink does not do (the two-phase sinks delete no "
+            "rows, a topic or table appends). Use MySqlUpsertSink or PostgresUpsertSink with key_columns (the source "
+            "table's primary key): their writes are fenced, and replays are no-ops by the positions")
     if not key_columns:
         raise ConfigurationError(f"changes={chosen.value!r}: {sink_name} needs key_columns (the source table's "
                                  "primary key): a change names its row by them")

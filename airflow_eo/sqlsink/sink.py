@@ -245,26 +245,6 @@ class SqlTableSink(KindAdapter):
         return purge_seen_ids(self.database, self.connect_kwargs, SEEN_ID_TABLE, seen_pipeline_key(pipeline_id),
                               before_ms, limit)
 
-    def position_writer(self, batch: BatchContext) -> SqlPartitionWriter:
-        """The change-position table's writer (:class:`~airflow_eo.core.abilities.ChangePositions`): upserts keyed by
-        pipeline and key id, each task in its own branch / fenced transaction after its output's. Creates the table
-        when missing, on the driver before any transaction of the batch starts."""
-        create_change_position_table(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE)
-        return self._writer(batch, CHANGE_POSITION_TABLE, CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY,
-                            {c: "replace" for c in CHANGE_POSITION_FIELDS if c not in CHANGE_POSITION_KEY},
-                            **self._seen_id_writer_options())
-
-    def position_lookup(self, batch: BatchContext) -> PositionLookup:
-        """The positions of the changes applied to this pipeline's keys by committed batches, read by the
-        executors."""
-        return PositionLookup(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
-                              seen_pipeline_key(batch.pipeline_id))
-
-    def purge_delete_markers(self, pipeline_id: str, before_ms: int, limit: int) -> int:
-        """Remove at most ``limit`` delete markers of changes before ``before_ms`` (epoch ms)."""
-        return purge_delete_markers(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
-                                    seen_pipeline_key(pipeline_id), before_ms, limit)
-
     def write_dead_letters(self, batch: BatchContext, records: Iterator[DeadLetter]) -> list[str]:
         """Dead letters streamed through the driver (the engine's path when its executors could not write them) into
         one :meth:`dead_letter_writer` (one prepared branch, two-phase)."""
@@ -318,6 +298,28 @@ class SqlUpsertAdapter(SqlTableSink):
         finally:
             conn.close()
         return fence
+
+    # -- change streams (ability applies_changes: an upsert sink deletes rows, which a change stream does)
+
+    def position_writer(self, batch: BatchContext) -> SqlPartitionWriter:
+        """The change-position table's writer (:class:`~airflow_eo.core.abilities.ChangePositions`): upserts keyed by
+        pipeline and key id, each task in its own branch / fenced transaction after its output's. Creates the table
+        when missing, on the driver before any transaction of the batch starts."""
+        create_change_position_table(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE)
+        return self._writer(batch, CHANGE_POSITION_TABLE, CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY,
+                            {c: "replace" for c in CHANGE_POSITION_FIELDS if c not in CHANGE_POSITION_KEY},
+                            **self._seen_id_writer_options())
+
+    def position_lookup(self, batch: BatchContext) -> PositionLookup:
+        """The positions of the changes applied to this pipeline's keys by committed batches, read by the
+        executors."""
+        return PositionLookup(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
+                              seen_pipeline_key(batch.pipeline_id))
+
+    def purge_delete_markers(self, pipeline_id: str, before_ms: int, limit: int) -> int:
+        """Remove at most ``limit`` delete markers of changes before ``before_ms`` (epoch ms)."""
+        return purge_delete_markers(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
+                                    seen_pipeline_key(pipeline_id), before_ms, limit)
 
     # -- protocol steps (nothing to do: every write is already visible and replay-safe)
 

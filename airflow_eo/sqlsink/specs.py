@@ -36,8 +36,7 @@ def two_phase_capabilities(connection_type: str) -> SinkCapabilities:
     """What every database's two-phase kind can do (:class:`~airflow_eo.sqlsink.sink.SqlTwoPhaseAdapter`): prepared
     branches committed after the store's commit point, so its updates may add."""
     return SinkCapabilities(accumulates=True, in_doubt_branches=True, dead_letters=True, seen_ids=True,
-                            value_checks=True, refused_rows=True, applies_changes=True,
-                            connection_type=connection_type)
+                            value_checks=True, refused_rows=True, connection_type=connection_type)
 
 
 def table_sink_options(spec: Any) -> dict[str, Any]:

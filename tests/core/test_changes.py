@@ -84,7 +84,7 @@ def test_changes_are_read_by_a_sink_that_applies_them_by_key():
 
 
 @pytest.mark.parametrize(("override", "said"), [
-    ({"applies_changes": False}, "cannot keep"),
+    ({"applies_changes": False}, "which this sink does not do"),
     ({"key_columns": ()}, "needs key_columns"),
     ({"accumulating": True}, "'add' updates"),
     ({"interval_mode": True}, "mode='continuous'"),

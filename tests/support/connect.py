@@ -234,11 +234,12 @@ def slot_blockers(postgres_kwargs: dict[str, Any]) -> str:
 
 
 def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootstrap: str,
-           timeout: float = 60, forget_offsets: bool = False) -> None:
+           timeout: float = 60, forget_offsets: bool = False, delete_topics: bool = True) -> None:
     """``DELETE /connectors/{name}``, then drop its replication slot (once the stopped task lets it go) and its
     publication, and delete its topics. ``forget_offsets``: first stop it and delete its source offsets (Kafka
     3.6+'s ``DELETE /connectors/{name}/offsets``), so that a connector registered again under the name starts
-    afresh with a snapshot instead of resuming from them."""
+    afresh with a snapshot instead of resuming from them. ``delete_topics=False`` keeps its topics (a connector
+    registered again under the name writes on into them)."""
     import psycopg
     from confluent_kafka.admin import AdminClient
 
@@ -267,6 +268,8 @@ def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootst
                 conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
             time.sleep(0.2)
         conn.execute(f'DROP PUBLICATION IF EXISTS "{connector.name}"')
+    if not delete_topics:
+        return
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = admin.list_topics(timeout=10).topics
     doomed = [t for t in connector.topics if t in existing]

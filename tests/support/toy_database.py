@@ -305,7 +305,7 @@ def register() -> None:
     register_sink(ToyUpsertSink, replace(upsert_capabilities(CONN_TYPE), deletes=False, seen_ids=False,
                                          applies_changes=False),
                   table_sink_factory("tests.support.toy_database:ToyUpsertAdapter", fenced=True))
-    register_sink(ToyTwoPhaseSink, replace(two_phase_capabilities(CONN_TYPE), seen_ids=False, applies_changes=False),
+    register_sink(ToyTwoPhaseSink, replace(two_phase_capabilities(CONN_TYPE), seen_ids=False),
                   table_sink_factory("tests.support.toy_database:ToyTwoPhaseAdapter", fenced=False))
 
 

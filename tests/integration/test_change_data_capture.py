@@ -1,0 +1,235 @@
+"""Change data capture with a real Debezium (``make connect``: Kafka Connect and Debezium's PostgreSQL connector
+streaming a table of the stack's PostgreSQL): ``changes="debezium"`` applies its change events to a MySQL / MariaDB
+and a PostgreSQL table through the upsert sinks, and after every committed batch the target equals the source, row
+for row (compared with SQL on both sides), whatever Debezium re-sends: a snapshot, inserts, updates, deletes, a
+primary-key change, a NULL the target refuses (a dead letter), a new source column, a Connect worker SIGKILLed
+mid-stream (it re-sends), a re-snapshot by a connector registered afresh, and our own runs SIGKILLed at each step of
+the protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pymysql
+import pytest
+
+from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
+from tests.integration.operator_harness import operator, run
+from tests.integration.page_views import run_child
+from tests.support.children import why
+from tests.support.connect import STACK_SCRIPT, DebeziumConnector, Record, read_records, register, remove
+from tests.support.postgres import MYSQL_STORE, PG_STORE, store_batches
+
+pytestmark = pytest.mark.stack
+
+ROW = "id INT, name STRING, qty INT, note STRING"
+TARGET_DDL = {
+    "mysql": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL)",
+    "postgres": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL)",
+}
+
+
+def source_sql(postgres_kwargs: dict[str, Any], *statements: str) -> None:
+    """Each statement its own transaction on the source."""
+    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def source_rows(postgres_kwargs: dict[str, Any], table: str, columns: str = "id, name, qty") -> list[tuple]:
+    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+        return [tuple(r) for r in conn.execute(f"SELECT {columns} FROM {table} ORDER BY id").fetchall()]
+
+
+def target_rows(database: str, kwargs: dict[str, Any], table: str, columns: str = "id, name, qty") -> list[tuple]:
+    if database == "postgres":
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
+            return [tuple(r) for r in conn.execute(f"SELECT {columns} FROM {table} ORDER BY id").fetchall()]
+    conn = pymysql.connect(**kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {columns} FROM {table} ORDER BY id")
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def target_sql(database: str, kwargs: dict[str, Any], statement: str) -> None:
+    if database == "postgres":
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
+            conn.execute(statement)
+        return
+    conn = pymysql.connect(**kwargs, autocommit=True)
+    try:
+        conn.cursor().execute(statement)
+    finally:
+        conn.close()
+
+
+def delivered(bootstrap: str, connector: DebeziumConnector, marker: str, timeout: float = 120) -> list[Record]:
+    """The topic's records up to the change that wrote ``marker`` into a row's name (the workload's last change):
+    Debezium has delivered everything before it."""
+    def reached(records: list[Record]) -> bool:
+        return any(isinstance(r.payload, dict) and (r.payload.get("after") or {}).get("name") == marker
+                   for r in records)
+
+    return read_records(bootstrap, connector.topic, reached, timeout=timeout)
+
+
+@pytest.fixture(params=["mysql", "postgres"])
+def target(request, mysql_kwargs, postgres_kwargs) -> Iterator[tuple[str, dict[str, Any], str, Any]]:
+    """(database, its connection kwargs, a fresh target table, the sink kind)."""
+    database = request.param
+    kwargs = mysql_kwargs if database == "mysql" else postgres_kwargs
+    table = f"cdc_target_{uuid.uuid4().hex[:8]}"
+    target_sql(database, kwargs, TARGET_DDL[database].format(t=table))
+    sink = MySqlUpsertSink if database == "mysql" else PostgresUpsertSink
+    yield database, kwargs, table, sink
+    target_sql(database, kwargs, f"DROP TABLE IF EXISTS {table}")
+
+
+@pytest.fixture
+def source(postgres_kwargs) -> Iterator[str]:
+    """A source table with PostgreSQL's default replica identity (the primary key), as most are."""
+    table = f"cdc_source_{uuid.uuid4().hex[:8]}"
+    source_sql(postgres_kwargs, f"CREATE TABLE {table} (id INT PRIMARY KEY, name TEXT, qty INT)")
+    yield table
+    source_sql(postgres_kwargs, f"DROP TABLE IF EXISTS {table}")
+
+
+def pipeline(connector: DebeziumConnector, sink: Any, table: str, pipeline_id: str, **options: Any) -> Any:
+    """The pipeline: the source's columns (``note`` comes to the source later: NULL until then) into the target,
+    which gets a column it lacks (``add_missing_columns``)."""
+    return operator(connector.topic, sink(table=table, key_columns=["id"], add_missing_columns=True),
+                    pipeline_id=pipeline_id, schema=ROW, changes="debezium", **options)
+
+
+def test_the_target_equals_the_source_after_every_batch(target, source, debezium, bootstrap, postgres_kwargs):
+    database, kwargs, table, sink = target
+    source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', {i})" for i in range(1, 21)))
+    connector = debezium(source, schemas_enable=database == "mysql")  # both of the converter's shapes
+    op = pipeline(connector, sink, table, f"cdc_{uuid.uuid4().hex[:8]}", on_bad_record="dead_letter")
+
+    # 1. The snapshot (op r) and a few changes streamed after it.
+    source_sql(postgres_kwargs, f"UPDATE {source} SET qty = qty + 100 WHERE id <= 5",
+               f"INSERT INTO {source} VALUES (21, 'new', 1)", f"UPDATE {source} SET name = 'm1' WHERE id = 21")
+    delivered(bootstrap, connector, "m1")
+    summary = run(op)
+    assert summary["rows_out"] > 0
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # 2. Updates, deletes, a row deleted and created again, a primary-key change, several changes of one row in one
+    # transaction, and the same row changed in many batches' worth of events.
+    source_sql(postgres_kwargs, f"DELETE FROM {source} WHERE id IN (2, 3, 4)",
+               f"INSERT INTO {source} VALUES (3, 'back', 33)",
+               f"UPDATE {source} SET id = 100 WHERE id = 6",
+               f"BEGIN; UPDATE {source} SET qty = 1 WHERE id = 7; UPDATE {source} SET qty = 2 WHERE id = 7; "
+               f"DELETE FROM {source} WHERE id = 8; INSERT INTO {source} VALUES (8, 'again', 8); COMMIT",
+               *(f"UPDATE {source} SET qty = {n} WHERE id = 9" for n in range(30)),
+               f"UPDATE {source} SET name = 'm2' WHERE id = 21")
+    delivered(bootstrap, connector, "m2")
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # 3. A NULL the target refuses (name NOT NULL there): a dead letter; the row keeps its last applied image, and
+    # the next change of the row applies.
+    source_sql(postgres_kwargs, f"UPDATE {source} SET name = NULL WHERE id = 10",
+               f"UPDATE {source} SET name = 'm3' WHERE id = 21")
+    delivered(bootstrap, connector, "m3")
+    summary = run(op)
+    assert summary["dead_letters"] == 1
+    expected = [r if r[0] != 10 else (10, "row10", 10) for r in source_rows(postgres_kwargs, source)]
+    assert target_rows(database, kwargs, table) == expected
+    source_sql(postgres_kwargs, f"UPDATE {source} SET name = 'fixed' WHERE id = 10",
+               f"UPDATE {source} SET name = 'm4' WHERE id = 21")
+    delivered(bootstrap, connector, "m4")
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # 4. A new source column (the pipeline's schema has it; the target got it, NULL, with the first batch).
+    source_sql(postgres_kwargs, f"ALTER TABLE {source} ADD COLUMN note TEXT",
+               f"INSERT INTO {source} VALUES (22, 'with note', 1, 'n22')",
+               f"UPDATE {source} SET note = 'noted', name = 'm5' WHERE id = 21")
+    delivered(bootstrap, connector, "m5")
+    run(op)
+    every = "id, name, qty, note"
+    assert target_rows(database, kwargs, table, every) == source_rows(postgres_kwargs, source, every)
+
+
+def test_changes_re_sent_by_a_killed_worker_and_a_re_snapshot_roll_nothing_back(
+        target, source, debezium, bootstrap, postgres_kwargs, connect_worker):
+    database, kwargs, table, sink = target
+    source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', 0)" for i in range(1, 11)))
+    connector = debezium(source)
+    op = pipeline(connector, sink, table, f"cdc_{uuid.uuid4().hex[:8]}")
+    source_sql(postgres_kwargs, *(f"UPDATE {source} SET qty = {n} WHERE id = {1 + n % 10}" for n in range(40)),
+               f"UPDATE {source} SET name = 'm1' WHERE id = 1")
+    delivered(bootstrap, connector, "m1")
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # The Connect worker SIGKILLed while the source changes, then started again: it re-sends what it had not
+    # committed an offset for (older changes at newer Kafka offsets).
+    stack("kill", "connect")
+    source_sql(postgres_kwargs, *(f"UPDATE {source} SET qty = qty + 1 WHERE id = {1 + n % 10}" for n in range(20)))
+    stack("connect")
+    source_sql(postgres_kwargs, f"UPDATE {source} SET name = 'm2' WHERE id = 1")
+    delivered(bootstrap, connector, "m2")
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # A connector registered afresh under the same name (its offsets forgotten) snapshots the table again into the
+    # same topic: its reads carry the rows' images again, after newer changes in Kafka order.
+    remove(connector, postgres_kwargs, bootstrap, forget_offsets=True, delete_topics=False)
+    source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 999 WHERE id = 2")  # not streamed: in the new snapshot
+    fresh = register(postgres_kwargs, bootstrap, source, name=connector.name)
+    debezium.registered.append(fresh)
+    source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 5 WHERE id = 3",
+               f"UPDATE {source} SET name = 'm3' WHERE id = 1")
+    records = delivered(bootstrap, fresh, "m3")
+    assert sum(1 for r in records if isinstance(r.payload, dict) and r.payload.get("op") == "r") >= 20  # 2 snapshots
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+
+def test_our_runs_sigkilled_at_each_step_apply_every_change_once(target, source, debezium, bootstrap,
+                                                                  postgres_kwargs, mysql_kwargs):
+    """The operator's process SIGKILLed at each protocol step, then run again: the target equals the source."""
+    database, kwargs, table, sink = target
+    store = MYSQL_STORE if database == "mysql" else PG_STORE
+    env = {f"AIRFLOW_CONN_{PG_STORE.upper()}": os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"]}
+    source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', 0)" for i in range(1, 31)))
+    connector = debezium(source)
+    pipeline_id = f"cdc_{uuid.uuid4().hex[:8]}"
+    job = {"topic": connector.topic, "pipeline_id": pipeline_id, "offset_store_conn_id": store,
+           "options": {"schema": ROW, "changes": "debezium"},
+           "sink": {"kind": sink.__name__, "table": table, "key_columns": ["id"], "add_missing_columns": True}}
+    for n, step in enumerate(["after_plan", "during_write", "after_change_positions", "in_store_commit",
+                              "after_commit_point"]):
+        source_sql(postgres_kwargs, f"UPDATE {source} SET qty = qty + {n + 1} WHERE id % 3 = {n % 3}",
+                   f"DELETE FROM {source} WHERE id = {20 + n}", f"INSERT INTO {source} VALUES ({40 + n}, 'k', {n})",
+                   f"UPDATE {source} SET id = {60 + n} WHERE id = {10 + n}",
+                   f"UPDATE {source} SET name = 'm{n}' WHERE id = 1")
+        delivered(bootstrap, connector, f"m{n}")
+        argv = ["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": f"r{n}"})]
+        killed = run_child(argv, fault=step, env=env)
+        assert killed.returncode == -signal.SIGKILL, (step, why(killed))
+        done = run_child(argv, env=env)
+        assert done.returncode == 0, (step, why(done))
+        assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source), step
+    batches = store_batches(store, postgres_kwargs, mysql_kwargs, pipeline_id)
+    assert {b["state"] for b in batches} == {"committed"}
+
+
+def stack(*args: str) -> None:
+    done = subprocess.run([sys.executable, str(STACK_SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"stack.py {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
