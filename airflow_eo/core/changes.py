@@ -20,9 +20,11 @@ Positions, by source connector (Debezium's ``source`` block):
   committed them (an LSN alone does not: concurrent transactions interleave their LSNs). Debezium leaves the first
   part null for the first transaction it streams (after a snapshot, after a restart): the change's own LSN stands in,
   which is past every earlier change of the same row (a row's next writer waits for its last one's commit). A
-  snapshot read (``op="r"``) reflects every transaction committed before it: ``(last commit LSN or 0, 0)``, before
-  any change streamed after it; a new connector's snapshot is ``(0, 0)``, so it fills rows the target lacks and
-  never rolls one back.
+  snapshot read (``op="r"``) reflects every transaction committed before the snapshot's LSN: ``(snapshot LSN, 0)``,
+  after every change committed before it, so a re-snapshot (a connector registered afresh) repairs rows whose
+  changes were never streamed. Not ordered exactly: the first transaction streamed after a snapshot, when it began
+  before the snapshot and changed a row before the snapshot's LSN (Debezium says nothing of its own commit): the
+  snapshot's older image wins until the row's next change.
 - MySQL / MariaDB: ``(binlog file number, position, row)``; a snapshot read ``(file number, position, 0)``.
 """
 
@@ -87,7 +89,7 @@ def postgres_position(op: str, lsn: int | None, sequence: str | None) -> bytes:
         if len(parts) > 1 and parts[1] is not None:
             current = int(parts[1])
     if op == "r":
-        return _pack(last_commit or 0, 0)
+        return _pack(current, 0)
     return _pack(current if last_commit is None else last_commit, current)
 
 

@@ -119,7 +119,7 @@ def _position(op: Column, source: Column) -> Column:
     sequence = F.from_json(source.getField("sequence"), "array<string>")
     snapshot = op == "r"
     lsn = F.coalesce(sequence.getItem(1).cast("long"), source.getField("lsn"))
-    pg_high = F.coalesce(sequence.getItem(0).cast("long"), F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn))
+    pg_high = F.when(snapshot, lsn).otherwise(F.coalesce(sequence.getItem(0).cast("long"), lsn))
     pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn)
     file_number = F.coalesce(F.regexp_extract(source.getField("file"), r"\.(\d+)$", 1).try_cast("long"),
                              F.lit(0).cast("long"))

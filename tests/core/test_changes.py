@@ -33,11 +33,14 @@ def test_postgres_positions_follow_commit_order_not_lsn_order():
     assert b_first < b_second < a_first < a_second
 
 
-def test_a_snapshot_read_comes_before_every_change_streamed_after_it():
-    snapshot = pg("r", 200, 250)
-    assert snapshot == postgres_position("r", 250, json.dumps(["200", "250"]))
-    assert snapshot < pg("u", 200, 190)  # a transaction that began before the snapshot and committed after it
-    assert pg("u", 150, 180) < snapshot  # a change the snapshot already reflects
+def test_a_snapshot_read_comes_after_every_change_committed_before_it_and_before_those_after():
+    snapshot = pg("r", None, 250)  # as Debezium 3.6 records a snapshot's reads: no last commit, the slot's LSN
+    assert snapshot == (250).to_bytes(8, "big") + bytes(8)
+    assert pg("u", 150, 180) < pg("u", 200, 240) < snapshot  # changes the snapshot reflects
+    assert snapshot < pg("u", 260, 270)  # a change committed after it
+    # A re-snapshot by a connector registered afresh (a new slot, a later LSN) repairs a row whose change was never
+    # streamed: its read is newer than every change streamed before.
+    assert pg("r", None, 900) > pg("u", 800, 850)
 
 
 def test_the_first_transaction_streamed_without_a_last_commit_comes_after_earlier_changes_of_its_rows():
