@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_eo.sqlsink.database import SqlDatabase
-from airflow_eo.sqlsink.seen_ids import LOOKUP_CHUNK, PURGE_LOCK_WAIT_S
+from airflow_eo.sqlsink.pipeline_tables import create_if_missing, rows_by_ids
+from airflow_eo.sqlsink.seen_ids import PURGE_LOCK_WAIT_S
 
 #: The table's name, in the sink's database (the connection's default schema); one table, keyed by pipeline.
 CHANGE_POSITION_TABLE = "eo_change_positions"
@@ -41,36 +42,13 @@ class PositionLookup:
     pipeline_key: bytes
 
     def __call__(self, key_ids: Iterable[bytes]) -> dict[bytes, bytes]:
-        ids = sorted(key_ids)  # in key order: each statement reads a narrow range of the index
-        found: dict[bytes, bytes] = {}
-        if not ids:
-            return found
-        conn = self.database.connect(self.connect_kwargs, autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                for start in range(0, len(ids), LOOKUP_CHUNK):
-                    chunk = ids[start:start + LOOKUP_CHUNK]
-                    cur.execute(f"SELECT key_id, position FROM {self.database.quote_table(self.table)} WHERE "
-                                f"pipeline_key = %s AND key_id IN ({', '.join(['%s'] * len(chunk))})",
-                                (self.pipeline_key, *chunk))
-                    for key_id, position in cur.fetchall():
-                        found[bytes(key_id)] = bytes(position)
-        finally:
-            conn.close()
-        return found
+        return {bytes(key_id): bytes(position) for key_id, position in rows_by_ids(
+            self.database, self.connect_kwargs, self.table, self.pipeline_key, "key_id", "position", key_ids)}
 
 
 def create_change_position_table(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str) -> None:
     """The table, when missing (DDL on the driver, before any branch of the batch starts: DDL may commit)."""
-    conn = database.connect(connect_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            if not database.table_columns(cur, table):
-                cur.execute(database.change_position_ddl(table))
-                for statement in database.change_position_indexes(table):
-                    cur.execute(statement)
-    finally:
-        conn.close()
+    create_if_missing(database, connect_kwargs, table, database.change_position_ddl, database.change_position_indexes)
 
 
 def purge_delete_markers(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str, key: bytes,
