@@ -134,8 +134,8 @@ class EoBacklogTrigger(BaseEventTrigger):
             except Exception as error:  # never an event: logged by the watchers, asked again later
                 failures += 1
                 delay = retry_delay(poller.poll_interval, failures)
-                log.warning("pipeline %s: no look at its backlog (%d failure(s) in a row), again in %.0f s: %s",
-                            poller.pipeline_id, failures, delay, error)
+                log.debug("pipeline %s: no look at its backlog (%d failure(s) in a row), again in %.0f s: %s",
+                          poller.pipeline_id, failures, delay, error)  # each watcher logs it as a warning
                 yield LookFailed(f"{type(error).__name__}: {error}", failures, delay)
                 await asyncio.sleep(delay)
                 continue
