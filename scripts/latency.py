@@ -49,21 +49,23 @@ from tests.scheduler.airflow_services import AirflowServices, from_iso  # noqa: 
 
 EXAMPLE = REPO / "dags" / "page_view_events_on_arrival.py"
 SEGMENTS = (  # (name, from, to): the timeline of one batch, from its oldest record
-    ("trigger fired (poll + threshold, or held while the run before ran)", "oldest_record", "event"),
-    ("scheduler queued the run", "event", "run_queued"),
-    ("task started (scheduler + executor + task process)", "run_queued", "task_started"),
-    ("batch planned (task start-up: imports, take, recover, plan)", "task_started", "planned"),
-    ("batch committed (Spark start + batch + commit)", "planned", "committed"),
+    ("trigger fired (poll, threshold, triggerer; or held while the run before ran)", "oldest_record", "event"),
+    ("scheduler created and started the run", "event", "run_started"),
+    ("scheduler queued the task to the executor", "run_started", "task_queued"),
+    ("executor started the task's process", "task_queued", "task_started"),
+    ("task planned the batch (DAG file parsed, operator set up, take, recover, plan)", "task_started", "planned"),
+    ("batch committed (Spark session + batch + commit)", "planned", "committed"),
 )
 #: the summary's phases timed by the protocol; the rest are the engine's Spark jobs, inside "execute"
 PROTOCOL_PHASES = frozenset({"plan", "execute", "commit", "finalize"})
 
 
-def example_dag(pipeline_id: str, topic: str) -> str:
-    """The example DAG's text with its pipeline id (also its DAG id) and topic replaced."""
+def example_dag(pipeline_id: str, topic: str, spark_conn_id: str = "") -> str:
+    """The example DAG's text with its pipeline id (also its DAG id), topic and default Spark connection replaced."""
     text = EXAMPLE.read_text()
     for old, new, count in (('PIPELINE = "page_view_events_on_arrival"', f"PIPELINE = {pipeline_id!r}", 1),
-                            ("page_views.TOPIC", repr(topic), 2)):
+                            ("page_views.TOPIC", repr(topic), 2),
+                            ('"spark_conn_id": Param("",', f'"spark_conn_id": Param({spark_conn_id!r},', 1)):
         if text.count(old) != count:
             raise SystemExit(f"{EXAMPLE} changed: expected {old!r} {count} time(s); update scripts/latency.py")
         text = text.replace(old, new)
@@ -105,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", type=float, default=30.0, help="seconds after the last commit with no new run")
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--short", action="store_true", help="3 bursts of 200 records, gaps 2-6 s, 20 s quiet")
+    parser.add_argument("--spark-conn-id", default="", help="where the runs' Spark runs (a spark or spark_connect "
+                        "connection in the environment, e.g. spark_connect of `make spark-cluster`); default: "
+                        "local[*] in the task")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--keep", help="keep the deployment's AIRFLOW_HOME and logs in this folder")
     args = parser.parse_args(argv)
@@ -124,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="latency-"))
     dags = base / "dags"
     dags.mkdir(parents=True, exist_ok=True)
-    (dags / f"{dag_id}.py").write_text(example_dag(dag_id, topic))
-    env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
+    (dags / f"{dag_id}.py").write_text(example_dag(dag_id, topic, args.spark_conn_id))
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AIRFLOW_CONN_", "EO_SPARK_"))}
     produced: list[dict[str, Any]] = []
     started = time.monotonic()
     with AirflowServices(dags, env=env, base_dir=base / "airflow", triggerer=True) as airflow:
@@ -175,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                  "committed": info.committed_at.timestamp()}
         if events:
             marks["event"] = min(from_iso(e["timestamp"]).timestamp() for e in events)
-        if run and run.get("queued_at"):
-            marks["run_queued"] = from_iso(run["queued_at"]).timestamp()
-        starts = [from_iso(ti["start_date"]).timestamp() for ti in tis if ti.get("start_date")]
-        if starts:
-            marks["task_started"] = min(starts)
+        if run and run.get("start_date"):
+            marks["run_started"] = from_iso(run["start_date"]).timestamp()
+        for mark, field in (("task_queued", "queued_when"), ("task_started", "start_date")):
+            moments = [from_iso(ti[field]).timestamp() for ti in tis if ti.get(field)]
+            if moments:
+                marks[mark] = min(moments)  # its first try
         timelines.append(marks)
         summary = info.record.summary
         if summary is not None:
@@ -202,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     failed_runs = [r["dag_run_id"] for r in runs if r["state"] != "success"]
     empty = [b.record.batch_id for b in batches if all(r.size == 0 for r in b.record.ranges)]
     figures: dict[str, Any] = {
-        "bursts": args.bursts, "records_per_burst": args.records, "gaps_s": [low, high], "records": len(measured),
+        "spark_conn_id": args.spark_conn_id, "bursts": args.bursts, "records_per_burst": args.records,
+        "gaps_s": [low, high], "records": len(measured),
         "warmup_runs": warmup_runs, "runs": len(runs), "run_types": sorted({r["run_type"] for r in runs}),
         "failed_runs": failed_runs,
         "batches": len(batches), "empty_batches": len(empty),
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "latency_s": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95),
                       "max": max(latencies)} if latencies else {},
         "segments_median_s": {}, "phases_median_s": {}, "elapsed_s": round(elapsed, 1),
+        "timelines_s": [{k: round(v - t["oldest_record"], 2) for k, v in sorted(t.items(), key=lambda kv: kv[1])}
+                        for t in timelines],
         "produced_at": datetime.now(timezone.utc).isoformat(),
     }
     for name, start, end in SEGMENTS:
