@@ -34,7 +34,8 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.sensors.pipeline"]},
         ],
         "triggers": [
-            {"integration-name": "airflow_eo", "python-modules": ["airflow_eo.triggers.pipeline"]},
+            {"integration-name": "airflow_eo",
+             "python-modules": ["airflow_eo.triggers.pipeline", "airflow_eo.triggers.events"]},
         ],
         "connection-types": [],  # reuses kafka / mysql / postgres / spark connection types of their providers
         # `airflow eo ...` (Airflow >= 3.2 loads provider CLI commands from here)

@@ -18,6 +18,7 @@ from airflow_eo.examples.page_views import (  # noqa: F401 (re-exported: one mod
     APPS,
     AVRO_SCHEMA,
     AVRO_WRITER_SCHEMAS,
+    ON_ARRIVAL,
     PARTITIONS,
     POSTGRES_TABLES_DDL,
     SCHEMA,

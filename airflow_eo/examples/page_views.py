@@ -24,6 +24,9 @@ TABLES_DDL = {
 TABLES_DDL["page_view_events_hourly"] = TABLES_DDL["page_view_events"].replace(
     "page_view_events", "page_view_events_hourly")
 TABLES_DDL["app_pv_avro"] = TABLES_DDL["app_pv"].replace("app_pv", "app_pv_avro")
+#: The event-driven example's table (DAG page_view_events_on_arrival).
+ON_ARRIVAL = "page_view_events_on_arrival"
+TABLES_DDL[ON_ARRIVAL] = TABLES_DDL["page_view_events"].replace("page_view_events", ON_ARRIVAL)
 
 # The page views as Confluent-framed Avro (DAG page_views_avro_xa): two writer versions, schema ids 1 and 2; the
 # second adds the timestamp with a default. The reader schema is the second.

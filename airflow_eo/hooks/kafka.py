@@ -51,15 +51,40 @@ class KafkaClusterHook(KafkaBaseHook):
         """
         return backlog(self.get_offset_source().partition_offsets(topics, starting_offsets), committed)
 
-
     def backlog_and_first_timestamps(self, topics: Sequence[str], committed: Mapping[tuple[str, int], int],
                                      starting_offsets: str | int = "earliest") -> tuple[dict[str, int], dict[str, int]]:
         """:meth:`backlog`, and the timestamp (ms) of each partition's first unprocessed record (read from Kafka:
         one record of each partition that is behind)."""
+        return self.backlogs(topics, [committed], starting_offsets, first_timestamps=True)[0]
+
+    def backlogs(self, topics: Sequence[str], positions: Sequence[Mapping[tuple[str, int], int]],
+                 starting_offsets: str | int = "earliest",
+                 first_timestamps: bool = False) -> list[tuple[dict[str, int], dict[str, int]]]:
+        """:meth:`backlog` counted from each of ``positions`` (e.g. the committed offsets, and where the planned
+        batches end) with one look at the broker's offsets, in their order; with ``first_timestamps`` also the
+        timestamp (ms) of each partition's first record from there (one record read per partition and distinct
+        position), else an empty mapping.
+
+        :param topics: the pipeline's topics.
+        :param positions: next offsets per ``(topic, partition)``, read from the store before calling this.
+        :param starting_offsets: where a partition without a position starts (as the operator's).
+        :param first_timestamps: also read the first records' timestamps.
+        """
         source = self.get_offset_source()
-        ranges = unprocessed_ranges(source.partition_offsets(topics, starting_offsets), committed)
-        first = source.first_timestamps({r.key: r.from_offset for r in ranges if r.size})
-        return lag_of(ranges), {f"{t}[{p}]": ms for (t, p), ms in first.items()}
+        partitions = source.partition_offsets(topics, starting_offsets)
+        found: dict[tuple[tuple[str, int], int], int] = {}  # (partition, offset) -> timestamp, each read once
+        seen: list[tuple[dict[str, int], dict[str, int]]] = []
+        for start in positions:
+            ranges = unprocessed_ranges(partitions, start)
+            first: dict[str, int] = {}
+            if first_timestamps:
+                wanted = {r.key: r.from_offset for r in ranges if r.size}
+                unread = {k: o for k, o in wanted.items() if (k, o) not in found}
+                found.update({(k, unread[k]): ms for k, ms in source.first_timestamps(unread).items()})
+                first = {f"{t}[{p}]": found[(t, p), o] for (t, p), o in wanted.items() if ((t, p), o) in found}
+            seen.append((lag_of(ranges), first))
+        return seen
+
 
 def schema_registry_lookup(conn_id: str) -> Callable[[int], str | None]:
     """Writer schemas by id from the schema registry of an Airflow connection (any type, ``http`` by default):

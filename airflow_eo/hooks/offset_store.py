@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from airflow.sdk import BaseHook
 
 import airflow_eo.integrations  # noqa: F401  (registers every offset store kind)
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.stores import PipelineLedger, store_for
 from airflow_eo.hooks.sinks import AirflowConnectionResolver
 
@@ -29,12 +32,29 @@ class OffsetStoreHook(BaseHook):
         """The offset store of the connection's type."""
         return store_for(AirflowConnectionResolver().connection(self.offset_store_conn_id))
 
+    @cached_property
+    def reader(self) -> PipelineLedger:
+        """One store for repeated reads (a trigger's looks): its schema is checked and migrated once, not at every
+        read. Every read opens a connection of its own, so a store that restarted in between is read again."""
+        return self.get_store()
+
     def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:
         """The next offset to process per ``(topic, partition)``, as the pipeline's committed batches left it.
 
         :param pipeline_id: the pipeline.
         """
         return self.get_store().committed_offsets(pipeline_id)
+
+    def pending_offsets(self, pipeline_id: str) -> tuple[dict[tuple[str, int], int], list[OffsetRange]]:
+        """The pipeline's committed offsets, and the ranges of its unfinished (planned or prepared) batches, read
+        before the offsets: a batch committing in between is then seen in one or the other
+        (:func:`~airflow_eo.core.backlog_events.planned_positions`). Reads only (the schema is migrated first, as
+        :meth:`committed_offsets` does, once per hook: :attr:`reader`).
+
+        :param pipeline_id: the pipeline.
+        """
+        planned = [r for batch in self.reader.unfinished_batches(pipeline_id) for r in batch.ranges]
+        return self.reader.committed_offsets(pipeline_id), planned
 
     def committed_batch_id(self, pipeline_id: str, after_batch_id: int = -1,
                            interval: list[str] | None = None) -> int | None:

@@ -43,3 +43,21 @@ def test_the_lag_alert_is_a_deferrable_sensor_that_notifies_when_it_fires(bag):
     assert (sensor.threshold.min_records, sensor.threshold.min_age_seconds) == (100_000, 1800)
     assert sensor.timeout < timedelta(minutes=10).total_seconds()  # over before the next run
     assert [type(c) for c in sensor.on_success_callback] == [PipelineLagNotifier]
+
+
+def test_the_event_driven_example_is_scheduled_on_the_pipelines_backlog(bag):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from airflow_eo.triggers.events import EoBacklogTrigger
+
+    dag = bag.dags["page_view_events_on_arrival"]
+    [task] = dag.tasks
+    assert dag.max_active_runs == 1 and task.mode.value == "continuous" and task.max_active_tis_per_dag == 1
+    [asset] = dag.timetable.asset_condition.objects
+    [watcher] = asset.watchers
+    classpath, kwargs = watcher.trigger.serialize()
+    assert classpath == "airflow_eo.triggers.events.EoBacklogTrigger"
+    assert (kwargs["pipeline_id"], kwargs["topics"]) == (task.pipeline_id, task.topics)
+    assert (kwargs["min_records"], kwargs["max_delay"], kwargs["poll_interval"]) == (1000, 10.0, 1.0)
+    assert isinstance(watcher.trigger, EoBacklogTrigger)
+    DagSerialization.to_dict(dag)  # what the dag-processor stores, the watcher's trigger included

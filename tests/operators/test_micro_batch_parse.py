@@ -46,6 +46,21 @@ def test_interval_mode_refuses_a_schedule_with_zero_length_intervals():
         op(mode="interval")
 
 
+def test_interval_mode_refuses_runs_started_by_asset_events_which_have_no_data_interval():
+    from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher
+
+    from airflow_eo.triggers.events import EoBacklogTrigger
+
+    backlog = Asset("backlog", watchers=[AssetWatcher(name="backlog", trigger=EoBacklogTrigger("p", ["t"]))])
+    schedules = [[backlog], AssetOrTimeSchedule(timetable=CronTriggerTimetable("@hourly", timezone="UTC"),
+                                                assets=[backlog])]
+    for number, schedule in enumerate(schedules):
+        with DAG(f"on_events_{number}", schedule=schedule, start_date=datetime(2026, 1, 1)):
+            with pytest.raises(ConfigurationError, match="asset events .* have none.*mode='continuous'"):
+                op(mode="interval")
+            assert op(task_id="continuous").mode.value == "continuous"  # runs when data arrives
+
+
 def test_the_operator_declares_its_sink_asset_alias_as_outlet():
     with DAG("reuse", schedule=None, start_date=datetime(2026, 1, 1)):
         task = op(task_id="store")

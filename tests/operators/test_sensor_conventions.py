@@ -119,3 +119,30 @@ def test_triggers_poll_their_hooks(monkeypatch):
     sensor = KafkaBacklogSensor(task_id="b", pipeline_id="p", topics="t", min_records=3)
     lags = iter([{"t[0]": 2}])
     assert sensor.poke({}).xcom_value == {"lag": {"t[0]": 2}, "total": 2}
+
+
+def test_the_event_trigger_round_trips_holds_its_hooks_and_refuses_bad_settings():
+    from datetime import timedelta
+
+    from airflow.triggers.base import BaseEventTrigger
+
+    from airflow_eo.core.errors import ConfigurationError
+    from airflow_eo.triggers.events import EoBacklogTrigger
+
+    trigger = roundtrip(EoBacklogTrigger("p", ["b", "a"], min_records=None, max_delay=timedelta(seconds=30),
+                                         min_interval=timedelta(minutes=2), starting_offsets="latest",
+                                         kafka_conn_id="k", offset_store_conn_id="s", poll_interval=1.5))
+    assert isinstance(trigger, BaseEventTrigger)  # what an AssetWatcher accepts
+    assert trigger.serialize()[1] == {"pipeline_id": "p", "topics": ["b", "a"], "min_records": None,
+                                      "max_delay": 30.0, "min_interval": 120.0, "starting_offsets": "latest",
+                                      "kafka_conn_id": "k", "offset_store_conn_id": "s", "poll_interval": 1.5}
+    assert BaseEventTrigger.hash(*trigger.serialize()) == BaseEventTrigger.hash(*roundtrip(trigger).serialize())
+    assert trigger.kafka_hook.kafka_config_id == "k" and trigger.store_hook.offset_store_conn_id == "s"
+    same_poll = EoBacklogTrigger("p", ["a", "b"], min_records=7, max_delay=5, starting_offsets="latest",
+                                 kafka_conn_id="k", offset_store_conn_id="s", poll_interval=1.5)
+    assert same_poll.shared_stream_key() == trigger.shared_stream_key()
+    assert EoBacklogTrigger("p", "a", kafka_conn_id="k").shared_stream_key() != trigger.shared_stream_key()
+    for bad in ({"min_records": 0}, {"min_records": None}, {"max_delay": 0}, {"min_interval": timedelta(0)},
+                {"poll_interval": -1}, {"topics": []}, {"pipeline_id": "no spaces"}):
+        with pytest.raises(ConfigurationError):
+            EoBacklogTrigger(**{"pipeline_id": "p", "topics": ["t"], **bad})
