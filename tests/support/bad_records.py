@@ -3,6 +3,7 @@ kept them, a batch whose dead letters go through the driver, and an older releas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable
@@ -43,6 +44,12 @@ class DriverDeadLetters:
 
     def __init__(self, sink: Any) -> None:
         self._sink = sink
+
+    @property
+    def capabilities(self) -> Any:
+        # A kind that keeps dead letters has the executors' writer (core/abilities.py, DeadLetterTable): this one's
+        # capabilities say it has none, so the engine asks no writer of it.
+        return dataclasses.replace(self._sink.capabilities, dead_letters=False)
 
     def __getattr__(self, name: str) -> Any:
         if name == "dead_letter_writer":
