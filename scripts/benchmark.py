@@ -65,6 +65,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: producers and ground truths
 
+from bench import cdc
+
 from airflow_eo.core.batch import BatchContext, RunRequest, WritePlan
 from airflow_eo.core.config import BadRecordPolicy, Framing, ParseConfig, ValueFormat
 from airflow_eo.core.protocol import run_batch
@@ -107,11 +109,12 @@ DELTA_JOBS = (*DELTA_PEERS, *DELTA_OURS)
 ICEBERG_PEERS = ("spark_iceberg_append", "structured_streaming_iceberg")
 ICEBERG_OURS = ("eo_iceberg_append", "eo_iceberg_merge")
 ICEBERG_JOBS = (*ICEBERG_PEERS, *ICEBERG_OURS)
-PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS, *ICEBERG_PEERS)
+PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS, *ICEBERG_PEERS,
+         *cdc.PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
 OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup", "eo_xa_counts", "eo_kafka_txn",
-        *DEAD_LETTERS, *PG_OURS, *DELTA_OURS, *ICEBERG_OURS)
+        *DEAD_LETTERS, *PG_OURS, *DELTA_OURS, *ICEBERG_OURS, *cdc.OURS)
 #: The peers each job is compared with (a peer with its own kind, too): the same input and output shape. Dead letters
 #: are a row per record into a table, as the events are.
 PEERS_OF = {
@@ -128,6 +131,8 @@ PEERS_OF = {
     # people run today is an append).
     **{name: DELTA_PEERS for name in DELTA_JOBS},
     **{name: ICEBERG_PEERS for name in ICEBERG_JOBS},
+    # Debezium change events applied to a table, against Structured Streaming's foreachBatch into the same database.
+    **cdc.PEERS_OF,
 }
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
@@ -258,6 +263,8 @@ def peak_rss_mb(pid: int) -> float:
 #: the Airflow connection of the Spark the jobs run on (``--spark-conn``); None: local (``AIRFLOW_EO_SPARK_MASTER``
 #: or ``local[*]``)
 SPARK_CONN_ID: str | None = None
+#: ``--cdc-phases``: after each of our change-data-capture jobs, its phases measured apart (scripts/bench/cdc.py)
+CDC_PHASES = False
 
 
 def spark_hook(conf: dict[str, str] | None = None) -> SparkSessionHook:
@@ -726,6 +733,58 @@ def eo_kafka_txn(lines_topic: str, events: int, parallelism: int) -> Job:
                 events, parallelism, schema=None)
 
 
+def _cdc_database(name: str) -> tuple[str, dict[str, Any], list[str]]:
+    """The database of a change-data-capture job, its login and the list its tables are dropped from."""
+    database = cdc.database_of(name)
+    postgres = database == "postgres"
+    return database, pg_kwargs() if postgres else mysql_kwargs(), _made_pg_tables if postgres else _made_tables
+
+
+def cdc_peer(name: str, changes: cdc.Changes, parallelism: int, workdir: Path) -> Job:
+    """``structured_streaming_cdc[_pg]`` (scripts/bench/cdc.py) into a fresh table; it must equal the ground truth."""
+    database, kwargs, made = _cdc_database(name)
+    table = cdc.create_table(database, kwargs, "sscdc")
+    made.append(table)
+    spark = spark_hook().get_conn()
+    starting, _ = spark_offsets(whole_topic(changes.topic))
+    seconds, phases = cdc.structured_streaming_cdc(spark, kafka_stream(spark, changes.topic, starting), database,
+                                                   kwargs, table, parallelism, ROWS_PER_STATEMENT,
+                                                   workdir / f"checkpoint_{table}")
+    cdc.check_target(database, kwargs, table, changes.truth)
+    return Job(name, changes.events, parallelism, seconds, phases)
+
+
+def eo_cdc(name: str, changes: cdc.Changes, parallelism: int, phases: bool = False) -> Job:
+    """``eo_cdc_upsert[_pg]``: our pipeline with ``changes="debezium"`` into a fresh table (the offset store on the
+    sink's database, as ``eo_pg_upsert``); it must equal the ground truth. ``phases``: then measured apart."""
+    database, kwargs, made = _cdc_database(name)
+    table = cdc.create_table(database, kwargs, "eocdc")
+    made.append(table)
+    store = PG_CONN_ID if database == "postgres" else None
+    spec, parse = cdc.sink(database, table, PG_CONN_ID), cdc.parse_config(parallelism)
+    try:
+        job = ours(name, spec, None, changes.topic, changes.events, parallelism, parse=parse, store_conn_id=store)
+        cdc.check_target(database, kwargs, table, changes.truth)
+        if phases:
+            profile = f"bench_cdc_profile_{uuid.uuid4().hex[:8]}"
+            job.phases.update(cdc.profile_ours(engine(parallelism, parse=parse), spark_hook().get_conn(),
+                                               build_sink(spec, profile, store),
+                                               BatchContext(profile, 0, "bench", 0, whole_topic(changes.topic))))
+    finally:
+        cdc.forget_positions(database, kwargs, f"bench_{name}_{changes.topic}")  # ours()'s pipeline id
+    return job
+
+
+def warm_cdc(bootstrap: str, names: Sequence[str], parallelism: int, events: int, workdir: Path) -> None:
+    """The change-data-capture jobs once on a small topic, not timed (as :func:`warm_parse_paths`)."""
+    changes = cdc.produce_changes(bootstrap, events, topic=f"bench_warm_cdc_{uuid.uuid4().hex[:8]}")
+    try:
+        for name in names:
+            (eo_cdc if name in cdc.OURS else lambda n, c, p: cdc_peer(n, c, p, workdir))(name, changes, parallelism)
+    finally:
+        drop_made_tables()
+
+
 # --------------------------------------------------------------------------- Delta Lake, in a process of its own
 
 
@@ -971,23 +1030,35 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
     topic, lines_topic = f"bench_{uuid.uuid4().hex[:8]}", f"bench_lines_{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     wanted = set(only) if only else {*LIMITS, *PEERS, *OURS, EMPTY_BATCH}
-    produced = page_views.produce_page_views(bootstrap, events, topic=topic)
+    cdc_jobs = [name for name in cdc.JOBS if name in wanted]
+    page_jobs = bool(wanted - set(cdc.JOBS))  # the page views and lines: every job but the change-data-capture ones
     avro_topic = f"{topic}_avro"
-    if "eo_xa_events_avro" in wanted:  # the same events, keys and partitions, framed Avro (schema id 2, with ts)
-        ensure_topic(bootstrap, avro_topic)
-        page_views.produce_avro_page_views(bootstrap, avro_topic, produced, schema_ids=(2,))
-    del produced
-    ensure_topic(bootstrap, lines_topic, 3)
-    ip_counts.produce_lines(bootstrap, events, topic=lines_topic)
-    avro = f" (and as Avro to {avro_topic})" if "eo_xa_events_avro" in wanted else ""
-    print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic}{avro} and "
-          f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
+    if page_jobs:
+        produced = page_views.produce_page_views(bootstrap, events, topic=topic)
+        if "eo_xa_events_avro" in wanted:  # the same events, keys and partitions, framed Avro (schema id 2, with ts)
+            ensure_topic(bootstrap, avro_topic)
+            page_views.produce_avro_page_views(bootstrap, avro_topic, produced, schema_ids=(2,))
+        del produced
+        ensure_topic(bootstrap, lines_topic, 3)
+        ip_counts.produce_lines(bootstrap, events, topic=lines_topic)
+        avro = f" (and as Avro to {avro_topic})" if "eo_xa_events_avro" in wanted else ""
+        print(f"[{events:,} events, {parallelism} writers] produced {events:,} page views to {topic}{avro} and "
+              f"{events:,} lines to {lines_topic} in {time.monotonic() - started:.1f}s", flush=True)
+    changes = None
+    if cdc_jobs:
+        started = time.monotonic()
+        changes = cdc.produce_changes(bootstrap, events)
+        print(f"[{events:,} events, {parallelism} writers] produced {events:,} Debezium change events of "
+              f"{changes.keys:,} keys to {changes.topic} ({dict(changes.ops)}; {len(changes.truth):,} rows at the "
+              f"end) in {time.monotonic() - started:.1f}s", flush=True)
     jars = [*(maven_jars(*CONNECTOR_J) or []), *(maven_jars(*PGJDBC) or [])]
     spark = spark_hook({"spark.jars": ",".join(jars)}).get_conn()  # JVM start-up is not measured
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    r_kafka(lines_topic, events, parallelism)  # warm-up, not measured: the first Spark job of a JVM is slow
+    # warm-up, not measured: the first Spark job of a JVM is slow
+    r_kafka(changes.topic if changes is not None and not page_jobs else lines_topic, events, parallelism)
     warm_python_workers(spark, parallelism)
-    warm_parse_paths(bootstrap, parallelism, min(events, 20_000))
+    if page_jobs:
+        warm_parse_paths(bootstrap, parallelism, min(events, 20_000))
     jobs: list[Job] = []
     with tempfile.TemporaryDirectory(prefix="eo_bench_") as tmp:
         runs: list[tuple[str, Callable[[], Job]]] = [
@@ -1015,6 +1086,13 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_pg_two_phase", lambda: eo_pg("eo_pg_two_phase", topic, events, parallelism)),
             (EMPTY_BATCH, lambda: eo_empty_batch(topic, parallelism)),
         ]
+        if changes is not None:
+            cdc_runs: list[tuple[str, Callable[[], Job]]] = [
+                (name, lambda name=name: eo_cdc(name, changes, parallelism, CDC_PHASES)) if name in cdc.OURS else
+                (name, lambda name=name: cdc_peer(name, changes, parallelism, Path(tmp))) for name in cdc.JOBS]
+            # each database's peer, then ours
+            runs += sorted(cdc_runs, key=lambda run: (cdc.database_of(run[0]), run[0] in cdc.OURS))
+            warm_cdc(bootstrap, cdc_jobs, parallelism, min(events, 20_000), Path(tmp))
         memory = DriverMemory(jvm_pid)
         for name, run in runs:
             if name.removesuffix("_lines") not in wanted:
@@ -1141,6 +1219,9 @@ def main() -> None:
     parser.add_argument("--spark-conn", default=None,
                         help="the Airflow connection of the Spark to run on, e.g. spark_cluster (`make spark-cluster`, "
                              "then `. .stack/spark/env`); default: local")
+    parser.add_argument("--cdc-phases", action="store_true",
+                        help="after each of our change-data-capture jobs, run its stages apart (untimed) to report "
+                             "where its time goes (phases p_read, p_parse, p_newest, p_lookup)")
     parser.add_argument("--json", type=Path, help="write the results here (one object per job)")
     parser.add_argument("--chart", type=Path, help="write a PNG chart of records/s here (needs matplotlib)")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
@@ -1149,8 +1230,8 @@ def main() -> None:
     parser.add_argument("--delta", help=argparse.SUPPRESS)  # internal: run the Delta jobs, print their JSON
     parser.add_argument("--iceberg", help=argparse.SUPPRESS)  # internal: the same for the Iceberg jobs
     args = parser.parse_args()
-    global SPARK_CONN_ID
-    SPARK_CONN_ID = args.spark_conn
+    global SPARK_CONN_ID, CDC_PHASES
+    SPARK_CONN_ID, CDC_PHASES = args.spark_conn, args.cdc_phases
     only = [o for o in args.only.split(",") if o]
     if args.empty_batch:
         topic, parallelism = args.empty_batch.rsplit(":", 1)
@@ -1181,7 +1262,8 @@ def main() -> None:
             # Its own process: the driver's peak memory and JVM are this point's alone.
             where = ["--spark-conn", args.spark_conn] if args.spark_conn else []
             child = subprocess.run([sys.executable, __file__, "--point", f"{events}:{parallelism}",
-                                    "--only", args.only, *where], stdout=subprocess.PIPE, text=True)
+                                    "--only", args.only, *where, *(["--cdc-phases"] if args.cdc_phases else [])],
+                                   stdout=subprocess.PIPE, text=True)
             lines = child.stdout.splitlines()
             print("\n".join(line for line in lines if not line.startswith("POINT ")), flush=True)
             if child.returncode != 0:

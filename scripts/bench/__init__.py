@@ -1,0 +1,1 @@
+"""Parts of ``scripts/benchmark.py`` in modules of their own (imported by it: ``scripts/`` is its first path)."""
