@@ -35,7 +35,12 @@ each on the same data and an identical fresh table:
   Delta Lake sink appending (``eo_delta_append``) and MERGE on ``event_id`` (``eo_delta_merge``) into a fresh table
   on the local disk, and the Iceberg sink the same two ways (``eo_iceberg_append``, ``eo_iceberg_merge``). The Delta
   jobs and the Iceberg jobs run in a child process of the point, one per format: Spark takes a format's jars, SQL
-  extension and catalog only when a session starts, and the point's session (the other jobs') starts without them.
+  extension and catalog only when a session starts, and the point's session (the other jobs') starts without them;
+- change data capture (``scripts/bench/cdc.py``), on a topic of its own: N synthetic Debezium change events (70%
+  updates over N / 10 keys, 10% deletes, the rest creates) applied by our pipeline with ``changes="debezium"`` to
+  MySQL (``eo_cdc_upsert``) and PostgreSQL (``eo_cdc_upsert_pg``), each against Structured Streaming's
+  ``foreachBatch`` into the same database through a staging table (``structured_streaming_cdc[_pg]``), every table
+  compared with the events' ground truth; ``--cdc-phases`` measures our job's phases apart.
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
 ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
@@ -750,8 +755,8 @@ def cdc_peer(name: str, changes: cdc.Changes, parallelism: int, workdir: Path) -
     seconds, phases = cdc.structured_streaming_cdc(spark, kafka_stream(spark, changes.topic, starting), database,
                                                    kwargs, table, parallelism, ROWS_PER_STATEMENT,
                                                    workdir / f"checkpoint_{table}")
-    cdc.check_target(database, kwargs, table, changes.truth)
-    return Job(name, changes.events, parallelism, seconds, phases)
+    return Job(name, changes.events, parallelism, seconds, phases,
+               note=cdc.check_target(database, kwargs, table, changes.truth))
 
 
 def eo_cdc(name: str, changes: cdc.Changes, parallelism: int, phases: bool = False) -> Job:
@@ -764,12 +769,13 @@ def eo_cdc(name: str, changes: cdc.Changes, parallelism: int, phases: bool = Fal
     spec, parse = cdc.sink(database, table, PG_CONN_ID), cdc.parse_config(parallelism)
     try:
         job = ours(name, spec, None, changes.topic, changes.events, parallelism, parse=parse, store_conn_id=store)
-        cdc.check_target(database, kwargs, table, changes.truth)
+        job.note = cdc.check_target(database, kwargs, table, changes.truth)
         if phases:
             profile = f"bench_cdc_profile_{uuid.uuid4().hex[:8]}"
             job.phases.update(cdc.profile_ours(engine(parallelism, parse=parse), spark_hook().get_conn(),
                                                build_sink(spec, profile, store),
-                                               BatchContext(profile, 0, "bench", 0, whole_topic(changes.topic))))
+                                               BatchContext(profile, 0, "bench", 0, whole_topic(changes.topic)),
+                                               job.phases))
     finally:
         cdc.forget_positions(database, kwargs, f"bench_{name}_{changes.topic}")  # ours()'s pipeline id
     return job
@@ -1092,7 +1098,8 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
                 (name, lambda name=name: cdc_peer(name, changes, parallelism, Path(tmp))) for name in cdc.JOBS]
             # each database's peer, then ours
             runs += sorted(cdc_runs, key=lambda run: (cdc.database_of(run[0]), run[0] in cdc.OURS))
-            warm_cdc(bootstrap, cdc_jobs, parallelism, min(events, 20_000), Path(tmp))
+            # a tenth of the events: the plans compile at any size (a small setting then pays less for it)
+            warm_cdc(bootstrap, cdc_jobs, parallelism, min(max(events // 10, 100), 20_000), Path(tmp))
         memory = DriverMemory(jvm_pid)
         for name, run in runs:
             if name.removesuffix("_lines") not in wanted:
@@ -1149,7 +1156,7 @@ def rate_point(point: dict[str, Any]) -> None:
 
 def print_point(point: dict[str, Any]) -> None:
     print(f"\n{point['events']:,} events, {point['parallelism']} writers, Spark: {point['spark']}")
-    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>27}{'of limit':>10}"
+    print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>30}{'of limit':>10}"
           f"{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
@@ -1159,7 +1166,7 @@ def print_point(point: dict[str, Any]) -> None:
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
         rss = j["driver_peak_rss_mb"] or {}
         memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
-        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>27}"
+        print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>30}"
               f"{limit:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
 
 

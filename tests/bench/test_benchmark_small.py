@@ -21,7 +21,8 @@ JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch"
         "airflow_consume_from_topic", "spark_jdbc_append_counts", "spark_kafka_writer", "eo_upsert", "eo_xa_events",
         "eo_xa_counts", "eo_kafka_txn", "eo_xa_dead_letters", "eo_xa_dead_letters_via_driver", "eo_empty_batch",
         "r_db_pg", "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase", "eo_xa_events_avro",
-        "eo_xa_events_dedup"}
+        "eo_xa_events_dedup", "structured_streaming_cdc", "eo_cdc_upsert", "structured_streaming_cdc_pg",
+        "eo_cdc_upsert_pg"}
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 
 
@@ -29,7 +30,8 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     only = ",".join(sorted(JOBS - {"r_kafka_lines"}))  # r_kafka's second topic comes with it
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--sizes", "3000",
-                           "--parallelism", "2", "--only", only, "--json", str(out), "--chart", str(png)],
+                           "--parallelism", "2", "--only", only, "--json", str(out), "--chart", str(png),
+                           "--cdc-phases"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     jobs = {job["name"]: job for job in json.loads(out.read_text())}
@@ -70,5 +72,14 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
     assert all(jobs[n]["ratio_to_good_records"] > 0 for n in ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver"))
     assert {"plan", "commit", "finalize", "write"} <= set(jobs["eo_xa_events"]["phases"])
     assert 0 < jobs["eo_upsert"]["protocol_share"] < 1
+    # Debezium change events (3,000 of 300 keys) applied to MySQL and PostgreSQL by us and by Structured Streaming's
+    # foreachBatch with a staging table: each job compared its table with the source's last state, row for row.
+    for name, peer in (("eo_cdc_upsert", "structured_streaming_cdc"),
+                       ("eo_cdc_upsert_pg", "structured_streaming_cdc_pg")):
+        for job in (name, peer):
+            assert jobs[job]["note"].startswith("table = the source's last state ("), jobs[job]
+        assert jobs[name]["peer"] == peer and jobs[peer]["ratio_to_best_peer"] == 1.0
+        assert {"changes", "change_positions", "p_parse", "p_newest", "p_lookup"} <= set(jobs[name]["phases"])
+        assert {"stage", "merge"} == set(jobs[peer]["phases"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "x best peer" in done.stdout and "of limit" in done.stdout
