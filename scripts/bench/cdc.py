@@ -23,8 +23,9 @@ the events are generated; every job's table must equal it row for row before its
   ``ON CONFLICT DO UPDATE`` of the upserts and one ``DELETE .. JOIN`` / ``DELETE .. USING`` of the deletes, in one
   transaction (at least once, no position guard: a replayed micro-batch or an older change re-sent rolls rows back).
 
-``profile_ours`` (``--cdc-phases``) splits our job's time into its phases by running its stages again, untimed, as
-Spark jobs that write nothing (``format("noop")``): read, + parse, + newest per key, + the position look-up.
+``profile_ours`` (``--cdc-phases``) splits our job's time into its phases by running its stages again, untimed: read,
++ parse, + newest per key as Spark jobs that write nothing (``format("noop")``), the position look-up on the driver;
+the output's write is what is left of the job's write job, the positions' write the job's own phase.
 """
 
 from __future__ import annotations
