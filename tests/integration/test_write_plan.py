@@ -35,7 +35,8 @@ class ProjectingUpsert(MySqlUpsertAdapter):
 
 
 def projecting_sink(table: str, bulk_load: bool) -> ProjectingUpsert:
-    return ProjectingUpsert(EoMySqlHook().get_connect_kwargs(), name="ProjectingUpsert", table=table,
+    # The kind it is a variant of: its capabilities are that kind's (core.sinks.KindAdapter).
+    return ProjectingUpsert(EoMySqlHook().get_connect_kwargs(), name="MySqlUpsertSink", table=table,
                             key_columns=("event_id",), updates={}, rows_per_statement=500,
                             dead_letter_table="eo_dead_letter", bulk_load=bulk_load)
 
