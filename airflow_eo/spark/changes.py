@@ -9,10 +9,25 @@ records of its heartbeat and transaction-metadata topics when a pipeline reads t
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.changes import CHANGE_OP, CHANGE_POSITION, DELETE_OP, POSITION_COLUMN, TRUNCATE_OP, UPSERT_OPS
+from airflow_eo.core.abilities import ChangePositions
+from airflow_eo.core.batch import PartitionWriter
+from airflow_eo.core.changes import (
+    CHANGE_OP,
+    CHANGE_POSITION,
+    CHANGE_POSITION_KEY,
+    DEFAULT_DELETE_RETENTION,
+    DELETE_OP,
+    POSITION_COLUMN,
+    TRUNCATE_OP,
+    UPSERT_OPS,
+    position_partition,
+)
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
@@ -21,6 +36,8 @@ from airflow_eo.spark.columns import positional
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
 
 #: The columns this module adds: a change that is no row (skipped), the key's id (16 bytes of a hash of the key
 #: columns' values), and whether the change is its key's newest in the batch.
@@ -225,3 +242,37 @@ def transform_columns() -> list[Column]:
     from pyspark.sql import functions as F
 
     return [F.col(CHANGE_OP), F.lower(F.hex(F.col(POSITION_COLUMN))).alias(CHANGE_POSITION)]
+
+
+@dataclass(frozen=True)
+class PositionPartitions:
+    """The change-position table's writer run as a job's partition writer, numbered apart
+    (:func:`~airflow_eo.core.changes.position_partition`): its branches never take the place of the output's, the
+    dead letters' or the seen ids' of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return CHANGE_POSITION_KEY
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        import pyarrow as pa
+
+        received = list(batches)  # in key order: the table's index takes them page after page (ids are hashes)
+        ordered = pa.Table.from_batches(received).sort_by("key_id").to_batches() if received else []
+        return self.writer(ordered, position_partition(partition), stage_id, attempt_id, agreed)
+
+
+def purge_delete_markers(changes: ChangePositions, pipeline_id: str, limit: int) -> None:
+    """Remove at most ``limit`` delete markers past their retention (by the change's Kafka timestamp), in the
+    sink's own transaction: a purge that waits on another pipeline's locks costs the batch nothing else."""
+    cutoff = int((time.time() - DEFAULT_DELETE_RETENTION.total_seconds()) * 1000)
+    try:
+        purged = changes.purge_delete_markers(pipeline_id, cutoff, limit)
+        if purged:
+            log.info("changes: %s delete marker(s) past retention removed", purged)
+    except Exception:
+        log.warning("changes: could not remove delete markers past retention (the next batch tries again)",
+                    exc_info=True)

@@ -37,7 +37,6 @@ from airflow_eo.core.batch import (
     WriteResult,
     dead_letter_partition,
 )
-from airflow_eo.core.changes import CHANGE_POSITION_KEY, DEFAULT_DELETE_RETENTION, position_partition
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
@@ -47,7 +46,14 @@ from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import spark_offsets
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.core.write_strategy import WriteStrategy, choose_write_strategy
-from airflow_eo.spark.changes import SKIP, newest_changes, position_rows, with_key_ids
+from airflow_eo.spark.changes import (
+    SKIP,
+    PositionPartitions,
+    newest_changes,
+    position_rows,
+    purge_delete_markers,
+    with_key_ids,
+)
 from airflow_eo.spark.columns import named_columns, positional
 from airflow_eo.spark.dedup import (
     DUPLICATE,
@@ -267,10 +273,10 @@ class SparkBatchEngine:
             result = self._execute_around_refusals(spark, newest, payload, batch, sink)
             t1 = time.monotonic()
             written = self.run_partitions(WritePlan(position_rows(newest, batch.pipeline_id, batch.batch_id), self),
-                                          _PositionPartitions(writer))
+                                          PositionPartitions(writer))
             failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
             log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
-            self._purge_delete_markers(changes, batch.pipeline_id)
+            purge_delete_markers(changes, batch.pipeline_id, PURGE_LIMIT)
             read = _observed_counts(observation)
             return ExecutionResult(records_in=result.records_in if read is None else read[0], rows_out=result.rows_out,
                                    dead_letters=result.dead_letters, duplicates=result.duplicates,
@@ -279,17 +285,6 @@ class SparkBatchEngine:
                                             "change_positions": round(time.monotonic() - t1, 3)})
         finally:
             newest.unpersist()
-
-    def _purge_delete_markers(self, changes: ChangePositions, pipeline_id: str) -> None:
-        """Remove a bounded number of delete markers past their retention (by the change's Kafka timestamp)."""
-        cutoff = int((time.time() - DEFAULT_DELETE_RETENTION.total_seconds()) * 1000)
-        try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
-            purged = changes.purge_delete_markers(pipeline_id, cutoff, PURGE_LIMIT)
-            if purged:
-                log.info("changes: %s delete marker(s) past retention removed", purged)
-        except Exception:
-            log.warning("changes: could not remove delete markers past retention (the next batch tries again)",
-                        exc_info=True)
 
     def _strategy(self, spark: SparkSession, parsed: DataFrame, payload: list[str], sink: Sink) -> WriteStrategy:
         # One pass or two, with a vote or not: core/write_strategy.py decides; Spark and the sink are asked
@@ -771,27 +766,6 @@ class _Dedup:
         return ExecutionResult(records_in=result.records_in + self.duplicates, rows_out=result.rows_out,
                                dead_letters=result.dead_letters, duplicates=self.duplicates,
                                xids=[*self.xids, *result.xids], seconds={**self.seconds, **result.seconds})
-
-
-@dataclass(frozen=True)
-class _PositionPartitions:
-    """The change-position table's writer run as a job's partition writer, numbered apart
-    (:func:`~airflow_eo.core.changes.position_partition`): its branches never take the place of the output's, the
-    dead letters' or the seen ids' of the same partition numbers."""
-
-    writer: PartitionWriter
-
-    @property
-    def key_columns(self) -> tuple[str, ...]:
-        return CHANGE_POSITION_KEY
-
-    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
-                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
-        import pyarrow as pa
-
-        received = list(batches)  # in key order: the table's index takes them page after page (ids are hashes)
-        ordered = pa.Table.from_batches(received).sort_by("key_id").to_batches() if received else []
-        return self.writer(ordered, position_partition(partition), stage_id, attempt_id, agreed)
 
 
 @dataclass(frozen=True)
