@@ -19,10 +19,12 @@ TARGET_DDL = ("CREATE TABLE IF NOT EXISTS customers (id INT NOT NULL PRIMARY KEY
               "email VARCHAR(255) NULL, balance BIGINT NOT NULL) ENGINE=InnoDB")
 
 
-def connector_config(postgres: dict[str, Any]) -> dict[str, str]:
-    """Debezium's PostgreSQL connector for the source table (``pgoutput``; Connect's JSON converter without the
-    schema wrapper: both shapes are read), from the PostgreSQL connection's login (the Connect worker keeps it in its
-    config topic: give it a user of its own in production)."""
+def postgres_connector(postgres: dict[str, Any], name: str, table: str, schema: str = "public",
+                       schemas_enable: bool = False) -> dict[str, str]:
+    """Debezium's PostgreSQL connector for ``schema.table`` (``pgoutput``, a publication of that table alone made by
+    Debezium), named ``name`` (also its topic prefix, replication slot and publication), with Connect's JSON converter
+    (``schemas_enable``: its schema/payload wrapper; both shapes are read), from the PostgreSQL connection's login
+    (the Connect worker keeps it in its config topic: give it a user of its own in production)."""
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "tasks.max": "1",
@@ -31,19 +33,25 @@ def connector_config(postgres: dict[str, Any]) -> dict[str, str]:
         "database.user": str(postgres["user"]),
         "database.password": str(postgres["password"]),
         "database.dbname": str(postgres["dbname"]),
-        "topic.prefix": CONNECTOR,
-        "table.include.list": f"public.{SOURCE_TABLE}",
+        "topic.prefix": name,
+        "table.include.list": f"{schema}.{table}",
         "plugin.name": "pgoutput",
-        "slot.name": CONNECTOR,
-        "publication.name": CONNECTOR,
+        "slot.name": name,
+        "publication.name": name,
         "publication.autocreate.mode": "filtered",
+        # A broker that creates no topic on first use: the worker creates the connector's, one partition, one replica.
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "key.converter.schemas.enable": "false",
-        "value.converter.schemas.enable": "false",
+        "key.converter.schemas.enable": str(schemas_enable).lower(),
+        "value.converter.schemas.enable": str(schemas_enable).lower(),
     }
+
+
+def connector_config(postgres: dict[str, Any]) -> dict[str, str]:
+    """The example's connector: ``public.customers`` as ``cdc``, without the converter's wrapper."""
+    return postgres_connector(postgres, CONNECTOR, SOURCE_TABLE)
 
 
 def ensure_target(connect_kwargs: dict[str, Any]) -> None:

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
+from airflow_eo.examples.customers import postgres_connector
+
 REPO = Path(__file__).resolve().parents[2]
 STACK_SCRIPT = REPO / "scripts" / "stack.py"
-POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
-JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 
 
 def stack_connect() -> ModuleType:
@@ -108,32 +108,9 @@ def connector_config(postgres_kwargs: dict[str, Any], name: str, table: str, sch
     streamed (``skipped.operations=none``; Debezium skips them by default), transaction metadata and a heartbeat
     every 500 ms on. ``schemas_enable``: the JSON converter's schema/payload wrapper on keys and values;
     ``overrides``: any other settings."""
-    config = {
-        "connector.class": POSTGRES_CONNECTOR,
-        "tasks.max": "1",
-        "database.hostname": str(postgres_kwargs["host"]),
-        "database.port": str(postgres_kwargs["port"]),
-        "database.user": str(postgres_kwargs["user"]),
-        "database.password": str(postgres_kwargs["password"]),
-        "database.dbname": str(postgres_kwargs["dbname"]),
-        "topic.prefix": name,
-        "table.include.list": f"{schema}.{table}",
-        "plugin.name": "pgoutput",
-        "slot.name": name,
-        "publication.name": name,
-        "publication.autocreate.mode": "filtered",
-        "snapshot.mode": "initial",
-        "skipped.operations": "none",
-        "provide.transaction.metadata": "true",
-        "heartbeat.interval.ms": "500",
-        # The broker creates no topic on first use: the worker creates the connector's, one partition, one replica.
-        "topic.creation.default.replication.factor": "1",
-        "topic.creation.default.partitions": "1",
-        "key.converter": JSON_CONVERTER,
-        "value.converter": JSON_CONVERTER,
-        "key.converter.schemas.enable": str(schemas_enable).lower(),
-        "value.converter.schemas.enable": str(schemas_enable).lower(),
-    }
+    config = {**postgres_connector(postgres_kwargs, name, table, schema, schemas_enable),
+              "snapshot.mode": "initial", "skipped.operations": "none", "provide.transaction.metadata": "true",
+              "heartbeat.interval.ms": "500"}
     config.update(overrides or {})
     return config
 
