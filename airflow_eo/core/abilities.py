@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkabl
 from airflow_eo.core.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from airflow_eo.core.batch import BatchContext, BatchRecord, PartitionWriter
+    from airflow_eo.core.batch import BatchContext, BatchRecord, PartitionWriter, WritePlan, WriteResult
     from airflow_eo.core.dedup import SeenAt
     from airflow_eo.core.refusals import ValueRule
     from airflow_eo.core.xid import Xid
@@ -73,6 +73,9 @@ class SinkCapabilities:
     #: it applies a change stream (``changes=``): keeps each key's last applied source position (and delete markers)
     #: in its database, written with the output, and writes a change only when it is newer
     applies_changes: bool = False
+    #: it applies a change stream in its own table commit (a table format): each row carries the position of the
+    #: change that wrote it in a column of the table, delete markers live in a side table of the same format
+    merges_changes: bool = False
 
     # -- where it lives
     #: the Airflow connection type of its ``conn_id`` (``airflow eo`` may be given another connection of that type
@@ -84,6 +87,11 @@ class SinkCapabilities:
     @property
     def required_driver(self) -> str:
         return self.driver or self.connection_type
+
+    @property
+    def takes_changes(self) -> bool:
+        """Whether a pipeline may read a change stream into it (``changes=``), either way."""
+        return self.applies_changes or self.merges_changes
 
     def abilities(self) -> frozenset[str]:
         """The names of the abilities with a role that this kind declares."""
@@ -188,6 +196,20 @@ class ChangePositions(Protocol):
         """Remove at most ``limit`` delete markers of changes older than ``before_ms``; how many went."""
 
 
+@runtime_checkable
+class ChangeMerges(Protocol):
+    """``merges_changes``: a batch of changes (the row's columns, :data:`~airflow_eo.core.config.DELETE_COLUMN`,
+    :data:`~airflow_eo.core.changes.POSITION_COLUMN` and the record's Kafka timestamp) applied in the table's own
+    commit, the batch's commit point: per key the newest change, when newer than the row's position (a column of the
+    table) and than the key's delete marker (:mod:`airflow_eo.core.changes`)."""
+
+    #: the output table's key: a change names its row by it
+    key_columns: tuple[str, ...]
+
+    def write_changes(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        """Like ``Sink.write`` (the commit point), for a batch of changes."""
+
+
 #: every role, and the ability that comes with it
 ROLES: dict[type, str] = {
     InDoubtSink: "in_doubt_branches",
@@ -198,6 +220,7 @@ ROLES: dict[type, str] = {
     ValueChecks: "value_checks",
     RowRefusals: "refused_rows",
     ChangePositions: "applies_changes",
+    ChangeMerges: "merges_changes",
 }
 _ABILITY_FIELDS = {f.name for f in fields(SinkCapabilities)}
 if not set(ROLES.values()) <= _ABILITY_FIELDS:  # a typo here would make an ability unaskable

@@ -62,6 +62,15 @@ DEFAULT_DELETE_RETENTION = timedelta(days=7)
 #: markers' retention) and the batch that applied it; one row per pipeline and key.
 CHANGE_POSITION_FIELDS = ("pipeline_key", "key_id", "position", "deleted", "changed_at", "batch_id")
 CHANGE_POSITION_KEY = ("pipeline_key", "key_id")
+#: In a table format's target (``merges_changes``): the column the sink adds to the table holding the position of the
+#: change that wrote each row (its 32 lowercase hex digits: text order is position order), and the side table of delete
+#: markers beside the target (its name or path plus this suffix: the key columns, the position, the delete's Kafka
+#: timestamp in :data:`DELETED_AT`).
+TABLE_POSITION_COLUMN = "_eo_change_position"
+DELETE_MARKERS_SUFFIX = "_eo_delete_markers"
+DELETED_AT = "_eo_deleted_at"
+#: The column of a change's Kafka timestamp as the engine passes changes to a table format (a marker's time).
+CHANGED_AT = "kafka_timestamp"
 #: Bytes of a position: two big-endian unsigned 64-bit numbers.
 POSITION_BYTES = 16
 
@@ -138,7 +147,7 @@ def winners(changes: list[Change], applied: Mapping[tuple[object, ...], bytes]) 
     return {key: c for key, c in newest.items() if newer(c.position, applied.get(key))}
 
 
-def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, applies_changes: bool,
+def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, takes_changes: bool,
                   key_columns: tuple[str, ...], accumulating: bool, interval_mode: bool,
                   dedup_key: tuple[str, ...]) -> ChangeFormat | None:
     """The pipeline rules of ``changes=`` (at DAG parse time): the format, and a sink that applies changes by key."""
@@ -149,12 +158,12 @@ def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, applies
     except ValueError:
         raise ConfigurationError(f"changes={changes!r} is not a change format; choose one of "
                                  f"{', '.join(f.value for f in ChangeFormat)}") from None
-    if not applies_changes:
+    if not takes_changes:
         raise ConfigurationError(
             f"changes={chosen.value!r} with {sink_name}: a change stream deletes rows and applies a change only when "
             "its source position is newer than the row's, which this sink does not do (the two-phase sinks delete no "
-            "rows, a topic or table appends). Use MySqlUpsertSink or PostgresUpsertSink with key_columns (the source "
-            "table's primary key): their writes are fenced, and replays are no-ops by the positions")
+            "rows, a topic appends). Use MySqlUpsertSink, PostgresUpsertSink, DeltaTableSink or IcebergTableSink "
+            "with key_columns (the source table's primary key): replays are no-ops by the positions")
     if not key_columns:
         raise ConfigurationError(f"changes={chosen.value!r}: {sink_name} needs key_columns (the source table's "
                                  "primary key): a change names its row by them")

@@ -19,11 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
+from airflow_eo.core.changes import DELETE_MARKERS_SUFFIX, DELETED_AT
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _q
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure, sql_string
+from airflow_eo.lakehouse.changes import ChangeTables, change_merge_statement
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,6 +110,14 @@ class DeltaTableAdapter(TableCommitAdapter):
         Asks the table first: a batch it already has (a retry after a crash past the table commit, a replayed
         interval) is not written again.
         """
+        return self._write(plan, batch, changes=False)
+
+    def write_changes(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        """:meth:`write` for a batch of changes (``airflow_eo/lakehouse/changes.py``): their delete markers first,
+        then one MERGE guarded by the rows' positions, in the commit carrying the batch's identity."""
+        return self._write(plan, batch, changes=True)
+
+    def _write(self, plan: WritePlan, batch: BatchContext, changes: bool) -> WriteResult:
         out: DataFrame = plan.output
         spark = out.sparkSession
         _require_delta_session(spark, self.name)
@@ -116,18 +127,32 @@ class DeltaTableAdapter(TableCommitAdapter):
         if self.table:  # after the check: a replayed batch's run does not start the catalog (a metastore client)
             self._register(spark)
         self.missing_output_columns(out)
-        # An append creates the table in its own commit, unless it also has a name (created with it).
-        if self.log() is None and (self.key_columns or self.table):
-            self._create(spark, out)
-        metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
+        tables = self._change_tables() if changes else None
         # Materialized once for every try (Delta would materialize it in each: the offset-order id makes it not
         # deterministic); its job is the one that reads the batch, and counts its records (the plan's observation).
-        source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        if tables is not None:
+            source = tables.unmarked(spark, tables.newest(out)).localCheckpoint(eager=True)
+            columns = [c for c in source.columns if c not in (DELETE_COLUMN, DELETED_AT)]
+        else:
+            source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+            columns = out.columns
+        # An append creates the table in its own commit, unless it also has a name (created with it).
+        if self.log() is None and (self.key_columns or self.table):
+            self._create(spark, out if tables is None else source.select(*map(_q, columns)))
+        if tables is not None:
+            tables.add_position_column(spark)
+            tables.write_markers(spark, source, lambda merge: self.commit_with_retries(
+                batch.batch_id, merge, _conflict, lambda: False))
+        metadata = json.dumps(_commit_metadata(batch, txn), sort_keys=True)
         failpoint("before_table_commit")
 
         def commit() -> int:
+            if tables is not None:
+                self._merge(spark, source, columns, txn, metadata, changes=True)
+                return self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated",
+                                                       "numTargetRowsDeleted"))
             if self.key_columns:
-                self._merge(spark, source, out.columns, txn, metadata)
+                self._merge(spark, source, columns, txn, metadata)
                 return self._committed_rows(metadata, ("numTargetRowsInserted", "numTargetRowsUpdated"))
             self._append(out, txn, metadata)
             return self._committed_rows(metadata, ("numOutputRows",))
@@ -138,7 +163,14 @@ class DeltaTableAdapter(TableCommitAdapter):
         if rows is None:
             return WriteResult([], 0)
         failpoint("after_table_commit")
+        if tables is not None:
+            tables.purge_markers(spark, batch.batch_id)
         return WriteResult([], rows)
+
+    def _change_tables(self) -> ChangeTables:
+        """The target and its delete markers (a Delta table beside it: ``<path>_eo_delete_markers``)."""
+        markers = f"delta.{_q(self.path.rstrip('/') + DELETE_MARKERS_SUFFIX)}"
+        return ChangeTables(self._path_table, markers, "delta", self.key_columns, self.name)
 
     def _has(self, txn: TableTransaction) -> bool:
         """Whether the table's txn of the batch's app id reached the batch."""
@@ -215,13 +247,14 @@ class DeltaTableAdapter(TableCommitAdapter):
         writer.save(self.path)
 
     def _merge(self, spark: SparkSession, source: DataFrame, columns: Sequence[str], txn: TableTransaction,
-               metadata: str) -> None:
-        """MERGE the batch's :meth:`_merge_source` (materialized) on the key."""
+               metadata: str, changes: bool = False) -> None:
+        """MERGE the batch's :meth:`merge_source` (or newest changes), materialized, on the key."""
         on, sets = self.merge_clauses(columns)
         names, values = ", ".join(map(_q, columns)), ", ".join(f"s.{_q(c)}" for c in columns)
         view = f"_eo_merge_{uuid.uuid4().hex}"
         # SQL, not Delta's Python MERGE builder: over Spark Connect that needs Delta's Connect plugin on the server.
-        statement = (f"MERGE INTO {self._path_table} t USING {view} s ON {on}"
+        statement = (change_merge_statement(self._path_table, view, self.key_columns, columns) if changes else
+                     f"MERGE INTO {self._path_table} t USING {view} s ON {on}"
                      + (f" WHEN MATCHED THEN UPDATE SET {sets}" if sets else "")
                      + f" WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})")
         # MERGE takes the idempotent identity from the session (a batch's confs, restored after it: a later write of

@@ -36,12 +36,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.batch import BatchContext, BatchRecord, WritePlan, WriteResult
+from airflow_eo.core.changes import DELETE_MARKERS_SUFFIX, DELETED_AT
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _quote
 from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure
+from airflow_eo.lakehouse.changes import ChangeTables, change_merge_statement
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -162,6 +165,14 @@ class IcebergTableAdapter(TableCommitAdapter):
         interval) is not written again. The write is staged, then published by a commit that checks the batch is
         not in the table it commits to (the module's docstring); a conflict with another writer is retried.
         """
+        return self._write(plan, batch, changes=False)
+
+    def write_changes(self, plan: WritePlan, batch: BatchContext) -> WriteResult:
+        """:meth:`write` for a batch of changes (``airflow_eo/lakehouse/changes.py``): their delete markers first,
+        then one MERGE guarded by the rows' positions, staged and published as the batch's snapshot."""
+        return self._write(plan, batch, changes=True)
+
+    def _write(self, plan: WritePlan, batch: BatchContext, changes: bool) -> WriteResult:
         out: DataFrame = plan.output
         spark = out.sparkSession
         _require_iceberg_session(spark, self.name, self.table, self.extensions)
@@ -170,15 +181,24 @@ class IcebergTableAdapter(TableCommitAdapter):
         if self._has(txn):
             return WriteResult([], 0)
         self.missing_output_columns(out)
-        self._create(spark, out)
-        properties = snapshot_properties(batch, txn)
+        tables = self._change_tables() if changes else None
         # Materialized once for every try: MERGE INTO refuses a source whose plan is not deterministic (the
         # offset-order id).
-        source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        if tables is not None:
+            newest = tables.newest(out)
+            self._create(spark, newest.drop(DELETE_COLUMN, DELETED_AT))  # its schema: no Spark job
+            source = tables.unmarked(spark, newest).localCheckpoint(eager=True)
+            tables.add_position_column(spark)
+            tables.write_markers(spark, source, lambda merge: self.commit_with_retries(
+                batch.batch_id, merge, _conflict, lambda: False))
+        else:
+            self._create(spark, out)
+            source = self.merge_source(out).localCheckpoint(eager=True) if self.key_columns else out
+        properties = snapshot_properties(batch, txn)
         self.last_snapshot_id = None
 
         def stage_and_publish() -> dict[str, str] | None:
-            staged, summary = self._stage(spark, source, properties, txn)
+            staged, summary = self._stage(spark, source, properties, txn, changes)
             if self._has(txn, staged):  # committed by another attempt since we asked
                 return None
             failpoint("before_table_commit")
@@ -189,6 +209,8 @@ class IcebergTableAdapter(TableCommitAdapter):
         if summary is None:
             return WriteResult([], 0)
         failpoint("after_table_commit")
+        if tables is not None:
+            tables.purge_markers(spark, batch.batch_id)
         # A MERGE's count is its source's (one row per key updates or inserts one row); an append's from its
         # snapshot: no second pass over the output.
         rows = source.count() if self.key_columns else int(summary.get("added-records", 0))
@@ -225,8 +247,13 @@ class IcebergTableAdapter(TableCommitAdapter):
                  self.name, self.table, txn.version, txn.app_id, done)
         return True
 
+    def _change_tables(self) -> ChangeTables:
+        """The target and its delete markers (an Iceberg table beside it: ``<table>_eo_delete_markers``)."""
+        return ChangeTables(_quote_table(self.table), _quote_table(self.table + DELETE_MARKERS_SUFFIX), "iceberg",
+                            self.key_columns, self.name)
+
     def _stage(self, spark: SparkSession, source: DataFrame, properties: Mapping[str, str],
-               txn: TableTransaction) -> tuple[Any, dict[str, str]]:
+               txn: TableTransaction, changes: bool = False) -> tuple[Any, dict[str, str]]:
         """Write the batch as a staged snapshot (Spark stages instead of committing: ``spark.wap.id`` on a table with
         ``write.wap.enabled``): ``(its snapshot, its summary)``, read back with pyiceberg by its stage token."""
         token = uuid.uuid4().hex
@@ -234,7 +261,7 @@ class IcebergTableAdapter(TableCommitAdapter):
         spark.conf.set(WAP_ID_CONF, wap_id(txn))
         try:
             if self.key_columns:
-                self._merge(spark, source, properties)
+                self._merge(spark, source, properties, changes)
             else:
                 writer = source.writeTo(_quote_table(self.table))
                 for key, value in properties.items():
@@ -301,7 +328,8 @@ class IcebergTableAdapter(TableCommitAdapter):
             return self._create(spark, out)  # sets write.wap.enabled if that writer did not
         log.info("%s: created the Iceberg table %s from the output's schema", self.name, self.table)
 
-    def _merge(self, spark: SparkSession, source: DataFrame, properties: Mapping[str, str]) -> None:
+    def _merge(self, spark: SparkSession, source: DataFrame, properties: Mapping[str, str],
+               changes: bool = False) -> None:
         """``MERGE INTO`` the table, its snapshot carrying ``properties``: Iceberg takes them from
         ``CommitMetadata.withCommitProperties``, a thread-local of the JVM thread that runs the callable. The MERGE
         runs inside it as a Python callback: pyspark's pinned-thread gateway runs a callback's calls back into the
@@ -316,6 +344,9 @@ class IcebergTableAdapter(TableCommitAdapter):
         matched = f" WHEN MATCHED THEN UPDATE SET {sets}" if sets else ""
         statement = (f"MERGE INTO {_quote_table(self.table)} t USING {view} s ON {on}{matched} "
                      "WHEN NOT MATCHED THEN INSERT *")
+        if changes:
+            columns = [c for c in source.columns if c not in (DELETE_COLUMN, DELETED_AT)]
+            statement = change_merge_statement(_quote_table(self.table), view, self.key_columns, columns)
         jvm = spark._jvm
         assert jvm is not None
         ensure_callback_server_started(spark.sparkContext._gateway)

@@ -12,14 +12,15 @@ from airflow_eo.core.sinks import SinkSpec
 def table_commit_capabilities(driver: str) -> SinkCapabilities:
     """What a table-format kind can do: its commit, made in ``write`` after the job that writes its files and only
     if every task of it succeeded, is the commit point (a task that fails on a bad record commits nothing); appends
-    and ``add`` updates accumulate; a replayed interval finds its commit in the table.
+    and ``add`` updates accumulate; a replayed interval finds its commit in the table; with ``key_columns``, a change
+    stream is merged in the same commit (``airflow_eo/lakehouse/changes.py``).
 
     :param driver: the registered driver that reads the table's log on the Airflow worker (``delta``: deltalake,
         ``iceberg``: pyiceberg).
     """
     return SinkCapabilities(owns_commit_point=True, writes_visible_before_commit=True,
                             commits_only_after_write_job=True, accumulates=True, appends=True, interval_replay=True,
-                            table_commits=True, driver=driver)
+                            table_commits=True, merges_changes=True, driver=driver)
 
 
 class LakehouseTableSpec(SinkSpec):

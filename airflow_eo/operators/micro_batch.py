@@ -207,7 +207,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.key_protobuf_message = key_protobuf_message
         self.dedup_key = (dedup_key,) if isinstance(dedup_key, str) else tuple(dedup_key or ())
         self.dedup_retention = dedup_retention
-        self.changes = check_changes(changes, sink_name=sink.name, applies_changes=sink.capabilities.applies_changes,
+        self.changes = check_changes(changes, sink_name=sink.name, takes_changes=sink.capabilities.takes_changes,
                                      key_columns=sink.row_key, accumulating=sink.accumulating,
                                      interval_mode=mode is Mode.INTERVAL, dedup_key=self.dedup_key)
         if self.changes is not None and transform is not None:

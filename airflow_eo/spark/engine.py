@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.arrow_files import KeptBatches
-from airflow_eo.core.abilities import ChangePositions, DeadLetterTable, RowRefusals, SeenIds, has_role, role
+from airflow_eo.core.abilities import (
+    ChangeMerges,
+    ChangePositions,
+    DeadLetterTable,
+    RowRefusals,
+    SeenIds,
+    has_role,
+    role,
+)
 from airflow_eo.core.batch import (
     DEAD_LETTER_FIELDS,
     BatchContext,
@@ -37,6 +45,7 @@ from airflow_eo.core.batch import (
     WriteResult,
     dead_letter_partition,
 )
+from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
@@ -79,7 +88,7 @@ from airflow_eo.spark.refused_rows import (
 from airflow_eo.spark.session import is_connect
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +263,16 @@ class SparkBatchEngine:
         when newer than the position the sink recorded for the key, is written (an upsert of its row, or a delete);
         then the positions of what was written, in the sink's change-position table (each task its own branch /
         fenced transaction, after the output's: a position is never recorded without its write). Kept by Spark
-        between the two jobs, so the records are read and decided once."""
+        between the two jobs, so the records are read and decided once. A table format (``merges_changes``) does all
+        of it in its own commit (``airflow_eo/lakehouse/changes.py``): one job reads, checks and hands it the rows."""
         from pyspark import StorageLevel
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        if has_role(sink, ChangeMerges):  # a table format: positions and deletes go with its own commit
+            merges = role(sink, ChangeMerges, "changes")
+            return self._write_failing_on_bad_records(parsed, [*payload, POSITION_COLUMN, CHANGED_AT], batch, sink,
+                                                      keep=~F.col(SKIP), write=merges.write_changes)
         changes = role(sink, ChangePositions, "changes")
         t0 = time.monotonic()
         writer = changes.position_writer(batch)  # creates the table first: the look-ups read it
@@ -445,13 +459,16 @@ class SparkBatchEngine:
         return ExecutionResult(records_in=records_in, rows_out=written.rows, dead_letters=bad, xids=xids,
                                seconds=seconds)
 
-    def _write_failing_on_bad_records(self, parsed: DataFrame, payload: list[str], batch: BatchContext,
-                                      sink: Sink) -> ExecutionResult:
+    def _write_failing_on_bad_records(self, parsed: DataFrame, payload: list[str], batch: BatchContext, sink: Sink,
+                                      keep: Column | None = None,
+                                      write: Callable[[WritePlan, BatchContext], WriteResult] | None = None
+                                      ) -> ExecutionResult:
         """One pass into a sink that commits only after its write job ran whole (a table format's commit): the job's
         first task that reads a bad record fails (Spark's ``raise_error``), so the job fails and the sink commits
         nothing; the records are counted on the job's way (observed metrics). Measured at 1,000,000 page views into
         Delta and Iceberg: the first pass of the two was 40 % of the batch. After the failure the batch is counted
-        and the first bad record named, as the two passes do."""
+        and the first bad record named, as the two passes do. ``keep``: the records that are rows (counted or not);
+        ``write``: the sink's write of this output (default ``sink.write``)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -460,11 +477,14 @@ class SparkBatchEngine:
         where = F.concat(F.lit(f"{BAD_RECORD_MARK} "), F.col("kafka_topic"), F.lit("["),
                          F.col("kafka_partition").cast("string"), F.lit("] offset "),
                          F.col("kafka_offset").cast("string"), F.lit(": "), F.col("_eo_error"))
-        good = parsed.observe(observation, *_record_counts()).where(
+        observed = parsed.observe(observation, *_record_counts())
+        if keep is not None:
+            observed = observed.where(keep)
+        good = observed.where(
             F.when(F.col("_eo_error").isNull(), F.lit(True)).otherwise(F.raise_error(where))).select(
             *named_columns(payload))  # no transform: the payload is the output
         try:
-            written = sink.write(WritePlan(good, self, observation=observation), batch)
+            written = (write or sink.write)(WritePlan(good, self, observation=observation), batch)
         except Exception as exc:
             if BAD_RECORD_MARK not in str(exc):
                 raise

@@ -77,7 +77,7 @@ def test_the_position_writers_branches_are_numbered_apart_from_every_other_write
     assert not set(numbers.values()) & taken
 
 
-CHECKED = dict(sink_name="MySqlUpsertSink", applies_changes=True, key_columns=("id",), accumulating=False,
+CHECKED = dict(sink_name="MySqlUpsertSink", takes_changes=True, key_columns=("id",), accumulating=False,
                interval_mode=False, dedup_key=())
 
 
@@ -87,7 +87,7 @@ def test_changes_are_read_by_a_sink_that_applies_them_by_key():
 
 
 @pytest.mark.parametrize(("override", "said"), [
-    ({"applies_changes": False}, "which this sink does not do"),
+    ({"takes_changes": False}, "which this sink does not do"),
     ({"key_columns": ()}, "needs key_columns"),
     ({"accumulating": True}, "'add' updates"),
     ({"interval_mode": True}, "mode='continuous'"),

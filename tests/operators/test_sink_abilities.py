@@ -82,7 +82,7 @@ def test_the_abilities_of_the_built_in_kinds(adapters):
         "MySqlUpsertSink": upsert, "PostgresUpsertSink": upsert,
         "MySqlXaSink": sorted([*sql, "in_doubt_branches"]), "PostgresTwoPhaseSink": sorted([*sql, "in_doubt_branches"]),
         "KafkaTransactionalSink": ["consumer_group"],
-        "DeltaTableSink": ["table_commits"], "IcebergTableSink": ["table_commits"],
+        "DeltaTableSink": ["merges_changes", "table_commits"], "IcebergTableSink": ["merges_changes", "table_commits"],
     }
     owners = {name for name, kind in sink_kinds().items() if kind.capabilities.owns_commit_point}
     assert owners == {"KafkaTransactionalSink", "DeltaTableSink", "IcebergTableSink"}
