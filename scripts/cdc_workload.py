@@ -1,12 +1,14 @@
 """The change-data-capture example's source side (DAG ``customers_cdc``): creates ``public.customers`` on the stack's
 PostgreSQL, registers Debezium's connector ``cdc`` for it on the Kafka Connect worker (``make connect``) through
 Connect's REST API, and changes the table: inserts, updates, deletes and primary-key changes, each its own
-transaction or a few in one. ``--compare`` prints the source and the MySQL target side by side.
+transaction or a few in one. ``--compare`` prints the source and the MySQL target side by side; ``--compare --delta
+PATH`` the source and the Delta table at PATH (DAG ``customers_cdc_delta``), read with delta-rs.
 
 Usage (after ``make up``, ``make connect`` and ``. .stack/env``)::
 
     python scripts/cdc_workload.py --changes 500          # register (once), then 500 changes
     python scripts/cdc_workload.py --compare              # after a run of the DAG: are the two tables equal?
+    python scripts/cdc_workload.py --compare --delta /tmp/airflow_eo/lakehouse/delta/customers
 """
 
 from __future__ import annotations
@@ -73,19 +75,26 @@ def workload(postgres: dict, changes: int, seed: int) -> None:
     print(f"{changes} changes; the source has {len(ids)} rows")
 
 
-def compare(postgres: dict, mysql: dict) -> int:
+def compare(postgres: dict, mysql: dict | None, delta: str | None) -> int:
     import psycopg
-    import pymysql
 
     with psycopg.connect(**postgres, autocommit=True) as conn:
         source = {tuple(r) for r in conn.execute("SELECT id, name, email, balance FROM customers").fetchall()}
-    target_conn = pymysql.connect(**mysql, autocommit=True)
-    try:
-        with target_conn.cursor() as cur:
-            cur.execute("SELECT id, name, email, balance FROM customers")
-            target = {tuple(r) for r in cur.fetchall()}
-    finally:
-        target_conn.close()
+    if delta:
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(delta).to_pyarrow_table(columns=["id", "name", "email", "balance"]).to_pylist()
+        target = {(r["id"], r["name"], r["email"], r["balance"]) for r in rows}
+    else:
+        import pymysql
+
+        target_conn = pymysql.connect(**(mysql or {}), autocommit=True)
+        try:
+            with target_conn.cursor() as cur:
+                cur.execute("SELECT id, name, email, balance FROM customers")
+                target = {tuple(r) for r in cur.fetchall()}
+        finally:
+            target_conn.close()
     print(f"source {len(source)} rows, target {len(target)} rows; only in the source: {len(source - target)}, "
           f"only in the target: {len(target - source)}")
     return 0 if source == target else 1
@@ -96,13 +105,15 @@ def main() -> int:
     parser.add_argument("--changes", type=int, default=200, help="changes to make (0: none)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--compare", action="store_true", help="only compare the source and the target")
+    parser.add_argument("--delta", help="with --compare: the Delta table's path (DAG customers_cdc_delta)")
     args = parser.parse_args()
     from airflow_eo.hooks.mysql import EoMySqlHook
     from airflow_eo.hooks.postgres import EoPostgresHook
 
     postgres = EoPostgresHook("postgres_default").get_connect_kwargs()
     if args.compare:
-        return compare(postgres, EoMySqlHook("mysql_default").get_connect_kwargs())
+        return compare(postgres, None if args.delta else EoMySqlHook("mysql_default").get_connect_kwargs(),
+                       args.delta)
     import psycopg
 
     with psycopg.connect(**postgres, autocommit=True) as conn:
