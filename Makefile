@@ -60,13 +60,13 @@ spark-cluster-down:
 demo: up
 	. .stack/env && $(PY) scripts/demo.py
 
-# The benchmark of the README: our sinks, the at-least-once peers and the limits on 1,000,000 events;
+# The benchmark of docs/explanation/benchmark.md: our sinks, the at-least-once peers and the limits on 1,000,000 events;
 # BENCH_ARGS to change it (e.g. BENCH_ARGS="--sizes 10000,100000,1000000 --parallelism 2,4").
 BENCH_ARGS ?= --sizes 1000000 --json bench.json --chart docs/benchmark.png
 bench: up
 	. .stack/env && $(PY) scripts/benchmark.py $(BENCH_ARGS)
 
-# The soak of the README's "Faults it is tested under": hours with the defaults (1,000,000 events, 100 kills).
+# The soak of docs/explanation/faults.md: hours with the defaults (1,000,000 events, 100 kills).
 SOAK_ARGS ?= --events 1000000 --kills 100
 soak: up
 	. .stack/env && $(PY) scripts/soak.py $(SOAK_ARGS)
