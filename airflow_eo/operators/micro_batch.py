@@ -75,7 +75,7 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
     :param value_format: ``json`` (with ``schema``), ``string``, ``bytes``, ``avro`` (with ``avro_schema`` and
-        ``framing``) or ``protobuf`` (with ``protobuf_descriptor``, ``protobuf_message`` and ``framing``). See the
+        ``framing``) or ``protobuf`` (with ``protobuf_descriptor``, ``protobuf_message`` and ``framing``). See
         docs/how-to/topic-formats.md.
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required. (templated)
     :param key_format: ``bytes`` (default: the raw key in ``kafka_key`` only), ``string``, ``json`` (with
