@@ -6,6 +6,7 @@ stays short with links that resolve."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -89,6 +90,18 @@ def test_every_python_sample_parses():
     assert not broken, "Python samples that do not parse:\n" + "\n".join(broken)
 
 
+def test_every_json_sample_is_json():
+    samples = blocks("json")
+    assert samples, "the docs' JSON samples were not found"
+    broken = []
+    for block in samples:
+        try:
+            json.loads(block.code)
+        except json.JSONDecodeError as exc:
+            broken.append(f"{block.where()} (+{exc.lineno}): {exc.msg}")
+    assert not broken, "JSON samples that do not parse:\n" + "\n".join(broken)
+
+
 def test_every_complete_dag_sample_builds_its_dag(tmp_path):
     """A sample written as a whole DAG file runs as the DAG processor would run it: the operator's parse-time
     checks (sink x mode x options) pass and a DAG comes out."""
@@ -135,6 +148,28 @@ def test_every_airflow_eo_line_names_a_real_subcommand_and_options():
         known = {flag for action in parsers[sub]._actions for flag in action.option_strings}
         wrong += [f"{block.where()}: `{line}`: airflow eo {sub} has no option {word}"
                   for word in words[3:] if word.startswith("-") and word.split("=")[0] not in known]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_airflow_eo_command_in_the_text_exists():
+    """The commands named in running text and tables (`airflow eo status|recover`, `airflow eo rewind PIPELINE
+    --to-earliest\\|--to-latest ...`): each subcommand, and each option spelled out, exists."""
+    parsers = docs_site.eo_parsers()
+    spans = [(path, span) for path in markdown_files()
+             for span in re.findall(r"`airflow eo ([^`]+)`", FENCE.sub("", path.read_text()))]
+    assert len(spans) >= 20, "the docs' `airflow eo ...` mentions were not found"
+    wrong = []
+    for path, span in spans:
+        words = span.replace("\\|", " ").split()
+        if words[0] == "...":
+            continue
+        for sub in words[0].split("|"):
+            if sub not in parsers:
+                wrong.append(f"{path.relative_to(REPO)}: `airflow eo {span}`: no subcommand {sub!r}")
+                continue
+            known = {flag for action in parsers[sub]._actions for flag in action.option_strings}
+            wrong += [f"{path.relative_to(REPO)}: `airflow eo {span}`: airflow eo {sub} has no option {flag}"
+                      for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", " ".join(words[1:])) if flag not in known]
     assert not wrong, "\n".join(wrong)
 
 
