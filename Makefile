@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status connect demo bench soak test lint clean postgres chromium java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status connect demo bench soak test lint docs docs-serve clean postgres chromium java maven spark-cluster spark-cluster-down
 
 venv: $(STAMP)
 
@@ -60,13 +60,13 @@ spark-cluster-down:
 demo: up
 	. .stack/env && $(PY) scripts/demo.py
 
-# The benchmark of the README: our sinks, the at-least-once peers and the limits on 1,000,000 events;
+# The benchmark of docs/explanation/benchmark.md: our sinks, the at-least-once peers and the limits on 1,000,000 events;
 # BENCH_ARGS to change it (e.g. BENCH_ARGS="--sizes 10000,100000,1000000 --parallelism 2,4").
 BENCH_ARGS ?= --sizes 1000000 --json bench.json --chart docs/benchmark.png
 bench: up
 	. .stack/env && $(PY) scripts/benchmark.py $(BENCH_ARGS)
 
-# The soak of the README's "Faults it is tested under": hours with the defaults (1,000,000 events, 100 kills).
+# The soak of docs/explanation/faults.md: hours with the defaults (1,000,000 events, 100 kills).
 SOAK_ARGS ?= --events 1000000 --kills 100
 soak: up
 	. .stack/env && $(PY) scripts/soak.py $(SOAK_ARGS)
@@ -97,6 +97,15 @@ lint: venv
 	$(PY) -m ruff check airflow_eo dags tests scripts examples
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml, docs/; docs/development/building-docs.md): built into site/ with --strict, so
+# a warning, a broken link or a missing anchor fails; served on loopback only (DOCS_PORT to change the port).
+DOCS_PORT ?= 8000
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # .stack, and the folder under /var/tmp that holds PostgreSQL's data when the clone's folder is closed to others.
 clean: spark-cluster-down

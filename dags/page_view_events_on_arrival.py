@@ -1,5 +1,5 @@
 """Every page-view event once in ``page_view_events_on_arrival``, soon after it arrives: runs started by records,
-not by a clock (Airflow 3's event-driven scheduling; README, "Event-driven runs").
+not by a clock (Airflow 3's event-driven scheduling; docs/how-to/event-driven-runs.md).
 
 The DAG is scheduled on an asset whose ``AssetWatcher`` runs ``EoBacklogTrigger`` in the triggerer: every second it
 reads the pipeline's unfinished batches and committed offsets from the offset store and the end offsets of topic

@@ -7,7 +7,8 @@ under the folder ``$AIRFLOW_EO_LAKEHOUSE`` (default ``/tmp/airflow_eo/lakehouse`
 ``s3a://lake`` works too, with its credentials in ``spark.hadoop.*``): ``<lakehouse>/delta/page_view_events``, and
 the Hadoop catalog ``lake`` at ``<lakehouse>/iceberg`` with the table ``lake.events.page_view_events``. Two DAGs,
 not two tasks of one: each table format adds its package and SQL extension to the Spark session, which a task's
-process starts once. A ``MERGE`` (``key_columns``, ``updates``) is one argument away: README, "Lakehouse tables".
+process starts once. A ``MERGE`` (``key_columns``, ``updates``) is one argument away: docs/how-to/delta.md,
+docs/how-to/iceberg.md.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ for dag_id, sink in SINKS.items():
         tags=["airflow_eo", "example", "lakehouse"],
         doc_md=__doc__,
         # Where Spark runs: "" = local[*] in the task; a spark connection (a cluster) or a spark_connect one (its
-        # server started with the table format's jars and SQL extension: README, "Lakehouse tables").
+        # server started with the table format's jars and SQL extension: docs/how-to/delta.md).
         params={"spark_conn_id": Param("", type="string", description="spark connection id")},
     ):
         KafkaMicroBatchOperator(

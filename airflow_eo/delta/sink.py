@@ -335,7 +335,7 @@ def _require_delta_session(spark: SparkSession, name: str) -> None:
         raise ConfigurationError(
             f"{name}: the Spark Connect server runs without Delta Lake (spark.sql.extensions={extensions!r}); a "
             "client cannot add jars or SQL extensions to it. Start the server with Delta's jars and its "
-            "spark.sql.extensions / spark.sql.catalog.spark_catalog (README, Lakehouse tables)")
+            "spark.sql.extensions / spark.sql.catalog.spark_catalog (docs/how-to/delta.md)")
     if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
         raise ConfigurationError(
             f"{name}: the Spark session runs without Delta Lake (spark.sql.extensions={extensions!r}); it was "

@@ -444,7 +444,7 @@ def _require_iceberg_session(spark: SparkSession, name: str, table: str, needed:
         raise ConfigurationError(
             f"{name}: the Spark Connect server runs without Iceberg (spark.sql.extensions={extensions!r}); a client "
             "cannot add jars or SQL extensions to it. Start the server with Iceberg's runtime jar and "
-            f"spark.sql.extensions={needed} (README, Lakehouse tables)")
+            f"spark.sql.extensions={needed} (docs/how-to/iceberg.md)")
     if needed not in extensions or not spark.conf.get(f"spark.sql.catalog.{catalog}", ""):
         raise ConfigurationError(
             f"{name}: the Spark session runs without Iceberg's extensions or the catalog {catalog!r} "

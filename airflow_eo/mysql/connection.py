@@ -158,7 +158,8 @@ def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
         # pymysql tries TLS unverified and falls back to plaintext); also a JSON text, as Airflow's MySQL hook takes.
         kwargs["ssl"] = json.loads(tls) if isinstance(tls, str) else dict(tls)
     if not verified_tls(kwargs.get("ssl")):
-        warn_unverified_tls(info, "MySQL", 'put {"ssl": {"ca": "/path/to/ca.pem"}} in its extra (README, "Security")')
+        warn_unverified_tls(info, "MySQL",
+                            'put {"ssl": {"ca": "/path/to/ca.pem"}} in its extra (docs/how-to/security.md)')
     if _true(extra.get("enable_cleartext_plugin")):
         kwargs["enable_cleartext_plugin"] = True
     return kwargs

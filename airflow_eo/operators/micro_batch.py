@@ -75,8 +75,8 @@ class KafkaMicroBatchOperator(BaseOperator):
     :param transform: ``(DataFrame, BatchContext) -> DataFrame`` callable, its dotted path,
         or Spark SQL over the ``kafka_batch`` view; None writes the parsed columns.
     :param value_format: ``json`` (with ``schema``), ``string``, ``bytes``, ``avro`` (with ``avro_schema`` and
-        ``framing``) or ``protobuf`` (with ``protobuf_descriptor``, ``protobuf_message`` and ``framing``). See the
-        README, "Topic formats".
+        ``framing``) or ``protobuf`` (with ``protobuf_descriptor``, ``protobuf_message`` and ``framing``). See
+        docs/how-to/topic-formats.md.
     :param schema: Spark DDL of JSON values; ``NOT NULL`` fields are required. (templated)
     :param key_format: ``bytes`` (default: the raw key in ``kafka_key`` only), ``string``, ``json`` (with
         ``key_schema`` as Spark DDL), ``avro`` (with ``key_schema`` as an Avro record schema, framed as the
@@ -111,7 +111,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         event was already seen (earlier in the batch, or by a committed batch within ``dedup_retention``) is a copy
         re-sent by an at-least-once producer and is dropped before the transform, counted as ``duplicates``. The ids
         are kept in the sink's database (``eo_seen_ids``), committed with the output. MySQL/MariaDB and PostgreSQL
-        sinks, continuous mode (README, "Duplicates").
+        sinks, continuous mode (docs/how-to/duplicates.md).
     :param dedup_retention: how long, in record (Kafka timestamp) time, an event id is remembered; default 7 days.
     :param changes: ``"debezium"``: each value is a Debezium change event of a source table (JSON, with or without
         the converter's ``schema``/``payload`` wrapper) and ``schema`` is the row's columns (Spark DDL). A create,
@@ -120,7 +120,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         row (``eo_change_positions`` in the sink's database, committed with the output; deletes leave a marker kept 7
         days), so re-sent changes, re-snapshots and replays never roll a row back. Debezium's tombstones, heartbeats
         and transaction records are skipped. The SQL sinks with ``key_columns`` (the source's primary key),
-        overwriting updates, continuous mode, no transform (README, "Change data capture").
+        overwriting updates, continuous mode, no transform (docs/change-data-capture.md).
     :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
         with ``offsets_for_times``; backfills and clears replay intervals, so only the upsert sinks,
@@ -421,7 +421,7 @@ def _check_timetable_has_intervals(timetable: Any, dag_id: str) -> None:
             f"DAG {dag_id!r}: mode='interval' processes a run's data interval, and the runs this schedule starts on "
             "asset events (an AssetWatcher such as EoBacklogTrigger's, or another DAG's asset) have none. For runs "
             "when data arrives use mode='continuous' (each run takes what arrived since the last batch); keep "
-            "interval mode, and its backfills, on a time schedule (README, \"Event-driven runs\")."
+            "interval mode, and its backfills, on a time schedule (docs/how-to/event-driven-runs.md)."
         )
     if type(timetable).__name__.endswith("TriggerTimetable") and not getattr(timetable, "interval", None):
         raise ConfigurationError(

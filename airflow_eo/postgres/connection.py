@@ -35,7 +35,7 @@ def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
             kwargs[name] = info.extra[name]
     if kwargs.get("sslmode") not in VERIFIED_SSLMODES:
         warn_unverified_tls(info, "PostgreSQL", 'put "sslmode": "verify-full" and "sslrootcert": "/path/to/ca.pem" in '
-                            'its extra (README, "Security")')
+                            'its extra (docs/how-to/security.md)')
     return kwargs
 
 

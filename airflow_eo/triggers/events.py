@@ -1,5 +1,5 @@
 """Runs when data arrives: :class:`EoBacklogTrigger`, the trigger of an Airflow 3 ``AssetWatcher`` (DESIGN section
-17; README, "Event-driven runs").
+17; docs/how-to/event-driven-runs.md).
 
 Every look reads the pipeline's unfinished batches and committed offsets from the store, then the broker's offsets
 (and, with ``max_delay``, one record per partition behind, for its timestamp): reads only, nothing committed, no
