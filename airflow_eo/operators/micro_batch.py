@@ -210,9 +210,6 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.changes = check_changes(changes, sink_name=sink.name, takes_changes=sink.capabilities.takes_changes,
                                      key_columns=sink.row_key, accumulating=sink.accumulating,
                                      interval_mode=mode is Mode.INTERVAL, dedup_key=self.dedup_key)
-        if self.changes is not None and transform is not None:
-            raise ConfigurationError(f"changes={self.changes.value!r} works without a transform (the written rows are "
-                                     "the source's rows, a delete's row named by its key); drop the transform")
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO

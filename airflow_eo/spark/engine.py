@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.arrow_files import KeptBatches
@@ -61,6 +61,7 @@ from airflow_eo.spark.changes import (
     newest_changes,
     position_rows,
     purge_delete_markers,
+    transform_changes,
     with_key_ids,
 )
 from airflow_eo.spark.columns import named_columns, positional
@@ -147,6 +148,9 @@ class SparkBatchEngine:
     connect_early: bool = False
     #: Writer schemas of Confluent-framed Avro by id, for ids not in ``parse.writer_schemas`` (a schema registry).
     schema_lookup: Callable[[int], str | None] | None = None
+    #: the parsed rows are a transform's output already (a transform over changes): a row the table refuses is no
+    #: record, so it fails the batch
+    rows_transformed: bool = False
     # The session and the running batch's job tag, for cancel() (on_kill); a batch's write is described by its
     # WritePlan, not by engine state.
     _job_tag: str | None = field(default=None, init=False)
@@ -200,6 +204,8 @@ class SparkBatchEngine:
             if self.transform is None:  # a record is a row of the table: what the table refuses, it is refused here
                 parsed = refuse_unstorable(parsed, payload, sink)
             if self.parse.changes is not None:  # a change applies when it is its key's newest and newer than its row
+                if self.transform is not None:
+                    return self._apply_transformed_changes(spark, parsed, payload, batch, sink)
                 return self._apply_changes(spark, parsed, payload, batch, sink)
             if self.parse.dedup_key:  # copies of events already seen are dropped before anything else sees them
                 in_tasks = self._dedup_in_write_tasks(spark, parsed, payload, batch, sink)
@@ -228,7 +234,7 @@ class SparkBatchEngine:
                 if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
                 table = role(sink, RowRefusals).output_table
-                if self.transform is not None:
+                if self.transform is not None or self.rows_transformed:
                     raise BadRecordError(
                         f"table {table} refused a row of the transform's output: {refused.error}. A transformed row "
                         "is not one record, so it cannot become a dead letter: nothing was committed. Change the "
@@ -256,6 +262,20 @@ class SparkBatchEngine:
                 parsed = mark_refused(parsed, found, table)
         raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
                              f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")
+
+    def _apply_transformed_changes(self, spark: SparkSession, parsed: DataFrame, payload: list[str],
+                                   batch: BatchContext, sink: Sink) -> ExecutionResult:
+        """:meth:`_apply_changes` of the transform's output (:func:`~airflow_eo.spark.changes.transform_changes`),
+        by an engine without the transform: a row the table refuses then fails the batch (a transformed row is not
+        one record). Every record read counts, those the transform dropped too (a job of its own)."""
+        keys = (role(sink, ChangeMerges, "changes") if has_role(sink, ChangeMerges)
+                else role(sink, ChangePositions, "changes")).key_columns
+        changes, columns = transform_changes(parsed, payload, keys,
+                                             lambda seen: self._apply_transform(spark, seen, batch),
+                                             metadata_columns(self.parse))
+        result = replace(self, transform=None, rows_transformed=True)._apply_changes(spark, changes, columns, batch,
+                                                                                       sink)
+        return replace(result, records_in=_count(parsed)[0])
 
     def _apply_changes(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                        sink: Sink) -> ExecutionResult:
