@@ -194,6 +194,10 @@ class ChangePositions(Protocol):
         """The applied positions of the given key ids (picklable: the executors call it)."""
     def purge_delete_markers(self, pipeline_id: str, before_ms: int, limit: int) -> int:
         """Remove at most ``limit`` delete markers of changes older than ``before_ms``; how many went."""
+    def truncate_target(self, batch: BatchContext, position: bytes) -> bool:
+        """A truncate of the source at ``position`` (``on_truncate="truncate"``): unless the pipeline's truncate
+        floor is that new already, delete every row of the output table and set the floor, in one transaction of
+        this attempt (fenced); whether it did."""
 
 
 @runtime_checkable

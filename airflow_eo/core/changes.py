@@ -71,13 +71,17 @@ DELETE_MARKERS_SUFFIX = "_eo_delete_markers"
 DELETED_AT = "_eo_deleted_at"
 #: The column of a change's Kafka timestamp as the engine passes changes to a table format (a marker's time).
 CHANGED_AT = "kafka_timestamp"
+#: The change-position table's key id of a pipeline's truncate floor (key ids are hashes of key values: no key has it).
+TRUNCATE_KEY = bytes(16)
 #: Bytes of a position: two big-endian unsigned 64-bit numbers.
 POSITION_BYTES = 16
 
 
 class TruncatePolicy(str, Enum):
     """What a truncate event (``op="t"``) does: fail the batch (default: a table emptied at the source is rarely
-    what a replica should repeat unasked) or empty the target table."""
+    what a replica should repeat unasked) or empty the target table (``on_truncate="truncate"``: the target's rows
+    are deleted once, and the truncate's position becomes the floor every later change of any key must be newer
+    than, kept in the change-position table under :data:`TRUNCATE_KEY` like a delete marker)."""
 
     FAIL = "fail"
     TRUNCATE = "truncate"
@@ -149,9 +153,17 @@ def winners(changes: list[Change], applied: Mapping[tuple[object, ...], bytes]) 
 
 def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, takes_changes: bool,
                   key_columns: tuple[str, ...], accumulating: bool, interval_mode: bool,
-                  dedup_key: tuple[str, ...]) -> ChangeFormat | None:
+                  dedup_key: tuple[str, ...], on_truncate: TruncatePolicy | str = TruncatePolicy.FAIL,
+                  truncates: bool = False) -> ChangeFormat | None:
     """The pipeline rules of ``changes=`` (at DAG parse time): the format, and a sink that applies changes by key."""
+    try:
+        policy = TruncatePolicy(on_truncate)
+    except ValueError:
+        raise ConfigurationError(f"on_truncate={on_truncate!r}: choose one of "
+                                 f"{', '.join(p.value for p in TruncatePolicy)}") from None
     if changes is None:
+        if policy is not TruncatePolicy.FAIL:
+            raise ConfigurationError("on_truncate is for change streams (changes='debezium')")
         return None
     try:
         chosen = ChangeFormat(changes)
@@ -176,4 +188,8 @@ def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, takes_c
     if dedup_key:
         raise ConfigurationError(f"changes={chosen.value!r} with dedup_key: a change carries its source position, "
                                  "so a re-sent change is a no-op already; drop dedup_key")
+    if policy is TruncatePolicy.TRUNCATE and not truncates:
+        raise ConfigurationError(f"on_truncate='truncate' with {sink_name}: emptying the target once per truncate is "
+                                 "built for MySqlUpsertSink and PostgresUpsertSink (their change-position table holds "
+                                 "the truncate's floor); not yet for the table formats")
     return chosen

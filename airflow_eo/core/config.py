@@ -14,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from airflow_eo.core.changes import ChangeFormat
+from airflow_eo.core.changes import ChangeFormat, TruncatePolicy
 from airflow_eo.core.dedup import DEFAULT_RETENTION, check_dedup
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
@@ -196,6 +196,8 @@ class ParseConfig:
     changes: ChangeFormat | None = None
     #: with ``changes``: the sink's key columns, which name a change's row
     change_keys: tuple[str, ...] = ()
+    #: with ``changes``: what a truncate of the source table does (``on_truncate``)
+    on_truncate: TruncatePolicy = TruncatePolicy.FAIL
 
     def __post_init__(self) -> None:
         value_format = choice(ValueFormat, self.value_format, "value_format", "value formats")
@@ -215,6 +217,8 @@ class ParseConfig:
         if self.changes is not None:
             object.__setattr__(self, "changes", choice(ChangeFormat, self.changes, "changes", "change formats"))
             object.__setattr__(self, "change_keys", tuple(self.change_keys))
+            object.__setattr__(self, "on_truncate", choice(TruncatePolicy, self.on_truncate, "on_truncate",
+                                                           "policies"))
             if self.value_format is not ValueFormat.JSON:
                 raise ConfigurationError(f"changes={self.changes.value!r} reads Debezium's JSON converter's events "
                                          "(value_format='json', with or without its schema/payload wrapper); Avro "

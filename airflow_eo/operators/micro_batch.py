@@ -11,7 +11,7 @@ from airflow.sdk.log import mask_secret
 
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
-from airflow_eo.core.changes import ChangeFormat, check_changes
+from airflow_eo.core.changes import ChangeFormat, TruncatePolicy, check_changes
 from airflow_eo.core.config import (
     BadRecordPolicy,
     Framing,
@@ -117,10 +117,15 @@ class KafkaMicroBatchOperator(BaseOperator):
         the converter's ``schema``/``payload`` wrapper) and ``schema`` is the row's columns (Spark DDL). A create,
         snapshot read or update writes its ``after`` image, a delete deletes the row of its ``before`` key; per key,
         the newest change by source position applies, and only when it is newer than the position recorded for the
-        row (``eo_change_positions`` in the sink's database, committed with the output; deletes leave a marker kept 7
-        days), so re-sent changes, re-snapshots and replays never roll a row back. Debezium's tombstones, heartbeats
-        and transaction records are skipped. The SQL sinks with ``key_columns`` (the source's primary key),
-        overwriting updates, continuous mode, no transform (docs/change-data-capture.md).
+        row (``eo_change_positions`` in the sink's database, committed with the output; a Delta / Iceberg table's
+        ``_eo_change_position`` column, written by its commit; deletes leave a marker kept 7 days), so re-sent
+        changes, re-snapshots and replays never roll a row back. Debezium's tombstones, heartbeats and transaction
+        records are skipped. The upsert and table-format sinks with ``key_columns`` (the source's primary key),
+        overwriting updates, continuous mode; a transform sees ``change_op`` and ``change_position`` and keeps them
+        and the key (docs/change-data-capture.md).
+    :param on_truncate: with ``changes``: ``"fail"`` (default): a truncate of the source table (Debezium's ``op`` t)
+        is a bad record saying so; ``"truncate"``: the target's rows are deleted, once, and no change older than the
+        truncate applies after it (MySQL / PostgreSQL upsert sinks).
     :param mode: ``continuous`` (each batch starts where the last one ended; a backfill run is
         one more ordinary batch) or ``interval`` (the batch is the run's data interval, found
         with ``offsets_for_times``; backfills and clears replay intervals, so only the upsert sinks,
@@ -186,6 +191,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         dedup_key: Sequence[str] | str | None = None,
         dedup_retention: timedelta = DEFAULT_RETENTION,
         changes: ChangeFormat | str | None = None,
+        on_truncate: TruncatePolicy | str = TruncatePolicy.FAIL,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -209,7 +215,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.dedup_retention = dedup_retention
         self.changes = check_changes(changes, sink_name=sink.name, takes_changes=sink.capabilities.takes_changes,
                                      key_columns=sink.row_key, accumulating=sink.accumulating,
-                                     interval_mode=mode is Mode.INTERVAL, dedup_key=self.dedup_key)
+                                     interval_mode=mode is Mode.INTERVAL, dedup_key=self.dedup_key,
+                                     on_truncate=on_truncate, truncates=sink.capabilities.applies_changes)
+        self.on_truncate = TruncatePolicy(on_truncate)
         self.sink = sink
         parse = self._parse_config(value_format, schema, on_bad_record, write_partitions)
         avro = parse.value_format is ValueFormat.AVRO or parse.key_format is KeyFormat.AVRO
@@ -334,7 +342,8 @@ class KafkaMicroBatchOperator(BaseOperator):
                            protobuf_message=self.protobuf_message, key_protobuf_message=self.key_protobuf_message,
                            delete_keys=self.sink.delete_keys, dedup_key=self.dedup_key,
                            dedup_retention=self.dedup_retention, changes=self.changes,
-                           change_keys=self.sink.row_key if self.changes is not None else ())
+                           change_keys=self.sink.row_key if self.changes is not None else (),
+                           on_truncate=self.on_truncate)
 
     def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
         """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""

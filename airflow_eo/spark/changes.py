@@ -24,8 +24,10 @@ from airflow_eo.core.changes import (
     DEFAULT_DELETE_RETENTION,
     DELETE_OP,
     POSITION_COLUMN,
+    TRUNCATE_KEY,
     TRUNCATE_OP,
     UPSERT_OPS,
+    newer,
     position_partition,
 )
 from airflow_eo.core.config import DELETE_COLUMN
@@ -69,8 +71,8 @@ def _struct(ddl: str) -> str:
     return ", ".join(f"{f.split(' ', 1)[0]}: {f.split(' ', 1)[1]}" for f in fields)
 
 
-def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_columns: Sequence[str]
-                  ) -> tuple[DataFrame, list[Column], Column, Column]:
+def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_columns: Sequence[str],
+                  truncates: bool = False) -> tuple[DataFrame, list[Column], Column, Column]:
     """``df``'s ``kafka_value`` parsed as change events (``envelope``: :func:`envelope_ddl` of ``row``): the
     frame, :func:`change_columns`, the error of each record (NULL: a good change, or a record skipped) and whether
     it is skipped."""
@@ -83,7 +85,7 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
     # parse into every reference (as spark/parsing.py's JSON values).
     df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
-    columns, change_error, skip = change_columns("_eo_v", row, key_columns)
+    columns, change_error, skip = change_columns("_eo_v", row, key_columns, truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
              .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
                  "value is malformed JSON, or a change event whose row does not match the schema (a column of "
@@ -92,7 +94,8 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     return df, columns, F.when(~skip, error), skip
 
 
-def change_columns(parsed: str, row: StructType, key_columns: Sequence[str]) -> tuple[list[Column], Column, Column]:
+def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], truncates: bool = False
+                   ) -> tuple[list[Column], Column, Column]:
     """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`): the row's columns (the
     ``after`` image, or ``before`` for a delete) followed by :data:`DELETE_COLUMN`, :data:`CHANGE_OP` and
     :data:`POSITION_COLUMN`; what is wrong with a change that is one (NULL: nothing); and whether the record is no
@@ -107,16 +110,22 @@ def change_columns(parsed: str, row: StructType, key_columns: Sequence[str]) -> 
     op, before, after, source = part("op"), part("before"), part("after"), part("source")
     image = F.when(op == DELETE_OP, before).otherwise(after)
     columns = [image.getField(f.name).alias(f.name) for f in row.fields]
-    deleted = (op == DELETE_OP).alias(DELETE_COLUMN)
+    # A truncate (no row) counts as a delete for the value checks: it has no column values to check.
+    deleted = op.isin(DELETE_OP, TRUNCATE_OP).alias(DELETE_COLUMN)
     position = _position(op, source)
     # No row: a tombstone (Debezium's after a delete, for log compaction), a heartbeat ({"ts_ms": ..}) or a
     # transaction's BEGIN / END record.
     skip = F.col("kafka_value").isNull() | (op.isNull() & (part("status").isNotNull() | (
         before.isNull() & after.isNull() & source.isNull() & part("ts_ms").isNotNull())))
-    error = (F.when(op.isNull(), F.lit("not a Debezium change event: no 'op' (is changes='debezium' the topic's "
-                                       "format?)"))
-             .when(op == TRUNCATE_OP, F.lit("a truncate of the source table (op 't'): the target is not emptied; "
-                                            "empty it and rewind the pipeline, or drop the event")))
+    error = F.when(op.isNull(), F.lit("not a Debezium change event: no 'op' (is changes='debezium' the topic's "
+                                      "format?)"))
+    if truncates:  # on_truncate="truncate": a good change of no row (the engine empties the target once)
+        error = error.when(op == TRUNCATE_OP, F.when(position.isNull(), F.lit(
+            "a truncate without a source position (source.lsn or source.file/pos)")))
+    else:
+        error = error.when(op == TRUNCATE_OP, F.lit(
+            "a truncate of the source table (op 't'): the target is not emptied; set on_truncate='truncate', or "
+            "empty it and rewind the pipeline, or drop the event"))
     error = error.when(~op.isin(*UPSERT_OPS, DELETE_OP), F.concat(F.lit("unknown change op "), op))
     error = error.when(op.isin(*UPSERT_OPS) & after.isNull(), F.concat(F.lit("change op "), op,
                                                                       F.lit(" without its 'after' image")))
@@ -215,11 +224,13 @@ def newest_marks(table: Any, key_at: int, position_at: int, error_at: int,
     ordered_keys = ordered.column("k").to_pylist()
     firsts = [i for i, k in enumerate(ordered_keys) if i == 0 or k != ordered_keys[i - 1]]
     newest = ordered.take(pa.array(firsts, pa.int64()))
-    applied = lookup(newest.column("k").to_pylist())
+    # The pipeline's truncate floor (on_truncate="truncate") is read with the keys: no change older applies.
+    applied = dict(lookup([*newest.column("k").to_pylist(), TRUNCATE_KEY]))
+    floor = applied.pop(TRUNCATE_KEY, None)
     chosen = [int(i) for k, p, i, b in zip(newest.column("k").to_pylist(), newest.column("p").to_pylist(),
                                            newest.column("i").to_pylist(), newest.column("bad").to_pylist(),
                                            strict=True)
-              if not b and (k not in applied or p > applied[k])]
+              if not b and newer(p, max(applied.get(k, b""), floor or b""))]
     marks = [False] * len(keys)
     for i in chosen:
         marks[i] = True
@@ -310,3 +321,12 @@ def transform_changes(parsed: DataFrame, payload: Sequence[str], key_columns: Se
     # columns, which the transform may have given other types.
     others = parsed.where(F.col("_eo_error").isNotNull() | F.col(SKIP)).drop(*payload, POSITION_COLUMN, CHANGE_OP)
     return changes.unionByName(others, allowMissingColumns=True), [*columns, DELETE_COLUMN]
+
+
+def truncate_position(parsed: DataFrame) -> bytes | None:
+    """The position of the batch's newest truncate of the source table (``on_truncate="truncate"``); None: none."""
+    from pyspark.sql import functions as F
+
+    [row] = parsed.where((F.col(CHANGE_OP) == TRUNCATE_OP) & F.col("_eo_error").isNull() & ~F.col(SKIP)).agg(
+        F.max(POSITION_COLUMN).alias("position")).collect()
+    return None if row["position"] is None else bytes(row["position"])

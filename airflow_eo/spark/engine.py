@@ -45,7 +45,7 @@ from airflow_eo.core.batch import (
     WriteResult,
     dead_letter_partition,
 )
-from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN
+from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN, TruncatePolicy
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
@@ -62,6 +62,7 @@ from airflow_eo.spark.changes import (
     position_rows,
     purge_delete_markers,
     transform_changes,
+    truncate_position,
     with_key_ids,
 )
 from airflow_eo.spark.columns import named_columns, positional
@@ -296,6 +297,11 @@ class SparkBatchEngine:
         changes = role(sink, ChangePositions, "changes")
         t0 = time.monotonic()
         writer = changes.position_writer(batch)  # creates the table first: the look-ups read it
+        if self.parse.on_truncate is TruncatePolicy.TRUNCATE:  # before the look-ups: they read its floor
+            truncated = truncate_position(parsed)
+            if truncated is not None and changes.truncate_target(batch, truncated):
+                log.warning("changes: the source table was truncated (at position %s): the target's rows were "
+                            "deleted; only changes newer than the truncate apply", truncated.hex())
         # Every record read counts (skipped ones and changes a newer one replaced too), counted by the job that
         # reads them.
         observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from airflow_eo.core.changes import TruncatePolicy
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
@@ -54,7 +55,8 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
     if parse.changes is not None:
         row = _parse_ddl(spark, parse.schema or "")
         df, columns, value_error, skip = parse_changes(df, row, _parse_ddl(spark, envelope_ddl(row)),
-                                                       parse.change_keys)
+                                                       parse.change_keys,
+                                                       parse.on_truncate is TruncatePolicy.TRUNCATE)
         value_columns, change_columns = columns[:-2], [*columns[-2:], skip.alias(SKIP)]
         payload = [*(f.name for f in row.fields), DELETE_COLUMN]
     elif parse.value_format is ValueFormat.JSON:

@@ -10,13 +10,18 @@ it stands for, so a replay that finds it finds the write done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_eo.core.changes import TRUNCATE_KEY
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.pipeline_tables import create_if_missing, rows_by_ids
 from airflow_eo.sqlsink.seen_ids import PURGE_LOCK_WAIT_S
+
+if TYPE_CHECKING:
+    from airflow_eo.sqlstore.fence import EpochFence
 
 #: The table's name, in the sink's database (the connection's default schema); one table, keyed by pipeline.
 CHANGE_POSITION_TABLE = "eo_change_positions"
@@ -69,5 +74,37 @@ def purge_delete_markers(database: SqlDatabase, connect_kwargs: Mapping[str, Any
             cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND key_id IN ({', '.join(['%s'] * len(ids))}) "
                         "AND deleted = 1 AND changed_at + 0 < %s", (key, *ids, before_ms))
             return int(cur.rowcount or 0)
+    finally:
+        conn.close()
+
+
+def truncate_once(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table: str, target: str, key: bytes,
+                  position: bytes, batch_id: int, fence: EpochFence | None) -> bool:
+    """A truncate of the source at ``position``: unless the pipeline's truncate floor (the row of
+    :data:`~airflow_eo.core.changes.TRUNCATE_KEY`) is that new already, every row of ``target`` is deleted and the
+    floor set, in one transaction, fenced like the attempt's writes (a zombie attempt's takes nothing). A replayed
+    batch finds the floor and deletes nothing: the rows written since by changes newer than the truncate stay."""
+    conn = database.connect(connect_kwargs, autocommit=False)
+    quoted = database.quote_table(table)
+    try:
+        with conn.cursor() as cur:
+            if fence is not None:
+                fence.check(cur, "share")
+            cur.execute(f"SELECT position FROM {quoted} WHERE pipeline_key = %s AND key_id = %s FOR UPDATE",
+                        (key, TRUNCATE_KEY))
+            row = cur.fetchone()
+            if row is not None and bytes(row[0]) >= position:
+                conn.rollback()
+                return False
+            cur.execute(f"DELETE FROM {database.quote_table(target)}")
+            cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND key_id = %s", (key, TRUNCATE_KEY))
+            cur.execute(f"INSERT INTO {quoted} (pipeline_key, key_id, position, deleted, changed_at, batch_id) "
+                        "VALUES (%s, %s, %s, 1, %s, %s)", (key, TRUNCATE_KEY, position, int(time.time() * 1000),
+                                                           batch_id))
+        conn.commit()
+        return True
+    except BaseException:
+        conn.rollback()
+        raise
     finally:
         conn.close()

@@ -30,6 +30,7 @@ from airflow_eo.sqlsink.change_positions import (
     PositionLookup,
     create_change_position_table,
     purge_delete_markers,
+    truncate_once,
 )
 from airflow_eo.sqlsink.columns import add_new_columns
 from airflow_eo.sqlsink.database import SqlDatabase
@@ -320,6 +321,11 @@ class SqlUpsertAdapter(SqlTableSink):
         """Remove at most ``limit`` delete markers of changes before ``before_ms`` (epoch ms)."""
         return purge_delete_markers(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE,
                                     seen_pipeline_key(pipeline_id), before_ms, limit)
+
+    def truncate_target(self, batch: BatchContext, position: bytes) -> bool:
+        """Empty the output table once for a truncate of the source at ``position`` (``on_truncate="truncate"``)."""
+        return truncate_once(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE, self.table,
+                             seen_pipeline_key(batch.pipeline_id), position, batch.batch_id, self.epoch_fence(batch))
 
     # -- protocol steps (nothing to do: every write is already visible and replay-safe)
 

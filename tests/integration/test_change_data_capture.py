@@ -174,11 +174,12 @@ def test_changes_re_sent_by_a_killed_worker_and_a_re_snapshot_roll_nothing_back(
         target, source, debezium, bootstrap, postgres_kwargs, connect_worker):
     database, kwargs, table, sink = target
     source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', 0)" for i in range(1, 11)))
-    connector = debezium(source, schemas_enable=False)
-    op = pipeline(connector, sink, table, f"cdc_{uuid.uuid4().hex[:8]}")
+    truncates = {"skipped.operations": "none"}  # Debezium skips truncates unless told not to
+    connector = debezium(source, schemas_enable=False, overrides=truncates)
+    op = pipeline(connector, sink, table, f"cdc_{uuid.uuid4().hex[:8]}", on_truncate="truncate")
     source_sql(postgres_kwargs, *(f"UPDATE {source} SET qty = {n} WHERE id = {1 + n % 10}" for n in range(40)),
                f"UPDATE {source} SET name = 'm1' WHERE id = 1")
-    delivered(bootstrap, connector, "m1")
+    snapshot = delivered(bootstrap, connector, "m1")
     run(op)
     assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
 
@@ -196,7 +197,8 @@ def test_changes_re_sent_by_a_killed_worker_and_a_re_snapshot_roll_nothing_back(
     # same topic: its reads carry the rows' images again, after newer changes in Kafka order.
     remove(connector, postgres_kwargs, bootstrap, forget_offsets=True, delete_topics=False)
     source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 999 WHERE id = 2")  # not streamed: in the new snapshot
-    fresh = register(postgres_kwargs, bootstrap, source, name=connector.name, schemas_enable=False)
+    fresh = register(postgres_kwargs, bootstrap, source, name=connector.name, schemas_enable=False,
+                     overrides=truncates)
     debezium.registered.append(fresh)
     source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 5 WHERE id = 3",
                f"UPDATE {source} SET name = 'm3' WHERE id = 1")
@@ -204,6 +206,19 @@ def test_changes_re_sent_by_a_killed_worker_and_a_re_snapshot_roll_nothing_back(
     assert sum(1 for r in records if isinstance(r.payload, dict) and r.payload.get("op") == "r") >= 20  # 2 snapshots
     run(op)
     assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
+
+    # Rows changed, then the source truncated (on_truncate="truncate": the target emptied once, and the changes
+    # before the truncate, newer than their rows, bring nothing back), rows written again after it; then the first
+    # snapshot's reads re-sent.
+    source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 77 WHERE id IN (5, 6)", f"TRUNCATE {source}",
+               f"INSERT INTO {source} VALUES (3, 'after', 1), (50, 'm4', 2)")
+    records = delivered(bootstrap, fresh, "m4")
+    assert any(isinstance(r.payload, dict) and r.payload.get("op") == "t" for r in records)
+    resend(bootstrap, connector.topic, [r for r in snapshot if isinstance(r.payload, dict)
+                                        and r.payload.get("op") == "r"])
+    run(op)
+    assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source) == [(3, "after", 1),
+                                                                                            (50, "m4", 2)]
 
 
 STEPS = {"mysql": ["during_write", "after_change_positions"], "postgres": ["in_store_commit", "after_commit_point"]}
