@@ -101,3 +101,14 @@ def test_what_cannot_apply_changes_is_refused_with_the_reason(override, said):
 def test_an_unknown_change_format_names_the_known_ones():
     with pytest.raises(ConfigurationError, match="choose one of debezium"):
         check_changes("maxwell", **CHECKED)
+
+
+def test_on_truncate_is_checked_when_the_dag_is_parsed():
+    assert check_changes("debezium", **CHECKED, on_truncate="truncate", truncates=True) is ChangeFormat.DEBEZIUM
+    with pytest.raises(ConfigurationError, match="not yet for the table formats"):
+        check_changes("debezium", **{**CHECKED, "sink_name": "DeltaTableSink"}, on_truncate="truncate",
+                      truncates=False)
+    with pytest.raises(ConfigurationError, match="on_truncate is for change streams"):
+        check_changes(None, **CHECKED, on_truncate="truncate", truncates=True)
+    with pytest.raises(ConfigurationError, match="choose one of fail, truncate"):
+        check_changes("debezium", **CHECKED, on_truncate="empty", truncates=True)
