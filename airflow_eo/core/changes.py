@@ -193,3 +193,49 @@ def check_changes(changes: ChangeFormat | str | None, *, sink_name: str, takes_c
                                  "built for MySqlUpsertSink and PostgresUpsertSink (their change-position table holds "
                                  "the truncate's floor); not yet for the table formats")
     return chosen
+
+
+#: The fields of Debezium's change event envelope a decoded (Avro / Protobuf) event must have.
+ENVELOPE_FIELDS = ("before", "after", "op", "source")
+
+
+def check_avro_envelope(schema: str) -> None:
+    """That an Avro reader schema (``avro_schema`` with ``changes=``, JSON text) is Debezium's change event envelope
+    as its Avro converter registers it: a record with ``op`` (a string), ``before`` and ``after`` (the row's record,
+    nullable) and ``source`` (a record with ``lsn``, or ``file`` and ``pos``)."""
+    fields = {f.get("name"): f.get("type") for f in json.loads(schema)["fields"] if isinstance(f, dict)}
+    missing = [name for name in ENVELOPE_FIELDS if name not in fields]
+    hint = ("give the value schema Debezium's AvroConverter registers for the table's topic (the record "
+            "'Envelope': before, after, source, op, ts_ms, transaction)")
+    if missing:
+        raise ConfigurationError(f"changes='debezium': avro_schema is no Debezium change event envelope: it has no "
+                                 f"{', '.join(repr(m) for m in missing)}; {hint}")
+    if _avro_branch(fields["op"], "string") is None:
+        raise ConfigurationError(f"changes='debezium': avro_schema's 'op' is {fields['op']!r}, not a string; {hint}")
+    images = {name: _avro_branch(fields[name], "record") for name in ("before", "after")}
+    for name, image in images.items():
+        if image is None:
+            raise ConfigurationError(f"changes='debezium': avro_schema's {name!r} is not a record (the row's image, "
+                                     f"nullable); {hint}")
+    source = _avro_branch(fields["source"], "record")
+    # A record named by reference (defined earlier in the schema) is taken on trust: Spark checks it when it decodes.
+    listed = source.get("fields") if isinstance(source, dict) else [{"name": "lsn"}]
+    source_fields = {f.get("name") for f in listed if isinstance(f, dict)} if isinstance(listed, list) else set()
+    if source is None or not ("lsn" in source_fields or {"file", "pos"} <= source_fields):
+        raise ConfigurationError(f"changes='debezium': avro_schema's 'source' is no Debezium source block with a "
+                                 f"position (PostgreSQL's 'lsn', MySQL's 'file' and 'pos'); {hint}")
+
+
+def _avro_branch(kind: object, wanted: str) -> dict[str, object] | str | None:
+    """The branch of an Avro type (a union: its non-null branch) that is a ``wanted`` type: a ``record``'s definition
+    (or its name, when the schema refers to a record defined before), a primitive's name; None if there is none."""
+    branches = kind if isinstance(kind, list) else [kind]
+    for branch in branches:
+        if isinstance(branch, dict) and branch.get("type") == wanted:
+            return branch
+        if branch == wanted or (wanted == "record" and isinstance(branch, str) and branch not in _AVRO_PRIMITIVES):
+            return branch
+    return None
+
+
+_AVRO_PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")

@@ -14,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from airflow_eo.core.changes import ChangeFormat, TruncatePolicy
+from airflow_eo.core.changes import ChangeFormat, TruncatePolicy, check_avro_envelope
 from airflow_eo.core.dedup import DEFAULT_RETENTION, check_dedup
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
@@ -192,7 +192,7 @@ class ParseConfig:
     #: how long (in record time) an event id is remembered (``dedup_retention``)
     dedup_retention: timedelta = DEFAULT_RETENTION
     #: the values are change events of a source table (``changes=``, :mod:`airflow_eo.core.changes`): ``schema`` is
-    #: the row's columns; None: a value is a row
+    #: the row's columns (Avro / Protobuf: optional, the envelope's ``after`` fields by default); None: a value is a row
     changes: ChangeFormat | None = None
     #: with ``changes``: the sink's key columns, which name a change's row
     change_keys: tuple[str, ...] = ()
@@ -219,10 +219,14 @@ class ParseConfig:
             object.__setattr__(self, "change_keys", tuple(self.change_keys))
             object.__setattr__(self, "on_truncate", choice(TruncatePolicy, self.on_truncate, "on_truncate",
                                                            "policies"))
-            if self.value_format is not ValueFormat.JSON:
-                raise ConfigurationError(f"changes={self.changes.value!r} reads Debezium's JSON converter's events "
-                                         "(value_format='json', with or without its schema/payload wrapper); Avro "
-                                         "and Protobuf change events are not read yet")
+            if self.value_format not in (ValueFormat.JSON, ValueFormat.AVRO, ValueFormat.PROTOBUF):
+                raise ConfigurationError(f"changes={self.changes.value!r} reads Debezium's change events in JSON "
+                                         "(value_format='json', with or without the converter's schema/payload "
+                                         "wrapper), Avro (value_format='avro', avro_schema= the envelope) or "
+                                         "Protobuf (value_format='protobuf', protobuf_message= the envelope), not "
+                                         f"value_format={self.value_format.value!r}")
+            if self.value_format is ValueFormat.AVRO:
+                check_avro_envelope(self.avro_schema or "")
             if not self.change_keys:
                 raise ConfigurationError("changes: the sink's key columns are needed (they name a change's row)")
         if self.delete_keys:

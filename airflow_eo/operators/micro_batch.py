@@ -39,6 +39,7 @@ from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import group_id, parse_starting_offsets
 from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
 from airflow_eo.sinks import SinkSpec
+from airflow_eo.spark.changes import envelope_row
 from airflow_eo.spark.engine import SparkBatchEngine
 from airflow_eo.spark.kafka_security import secret_values, spark_kafka_options
 from airflow_eo.spark.protobuf import load_descriptor_set, message_class, spark_schema
@@ -114,7 +115,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         sinks, continuous mode (docs/how-to/duplicates.md).
     :param dedup_retention: how long, in record (Kafka timestamp) time, an event id is remembered; default 7 days.
     :param changes: ``"debezium"``: each value is a Debezium change event of a source table (JSON, with or without
-        the converter's ``schema``/``payload`` wrapper) and ``schema`` is the row's columns (Spark DDL). A create,
+        the converter's ``schema``/``payload`` wrapper; or Avro / Protobuf, ``value_format``, ``avro_schema`` or
+        ``protobuf_message`` the envelope, and ``framing``) and ``schema`` is the row's columns (Spark DDL; Avro and
+        Protobuf: by default the fields of the envelope's ``after``). A create,
         snapshot read or update writes its ``after`` image, a delete deletes the row of its ``before`` key; per key,
         the newest change by source position applies, and only when it is newer than the position recorded for the
         row (``eo_change_positions`` in the sink's database, committed with the output; a Delta / Iceberg table's
@@ -227,7 +230,10 @@ class KafkaMicroBatchOperator(BaseOperator):
         # Protobuf: the file, the messages and their Spark types, at parse time
         for option, message in (("protobuf_message", protobuf_message), ("key_protobuf_message", key_protobuf_message)):
             if message:  # ParseConfig checked that each comes with its format and the descriptor
-                spark_schema(message_class(load_descriptor_set(protobuf_descriptor or ""), message, option).DESCRIPTOR)
+                struct = spark_schema(message_class(load_descriptor_set(protobuf_descriptor or ""), message,
+                                                    option).DESCRIPTOR)
+                if self.changes is not None and option == "protobuf_message":  # the envelope (Avro: ParseConfig)
+                    envelope_row(struct, None, option)
         if avro and parse.framing is Framing.CONFLUENT and not (parse.writer_schema_map or schema_registry_conn_id):
             raise ConfigurationError("framing='confluent' needs the writer schemas of its ids: writer_schemas= "
                                      "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")

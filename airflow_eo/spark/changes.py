@@ -23,6 +23,7 @@ from airflow_eo.core.changes import (
     CHANGE_POSITION_KEY,
     DEFAULT_DELETE_RETENTION,
     DELETE_OP,
+    ENVELOPE_FIELDS,
     POSITION_COLUMN,
     TRUNCATE_KEY,
     TRUNCATE_OP,
@@ -85,7 +86,7 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
     # parse into every reference (as spark/parsing.py's JSON values).
     df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
-    columns, change_error, skip = change_columns("_eo_v", row, key_columns, truncates)
+    columns, change_error, skip = change_columns("_eo_v", row, key_columns, truncates=truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
              .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
                  "value is malformed JSON, or a change event whose row does not match the schema (a column of "
@@ -94,20 +95,84 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     return df, columns, F.when(~skip, error), skip
 
 
-def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], truncates: bool = False
-                   ) -> tuple[list[Column], Column, Column]:
-    """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`): the row's columns (the
+def envelope_row(envelope: StructType, declared: StructType | None, option: str) -> StructType:
+    """The row's columns of change events decoded from Avro or Protobuf (``envelope``: the decoded value's struct,
+    Debezium's envelope without the JSON converter's wrapper): ``declared`` (``schema=``) when given, each of its
+    columns a field of ``after`` of the same type, else the fields of ``after``. ``option`` names the envelope's
+    schema (``avro_schema`` / ``protobuf_message``) in errors."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    fields = {f.name: f.dataType for f in envelope.fields}
+    hint = (f"{option} must be Debezium's change event envelope (before, after, source, op, ts_ms, transaction), as "
+            "its converter writes the table topic's values")
+    missing = [name for name in ENVELOPE_FIELDS if name not in fields]
+    if missing:
+        raise ConfigurationError(f"changes='debezium': the envelope has no {', '.join(map(repr, missing))}; {hint}")
+    if not isinstance(fields["op"], StringType):
+        raise ConfigurationError(f"changes='debezium': the envelope's 'op' is {fields['op'].simpleString()}, not a "
+                                 f"string; {hint}")
+    after, before, source = fields["after"], fields["before"], fields["source"]
+    if not isinstance(after, StructType) or not isinstance(before, StructType):
+        raise ConfigurationError(f"changes='debezium': the envelope's 'before' and 'after' must be the row's "
+                                 f"record; {hint}")
+    if not isinstance(source, StructType) or not ("lsn" in source.fieldNames()
+                                                  or {"file", "pos"} <= set(source.fieldNames())):
+        raise ConfigurationError(f"changes='debezium': the envelope's 'source' has no position (PostgreSQL's 'lsn', "
+                                 f"MySQL's 'file' and 'pos'); {hint}")
+    if declared is None:
+        return StructType([StructField(f.name, f.dataType, True) for f in after.fields])
+    image = {f.name: f.dataType for f in after.fields}
+    disagree = []
+    for f in declared.fields:
+        if f.name not in image:
+            disagree.append(f"{f.name!r} is not a field of the envelope's 'after' ({', '.join(image)})")
+        elif image[f.name] != f.dataType:
+            disagree.append(f"{f.name!r} is {f.dataType.simpleString()} in schema but "
+                            f"{image[f.name].simpleString()} in the envelope's 'after'")
+    if disagree:
+        raise ConfigurationError(f"changes='debezium': schema= and {option} disagree: {'; '.join(disagree)}. Declare "
+                                 f"each column as the envelope's 'after' has it, or leave schema out (the columns "
+                                 f"are then the fields of 'after')")
+    return declared
+
+
+def decoded_changes(df: DataFrame, decoded: str, decode_error: Column, row: StructType, envelope: StructType,
+                    key_columns: Sequence[str], truncates: bool = False
+                    ) -> tuple[DataFrame, list[Column], Column, Column]:
+    """As :func:`parse_changes`, for change events decoded from Avro or Protobuf into the struct column ``decoded``
+    (``envelope``: its type) with ``decode_error`` (NULL: decoded)."""
+    from pyspark.sql import functions as F
+
+    columns, change_error, skip = change_columns(decoded, row, key_columns, envelope, truncates)
+    error = F.coalesce(decode_error, change_error)
+    return df, columns, F.when(~skip, error), skip
+
+
+def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], envelope: StructType | None = None,
+                   truncates: bool = False) -> tuple[list[Column], Column, Column]:
+    """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`, or decoded from Avro or
+    Protobuf: then ``envelope`` is its type, without the JSON converter's ``payload`` wrapper): the row's columns (the
     ``after`` image, or ``before`` for a delete) followed by :data:`DELETE_COLUMN`, :data:`CHANGE_OP` and
     :data:`POSITION_COLUMN`; what is wrong with a change that is one (NULL: nothing); and whether the record is no
     change of a row (a tombstone, a heartbeat, a transaction's boundary)."""
     from pyspark.sql import functions as F
 
-    wrapped = F.col(f"{parsed}.payload").isNotNull()
+    if envelope is None:  # JSON: with the converter's wrapper or without it (envelope_ddl has both)
+        wrapped = F.col(f"{parsed}.payload").isNotNull()
 
-    def part(name: str) -> Column:
-        return F.when(wrapped, F.col(f"{parsed}.payload").getField(name)).otherwise(F.col(parsed).getField(name))
+        def part(name: str) -> Column:
+            return F.when(wrapped, F.col(f"{parsed}.payload").getField(name)).otherwise(F.col(parsed).getField(name))
 
-    op, before, after, source = part("op"), part("before"), part("after"), part("source")
+        op, source = part("op"), part("source")
+    else:
+        present = set(envelope.fieldNames())
+
+        def part(name: str) -> Column:
+            return F.col(parsed).getField(name) if name in present else F.lit(None)
+
+        # Protobuf has no NULL for a proto3 string: an event without an op has "".
+        op, source = F.when(part("op") != "", part("op")), _source_block(part("source"), envelope)
+    before, after = part("before"), part("after")
     image = F.when(op == DELETE_OP, before).otherwise(after)
     columns = [image.getField(f.name).alias(f.name) for f in row.fields]
     # A truncate (no row) counts as a delete for the value checks: it has no column values to check.
@@ -135,6 +200,20 @@ def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], tru
         error = error.when(image.getField(key).isNull(), F.lit(f"change without its key column {key!r}"))
     error = error.when(position.isNull(), F.lit("change without a source position (source.lsn or source.file/pos)"))
     return [*columns, deleted, op.alias(CHANGE_OP), position.alias(POSITION_COLUMN)], error, skip
+
+
+def _source_block(source: Column, envelope: StructType) -> Column:
+    """A decoded event's ``source`` with the fields of :data:`SOURCE_DDL` (of its types; NULL where the connector has
+    no such field: PostgreSQL's has no ``file``, MySQL's no ``lsn``), as the JSON path parses it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    kind = envelope["source"].dataType
+    present = set(kind.fieldNames()) if isinstance(kind, StructType) else set()
+    fields = [part.strip().split(" ", 1) for part in SOURCE_DDL.split(",")]
+    block = F.struct(*[(source.getField(name) if name in present else F.lit(None)).cast(ddl).alias(name)
+                       for name, ddl in fields])
+    return F.when(source.isNotNull(), block)
 
 
 def _position(op: Column, source: Column) -> Column:

@@ -15,7 +15,7 @@ from airflow_eo.core.changes import TruncatePolicy
 from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfig, ValueFormat
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
-from airflow_eo.spark.changes import SKIP, envelope_ddl, parse_changes
+from airflow_eo.spark.changes import SKIP, decoded_changes, envelope_ddl, envelope_row, parse_changes
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
@@ -47,16 +47,35 @@ def parse_records(spark: SparkSession, raw: DataFrame, parse: ParseConfig,
         (each at most once in the batch: :class:`~airflow_eo.spark.avro.SchemaLookups`).
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
     df = raw
     framing = parse.framing or Framing.NONE
     lookups = SchemaLookups(schema_lookup) if schema_lookup is not None else None  # this batch's, keys and values
     change_columns: list[Column] = []  # changes=: the op, the position, and whether the record is no row
-    if parse.changes is not None:
+    if parse.changes is not None and parse.value_format is ValueFormat.JSON:
         row = _parse_ddl(spark, parse.schema or "")
         df, columns, value_error, skip = parse_changes(df, row, _parse_ddl(spark, envelope_ddl(row)),
                                                        parse.change_keys,
                                                        parse.on_truncate is TruncatePolicy.TRUNCATE)
+        value_columns, change_columns = columns[:-2], [*columns[-2:], skip.alias(SKIP)]
+        payload = [*(f.name for f in row.fields), DELETE_COLUMN]
+    elif parse.changes is not None:  # Avro / Protobuf: Debezium's envelope decoded as any value, then read as JSON's
+        if parse.value_format is ValueFormat.AVRO:
+            option = "avro_schema"
+            df, _, decode_error = decode_avro(spark, df, "kafka_value", parse.avro_schema or "", framing,
+                                              parse.writer_schema_map, lookups, "_eo_v", "value")
+        else:
+            option = "protobuf_message"
+            descriptors = load_descriptor_set(parse.protobuf_descriptor or "")
+            df, _, decode_error = decode_protobuf(df, "kafka_value", descriptors, parse.protobuf_message or "",
+                                                  framing, "_eo_v", "value")
+        envelope = df.schema["_eo_v"].dataType
+        if not isinstance(envelope, StructType):  # decoders make a struct of a record's / message's fields
+            raise ConfigurationError(f"changes='debezium': {option} is not a record of fields")
+        row = envelope_row(envelope, _parse_ddl(spark, parse.schema) if parse.schema else None, option)
+        df, columns, value_error, skip = decoded_changes(df, "_eo_v", decode_error, row, envelope, parse.change_keys,
+                                                         parse.on_truncate is TruncatePolicy.TRUNCATE)
         value_columns, change_columns = columns[:-2], [*columns[-2:], skip.alias(SKIP)]
         payload = [*(f.name for f in row.fields), DELETE_COLUMN]
     elif parse.value_format is ValueFormat.JSON:

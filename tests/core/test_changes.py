@@ -112,3 +112,27 @@ def test_on_truncate_is_checked_when_the_dag_is_parsed():
         check_changes(None, **CHECKED, on_truncate="truncate", truncates=True)
     with pytest.raises(ConfigurationError, match="choose one of fail, truncate"):
         check_changes("debezium", **CHECKED, on_truncate="empty", truncates=True)
+
+
+def _envelope(**fields: object) -> str:
+    value = {"type": "record", "name": "Value", "fields": [{"name": "id", "type": "int"}]}
+    source = {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": ["null", "long"]}]}
+    chosen = {"before": ["null", value], "after": ["null", "Value"], "source": source, "op": "string", **fields}
+    return json.dumps({"type": "record", "name": "Envelope",
+                       "fields": [{"name": n, "type": t} for n, t in chosen.items() if t is not None]})
+
+
+def test_an_avro_envelope_is_debeziums_or_refused_saying_what_it_lacks():
+    from airflow_eo.core.changes import check_avro_envelope
+
+    check_avro_envelope(_envelope())  # `after` naming the record `before` defined, as Debezium's converter writes it
+    mysql_source = {"type": "record", "name": "Source", "fields": [{"name": "file", "type": "string"},
+                                                                   {"name": "pos", "type": "long"}]}
+    check_avro_envelope(_envelope(source=mysql_source))
+    for fields, said in [({"op": None, "after": None}, "it has no 'after', 'op'"),
+                         ({"op": "int"}, "'op' is 'int', not a string"),
+                         ({"after": ["null", "string"]}, "'after' is not a record"),
+                         ({"source": {"type": "record", "name": "S", "fields": [{"name": "file", "type": "string"}]}},
+                          "'source' is no Debezium source block with a position")]:
+        with pytest.raises(ConfigurationError, match=said):
+            check_avro_envelope(_envelope(**fields))
