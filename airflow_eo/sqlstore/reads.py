@@ -147,6 +147,13 @@ class StoreReads:
             insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
             return epoch
 
+    def record_audit(self, pipeline_id: str, actor: str, action: str, reason: str, details: dict[str, Any]) -> None:
+        """Append an audit row without taking an epoch: what was done to something no pipeline of the store owns
+        (``recover --orphans --unknown rollback``: ``pipeline_id`` names the branch's key then)."""
+        self.migrate()
+        with self.transaction() as cur:
+            insert_audit(cur, pipeline_id, None, actor, action, reason, details)
+
     def complete_audit(self, pipeline_id: str, epoch: int, action: str, details: dict[str, Any]) -> None:
         """Replace the details of the audit row :meth:`take_audited` wrote (what the operation did).
 
