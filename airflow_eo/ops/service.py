@@ -244,7 +244,7 @@ class OrphanOutcome:
     epoch: int | None = None  # the pipeline's epoch taken to act on it
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.orphan.to_dict(), "outcome": self.outcome, "epoch": self.epoch}
+        return {**self.orphan.to_dict(), "outcome": self.outcome, "taken_epoch": self.epoch}
 
 
 @dataclass(frozen=True)

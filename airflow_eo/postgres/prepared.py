@@ -70,10 +70,12 @@ class PreparedTransactions:
     def scan(self) -> list[ScannedBranch]:
         """Our prepared transactions in this database, of every pipeline, with when each was prepared and the
         relations it holds locked (``pg_locks``: a prepared transaction's locks belong to a dummy process, found
-        through its transaction id's lock; its row locks are in the rows, so a relation lock stands for them)."""
+        through its transaction id's lock; its row locks are in the rows, so a relation lock stands for them; a relation
+        dropped inside the transaction shows as its oid)."""
         rows = self.conn.execute(
             "SELECT p.gid, p.prepared, (SELECT array_agg(DISTINCT l.relation::regclass::text || ' ' || l.mode) "
-            "  FROM pg_locks l WHERE l.pid IS NULL AND l.locktype = 'relation' AND l.virtualtransaction = ("
+            "  FROM pg_locks l WHERE l.pid IS NULL AND l.locktype = 'relation' AND l.mode <> 'AccessShareLock'"
+            "   AND l.virtualtransaction = ("
             "    SELECT t.virtualtransaction FROM pg_locks t WHERE t.locktype = 'transactionid' AND t.pid IS NULL"
             "     AND t.transactionid = p.transaction LIMIT 1)) "
             "FROM pg_prepared_xacts p WHERE p.database = current_database() AND p.gid LIKE 'eo:%'").fetchall()
