@@ -71,18 +71,32 @@ class AirflowTaskRuns:
 
     def task_runs(self, dag_id: str, task_id: str) -> list[TaskRun]:
         from airflow.models.dagrun import DagRun
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields as Rendered
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end)
+        # The rendered pipeline_id of each run, where Airflow kept it (the newest runs' only): a run of the task
+        # whose pipeline_id was another then is that pipeline's.
+        query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end,
+                        Rendered.rendered_fields)
                  .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
+                 .outerjoin(Rendered, (Rendered.dag_id == TaskInstance.dag_id)
+                            & (Rendered.task_id == TaskInstance.task_id) & (Rendered.run_id == TaskInstance.run_id)
+                            & (Rendered.map_index == TaskInstance.map_index))
                  .where(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id))
         with create_session() as session:
             found = session.execute(query).all()
         return [TaskRun(run_id, None if state is None else str(getattr(state, "value", state)),
-                        Interval(start, end) if start is not None and end is not None and start < end else None)
-                for run_id, state, start, end in found]
+                        Interval(start, end) if start is not None and end is not None and start < end else None,
+                        _rendered_pipeline_id(rendered))
+                for run_id, state, start, end, rendered in found]
+
+
+def _rendered_pipeline_id(rendered: object) -> str | None:
+    """The ``pipeline_id`` a run's task rendered (``rendered_task_instance_fields``), None when not kept."""
+    value = rendered.get("pipeline_id") if isinstance(rendered, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def local_actor() -> str:

@@ -58,6 +58,7 @@ from airflow_eo.core.verify import (
     check_runs,
     check_sink_commits,
     check_tiling,
+    runs_in_question,
 )
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 
@@ -512,7 +513,13 @@ class PipelineOperations:
             runs = self.runs.task_runs(owner.dag_id, owner.task_id)
         except Exception as exc:
             return _Verified(unchecked=f"runs: Airflow's runs could not be read ({self._said(exc, 'Airflow runs')})")
-        return _Verified(check_runs(runs, batches, audited_batches(audit)),
+        questioned = runs_in_question(runs, batches, info.pipeline_id)
+        elsewhere: dict[str, str] = {}
+        if questioned:  # the task's other pipeline ids (edited, templated, renamed): their runs are theirs
+            others = [p.pipeline_id for p in self.store.pipelines() if p.pipeline_id != info.pipeline_id
+                      and (p.owned_by == owner or (p.owned_by is None and p.owner == info.owner))]
+            elsewhere = self.store.runs_recorded(others, questioned)
+        return _Verified(check_runs(runs, batches, audited_batches(audit), info.pipeline_id, elsewhere),
                          f"runs: {len(runs)} runs of {owner.dag_id}.{owner.task_id}")
 
     def in_doubt_everywhere(self, unknown_rollback: bool = False) -> InDoubtReport:
