@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -22,10 +23,10 @@ from rich.markup import escape
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.definition import DOUBLE_COUNT_FLAG
 from airflow_eo.core.drivers import describe_driver_error
-from airflow_eo.core.errors import AirflowEoError, OperationError
+from airflow_eo.core.errors import AirflowEoError, OperationError, UnknownPipelineError
 from airflow_eo.core.orphans import parse_duration
 from airflow_eo.core.rewind import RewindKind, RewindTarget
-from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.hooks.operations import default_offset_store_conn_id, locate_pipeline, pipeline_operations
 from airflow_eo.hooks.stats import emit_in_doubt_gauges
 from airflow_eo.ops.service import PipelineOperations, audit_dict, batch_dict
 
@@ -56,7 +57,18 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
                     check(args)
                 ops = pipeline_operations(args.offset_store_conn_id, args.kafka_conn_id, args.sink_conn_id,
                                           mysql_conn_id=args.mysql_conn_id)
-                func(args, ops)
+                try:
+                    func(args, ops)
+                except UnknownPipelineError as unknown:
+                    if args.offset_store_conn_id or not getattr(args, "pipeline_id", None):
+                        raise
+                    # Not in the default store: the pipeline's may be another (its operator's offset_store_conn_id).
+                    store = _locate_store(args.pipeline_id, default_offset_store_conn_id(), unknown)
+                    print(f"{command}: pipeline {args.pipeline_id!r} is in the offset store of connection {store!r} "
+                          "(found among the mysql / postgres connections; --offset-store-conn-id names it)",
+                          file=sys.stderr)
+                    func(args, pipeline_operations(store, args.kafka_conn_id, args.sink_conn_id,
+                                                   mysql_conn_id=args.mysql_conn_id))
             except (AirflowEoError, AirflowNotFoundException) as exc:
                 raise SystemExit(f"{command}: {exc}") from None
             except Exception as exc:
@@ -69,6 +81,22 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _locate_store(pipeline_id: str, default_store: str, unknown: UnknownPipelineError) -> str:
+    """The one other offset store holding the pipeline (:func:`~airflow_eo.hooks.operations.locate_pipeline`), or an
+    error saying which connection to name."""
+    found, checked = locate_pipeline(pipeline_id, default_store)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise OperationError(f"pipeline {pipeline_id!r} is not in the default offset store ({default_store!r}) but in "
+                             f"the stores of several connections: {', '.join(found)}; name one with "
+                             "--offset-store-conn-id")
+    looked = f"the other mysql / postgres connections ({', '.join(checked)})" if checked else "no other connection"
+    raise OperationError(f"{unknown}; nor is it in {looked}: name its store's connection with --offset-store-conn-id "
+                         "(the operator's offset_store_conn_id; a connection kept in a secrets backend cannot be "
+                         "listed, so name it)")
 
 
 # --------------------------------------------------------------------------- arguments

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import socket
+from typing import Any
 
 from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
@@ -18,6 +20,8 @@ from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import sink_kind, spec_from_record
+
+log = logging.getLogger(__name__)
 
 
 class AirflowConnections:
@@ -99,6 +103,60 @@ def _rendered_pipeline_id(rendered: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+#: The connection types an offset store runs on (core/stores.py registers them).
+STORE_CONNECTION_TYPES = ("mysql", "postgres", "postgresql")
+
+
+def listable_connections() -> list[str]:
+    """The connection ids Airflow can list: ``AIRFLOW_CONN_*`` environment variables and the metadata database's
+    connections (a secrets backend's cannot be listed)."""
+    found = {name[len("AIRFLOW_CONN_"):].lower() for name in os.environ if name.startswith("AIRFLOW_CONN_")}
+    try:
+        from airflow.models.connection import Connection
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            found.update(session.scalars(select(Connection.conn_id)).all())
+    except Exception:  # no metadata database here: the environment's connections only
+        log.debug("the metadata database's connections could not be listed", exc_info=True)
+    return sorted(found)
+
+
+def locate_pipeline(pipeline_id: str, exclude: str) -> tuple[list[str], list[str]]:
+    """Which offset stores hold ``pipeline_id``, among the listable ``mysql`` / ``postgres`` connections other than
+    ``exclude`` (the default store, asked already): the connections of the stores that know it (one per database),
+    and every connection looked at. Read-only: a database without our tables is skipped, never migrated.
+
+    :param pipeline_id: the pipeline.
+    :param exclude: the connection id asked already.
+    """
+    from airflow.sdk import BaseHook
+
+    found: dict[tuple[Any, ...], str] = {}
+    checked = []
+    for conn_id in listable_connections():
+        if conn_id == exclude:
+            continue
+        try:
+            connection = BaseHook.get_connection(conn_id)
+        except Exception:
+            continue
+        if connection.conn_type not in STORE_CONNECTION_TYPES:
+            continue
+        checked.append(conn_id)
+        where = (connection.conn_type.replace("postgresql", "postgres"), connection.host, connection.port,
+                 connection.schema)
+        try:
+            store = OffsetStoreHook(conn_id).get_store()
+            store.read_only = True  # never create our tables in somebody's database
+            if store.pipelines(pipeline_id) and where not in found:
+                found[where] = conn_id
+        except Exception:  # not an offset store (no eo tables), or not reachable from here
+            log.debug("connection %s holds no offset store at hand", conn_id, exc_info=True)
+    return sorted(found.values()), checked
+
+
 def local_actor() -> str:
     """Who runs a command on this machine, for the audit log: the name of the process's real uid (not ``$USER`` or
     ``$LOGNAME``, which anyone sets), with sudo's caller where sudo set it, and the host: ``alice@host``,
@@ -112,6 +170,13 @@ def local_actor() -> str:
     if caller and caller != user:
         user = f"{user} (sudo from {caller})"
     return f"{user}@{socket.gethostname()}"
+
+
+def default_offset_store_conn_id() -> str:
+    """``[eo] offset_store_conn_id``, else ``eo_offset_store`` (the operator's default)."""
+    from airflow.configuration import conf
+
+    return conf.get(CONFIG_SECTION, "offset_store_conn_id", fallback=DEFAULT_OFFSET_STORE_CONN_ID)
 
 
 def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
@@ -132,8 +197,7 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
     """
     from airflow.configuration import conf
 
-    store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
-                                             fallback=DEFAULT_OFFSET_STORE_CONN_ID)
+    store = offset_store_conn_id or default_offset_store_conn_id()
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
     return PipelineOperations(AirflowConnections(store, kafka, sink_conn_id, read_only, mysql_conn_id),
                               actor or local_actor(), error_details, runs=AirflowTaskRuns())
