@@ -972,13 +972,11 @@ def _topics(committed: Mapping[TopicPartition, int], latest: BatchInfo | None) -
 
 
 def _age(epoch: int, batch: BatchInfo | None, now: datetime) -> float | None:
-    """How long the branch has been in doubt, about: since its batch row was last written by the attempt that
-    prepared it (it planned or resumed the batch just before, and records or commits it just after), else
-    since the batch was planned."""
+    """How long the branch has been in doubt, about (:func:`~airflow_eo.core.orphans.branch_age` from its batch
+    row); None without one."""
     if batch is None:
         return None
-    since = batch.updated_at if batch.record.epoch == epoch else batch.created_at
-    return None if since is None else max(0.0, (now - since).total_seconds())
+    return branch_age(None, epoch, batch.record.epoch, batch.created_at, batch.updated_at, now)
 
 
 def _dead_letter(row: Mapping[str, Any]) -> dict[str, Any]:
