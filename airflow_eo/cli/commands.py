@@ -332,7 +332,8 @@ def _verify_all(args: Any, ops: PipelineOperations) -> None:
         raise SystemExit(f"airflow eo verify --all: {len(old)} in-doubt branch(es) older than {older_than:g}s: "
                          "`airflow eo recover --orphans` resolves them")
     if report.unchecked:
-        raise SystemExit(f"airflow eo verify --all: {len(report.unchecked)} database(s) could not be scanned")
+        print(f"airflow eo verify --all: {len(report.unchecked)} database(s) could not be scanned", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _recover_orphans(args: Any, ops: PipelineOperations) -> None:
