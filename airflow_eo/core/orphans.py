@@ -114,6 +114,77 @@ class Orphan:
                 "action": self.action.value, "reason": self.reason}
 
 
+@runtime_checkable
+class OpenTransactionServer(Protocol):
+    """A Kafka transactional sink's output topic: where its pipeline's transactions stay open (the Kafka sink's
+    adapter plays it)."""
+
+    def in_doubt_server(self) -> str: ...
+
+    def transactional_id(self) -> str: ...
+
+    def open_transactions(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """The output topic's partitions where a transaction is open: (last stable offset, end offset)."""
+
+    def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
+        """The unfinished batches Kafka committed (its commit point) but the store did not."""
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A Kafka transaction left open on a Kafka-sink pipeline's output topic: ``read_committed`` readers of the
+    partition stop at its first offset until the broker aborts it (``transaction.timeout.ms``) or the pipeline's
+    next producer (``init_transactions``, what ``airflow eo recover`` runs) does."""
+
+    database: str  # the cluster
+    pipeline_id: str
+    transactional_id: str
+    topic: str
+    partition: int
+    last_stable: int
+    end: int
+    batch_id: int | None  # the pipeline's unfinished batch it is (likely) of; None: none
+    age_seconds: float | None
+    action: str  # what `airflow eo recover PIPELINE` does: abort, roll forward
+    reason: str
+
+    @property
+    def pipeline(self) -> str:
+        return self.pipeline_id
+
+    @property
+    def key(self) -> str:
+        return f"{self.transactional_id} {self.topic}[{self.partition}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"database": self.database, "branch": "open Kafka transaction", "xid": self.key,
+                "pipeline_id": self.pipeline_id, "pipeline": self.pipeline_id, "batch_id": self.batch_id,
+                "epoch": None, "partition": self.partition,
+                "age_seconds": None if self.age_seconds is None else round(self.age_seconds, 1),
+                "locks": [f"read_committed readers of {self.topic}[{self.partition}] stop at offset "
+                          f"{self.last_stable} (end {self.end})"],
+                "action": self.action, "reason": self.reason}
+
+
+def decide_open_transaction(unfinished: Sequence[BatchRecord], committed_by_kafka: set[int]) -> tuple[
+        int | None, str, str]:
+    """Which batch an open transaction of a Kafka-sink pipeline is (likely) of, and what ``airflow eo recover``
+    does: roll the batch forward if Kafka committed it (the group moved) — then the open one is a later attempt's —
+    else abort it (``init_transactions`` of the pipeline's producer)."""
+    rolled = sorted(committed_by_kafka)
+    if rolled:
+        return rolled[-1], "roll forward", (f"Kafka committed batch {rolled[-1]} (its group moved) and the store did "
+                                            "not record it: recover records it and aborts the open transaction")
+    if unfinished:
+        newest = max(unfinished, key=lambda b: b.batch_id)
+        return newest.batch_id, "abort", (f"batch {newest.batch_id} is {newest.state.value} and never committed: "
+                                          "Kafka aborts its transaction after transaction.timeout.ms; recover "
+                                          "(init_transactions) aborts it now and aborts the batch")
+    return None, "abort", ("the pipeline has no unfinished batch (an attempt fenced before it recorded one, or "
+                           "another producer writing the topic): Kafka aborts it after its timeout; recover "
+                           "aborts the pipeline's own now")
+
+
 def owner_of(xid: Xid, keys: Mapping[str, str], pipeline_ids: Iterable[str] = ()) -> str | None:
     """The store's pipeline whose key the branch carries, or None.
 
@@ -168,12 +239,15 @@ def seen_in_both(first: Iterable[T], second: Iterable[T]) -> set[T]:
     return set(first) & set(second)
 
 
-def overdue(orphans: Sequence[Orphan], older_than_s: float) -> list[Orphan]:
+A = TypeVar("A", Orphan, OpenTransaction)
+
+
+def overdue(orphans: Sequence[A], older_than_s: float) -> list[A]:
     """The orphans older than the threshold (``0``: all); one of unknown age counts (nobody can say it is young)."""
     return [o for o in orphans if older_than_s <= 0 or o.age_seconds is None or o.age_seconds > older_than_s]
 
 
-def oldest_age_by_database(orphans: Sequence[Orphan], databases: Iterable[str]) -> dict[str, float]:
+def oldest_age_by_database(orphans: Sequence[Orphan | OpenTransaction], databases: Iterable[str]) -> dict[str, float]:
     """The gauge ``airflow_eo.in_doubt.oldest_age_seconds`` per database scanned: its oldest branch's age, 0 with
     none (so an alert clears once they are resolved); a branch of unknown age counts as 0."""
     oldest = {d: 0.0 for d in databases}

@@ -26,10 +26,13 @@ from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.orphans import (
     InDoubtServer,
+    OpenTransaction,
+    OpenTransactionServer,
     Orphan,
     OrphanAction,
     ScannedBranch,
     branch_age,
+    decide_open_transaction,
     decide_orphan,
     oldest_age_by_database,
     overdue,
@@ -224,15 +227,17 @@ class InDoubtReport:
     orphans: list[Orphan]
     databases: list[str]
     unchecked: list[str] = field(default_factory=list)
+    transactions: list[OpenTransaction] = field(default_factory=list)  # Kafka-sink pipelines' open transactions
 
     def oldest_age_seconds(self) -> dict[str, float]:
-        """The gauge ``airflow_eo.in_doubt.oldest_age_seconds``, per database scanned."""
-        return oldest_age_by_database(self.orphans, self.databases)
+        """The gauge ``airflow_eo.in_doubt.oldest_age_seconds``, per database (and Kafka cluster) scanned."""
+        return oldest_age_by_database([*self.orphans, *self.transactions], self.databases)
 
     def to_dict(self, older_than_s: float) -> dict[str, Any]:
         return {"older_than_seconds": older_than_s, "databases": list(self.databases),
-                "in_doubt": [o.to_dict() for o in self.orphans],
-                "overdue": [o.xid.encode() for o in overdue(self.orphans, older_than_s)],
+                "in_doubt": [o.to_dict() for o in self.orphans] + [t.to_dict() for t in self.transactions],
+                "overdue": [o.xid.encode() for o in overdue(self.orphans, older_than_s)]
+                + [t.key for t in overdue(self.transactions, older_than_s)],
                 "oldest_age_seconds": self.oldest_age_seconds(), "unchecked": list(self.unchecked)}
 
 
@@ -240,7 +245,7 @@ class InDoubtReport:
 class OrphanOutcome:
     """What ``recover --orphans`` did (or would do) with one branch."""
 
-    orphan: Orphan
+    orphan: Orphan | OpenTransaction
     outcome: str  # committed, rolled back, already ended, left, would commit, skipped: <why>
     epoch: int | None = None  # the pipeline's epoch taken to act on it
 
@@ -553,7 +558,42 @@ class PipelineOperations:
             age = branch_age(b.prepared_at, b.xid.epoch, row.record.epoch if row else None,
                              row.created_at if row else None, row.updated_at if row else None, now)
             orphans.append(Orphan(label, name, b.xid, pipeline, age, b.locks, action, reason))
-        return InDoubtReport(orphans, databases, unchecked)
+        transactions = self._open_transactions(databases, unchecked, now)
+        return InDoubtReport(orphans, databases, unchecked, transactions)
+
+    def _open_transactions(self, databases: list[str], unchecked: list[str],
+                           now: datetime) -> list[OpenTransaction]:
+        """The open transactions on every Kafka-sink pipeline's output topic, each with the pipeline's unfinished
+        batch and what ``recover`` does (:func:`~airflow_eo.core.orphans.decide_open_transaction`)."""
+        found: list[OpenTransaction] = []
+        for info in self.store.pipelines():
+            capabilities = capabilities_of(info.sink)
+            if info.sink is None or capabilities is None or not capabilities.consumer_group:
+                continue
+            try:
+                sink = self.connections.sink(info.pipeline_id, info.sink)
+                if not isinstance(sink, OpenTransactionServer):
+                    continue
+                label = sink.in_doubt_server()
+                open_ones = sink.open_transactions()
+                unfinished = self.store.unfinished_batches(info.pipeline_id) if open_ones else []
+                committed = sink.committed_batches(unfinished) if unfinished else set()
+            except Exception as exc:
+                unchecked.append(f"Kafka sink of {info.pipeline_id}: could not be read "
+                                 f"({self._said(exc, 'open transactions of ' + info.pipeline_id)})")
+                continue
+            if label not in databases:
+                databases.append(label)
+            if not open_ones:
+                continue
+            batch_id, action, reason = decide_open_transaction(unfinished, committed)
+            row = self.store.batch_history(info.pipeline_id, 1, [batch_id]) if batch_id is not None else []
+            age = branch_age(None, row[0].record.epoch, row[0].record.epoch, row[0].created_at, row[0].updated_at,
+                             now) if row else None
+            found.extend(OpenTransaction(label, info.pipeline_id, sink.transactional_id(), topic, partition, stable,
+                                         end, batch_id, age, action, reason)
+                         for (topic, partition), (stable, end) in sorted(open_ones.items()))
+        return found
 
     def recover_orphans(self, apply: bool = False, reason: str | None = None, unknown_rollback: bool = False,
                         older_than_s: float = 600.0, scan_interval_s: float = 5.0) -> OrphansReport:
@@ -591,6 +631,7 @@ class PipelineOperations:
             else:
                 act.append(o)
         unchecked = sorted(set(first.unchecked) | set(second.unchecked))
+        outcomes.extend(self._end_open_transactions(first, second, apply, reason, older_than_s, scan_interval_s))
         if not act:
             return OrphansReport(not apply, outcomes, second.databases, unchecked)
         assert reason is not None
@@ -604,6 +645,33 @@ class PipelineOperations:
             else:
                 outcomes.extend(self._end_fenced(pipeline, orphans, servers, reason.strip()))
         return OrphansReport(False, outcomes, second.databases, unchecked)
+
+    def _end_open_transactions(self, first: InDoubtReport, second: InDoubtReport, apply: bool, reason: str | None,
+                               older_than_s: float, scan_interval_s: float) -> list[OrphanOutcome]:
+        """A Kafka-sink pipeline's open transactions both scans list and older than the threshold: the pipeline's
+        ``recover`` (its epoch taken, audited; ``init_transactions`` aborts its producer's open transaction, a
+        batch Kafka committed is rolled forward), once per pipeline."""
+        both = seen_in_both((t.key for t in first.transactions), (t.key for t in second.transactions))
+        old = {t.key for t in overdue(second.transactions, older_than_s)}
+        outcomes = []
+        recovered: dict[str, int | None] = {}
+        for t in second.transactions:
+            if t.key not in both:
+                outcomes.append(OrphanOutcome(t, f"skipped: listed by one scan of two {scan_interval_s:g}s apart "
+                                                 "(in flight)"))
+            elif t.key not in old:
+                outcomes.append(OrphanOutcome(t, f"skipped: not older than {older_than_s:g}s"))
+            elif not apply:
+                outcomes.append(OrphanOutcome(t, f"would recover {t.pipeline_id} ({t.action})"))
+            else:
+                assert reason is not None
+                if t.pipeline_id not in recovered:
+                    recovered[t.pipeline_id] = self.recover(t.pipeline_id, apply=True, reason=reason.strip()).epoch
+                epoch = recovered[t.pipeline_id]
+                outcomes.append(OrphanOutcome(t, f"recovered ({t.action})" if epoch is not None else
+                                              "left: the pipeline has nothing to recover (Kafka aborts it after "
+                                              "transaction.timeout.ms)", epoch))
+        return outcomes
 
     def _end_fenced(self, pipeline_id: str, orphans: list[Orphan], servers: Mapping[str, tuple[InDoubtServer, Any]],
                     reason: str) -> list[OrphanOutcome]:

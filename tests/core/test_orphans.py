@@ -20,6 +20,7 @@ from airflow_eo.core.orphans import (
     OrphanAction,
     ScannedBranch,
     branch_age,
+    decide_open_transaction,
     decide_orphan,
     oldest_age_by_database,
     overdue,
@@ -104,6 +105,10 @@ class FakeLedger:
         found = [b for (p, i), b in self.batches.items() if p == pipeline_id and (batch_ids is None or i in batch_ids)]
         return [BatchInfo(b, NOW - timedelta(hours=2), NOW - timedelta(hours=1), None) for b in found][:limit]
 
+    def unfinished_batches(self, pipeline_id: str) -> list[BatchRecord]:
+        return [b for (p, _), b in self.batches.items() if p == pipeline_id and b.state in (BatchState.PLANNED,
+                                                                                              BatchState.PREPARED)]
+
     def take_audited(self, pipeline_id: str, actor: str, action: str, reason: str, details: dict[str, Any]) -> int:
         info = self.infos[pipeline_id]
         self.infos[pipeline_id] = PipelineInfo(pipeline_id, info.epoch + 1, None, info.mode, NOW, info.sink)
@@ -147,7 +152,7 @@ class FakeServer:
 
 
 class FakeConnections:
-    def __init__(self, ledger: FakeLedger, servers: dict[str, FakeServer]) -> None:
+    def __init__(self, ledger: FakeLedger, servers: dict[str, Any]) -> None:
         self.ledger, self.servers = ledger, servers
 
     def store(self) -> FakeLedger:
@@ -156,7 +161,7 @@ class FakeConnections:
     def offset_source(self) -> Any:
         raise AssertionError("in-doubt work needs no Kafka")
 
-    def sink(self, pipeline_id: str, record: SinkRecord) -> FakeServer:
+    def sink(self, pipeline_id: str, record: SinkRecord) -> Any:
         return self.servers[record.conn_id or ""]
 
 
@@ -268,3 +273,53 @@ def test_a_database_that_cannot_be_reached_is_named_and_the_others_are_still_sca
     assert len(report.unchecked) == 1 and "PostgreSQL h:2/db" in report.unchecked[0]
     assert "connection refused" in report.unchecked[0]
     assert {o.xid for o in report.orphans} == {x["a"], x["b"], x["gone"]}
+
+
+# --------------------------------------------------------------------------- Kafka-sink pipelines' open transactions
+
+KAFKA = SinkRecord("KafkaTransactionalSink", True, conn_id="kafka_out", target="out")
+
+
+class FakeKafka:
+    """A Kafka sink's output topic with a transaction left open on partition 1."""
+
+    def __init__(self, committed: set[int]) -> None:
+        self.committed = committed
+
+    def in_doubt_server(self) -> str:
+        return "Kafka b:9092"
+
+    def transactional_id(self) -> str:
+        return "airflow_eo.k"
+
+    def open_transactions(self) -> dict[tuple[str, int], tuple[int, int]]:
+        return {("out", 1): (40, 57)}
+
+    def committed_batches(self, unfinished: list[BatchRecord]) -> set[int]:
+        return {b.batch_id for b in unfinished} & self.committed
+
+
+def test_an_open_transaction_is_the_unfinished_batchs_aborted_unless_kafka_committed_it():
+    planned = BatchRecord("k", 8, "r8", 4, BatchState.PLANNED, [])
+    assert decide_open_transaction([planned], set())[:2] == (8, "abort")
+    assert decide_open_transaction([planned], {8})[:2] == (8, "roll forward")
+    batch_id, action, why = decide_open_transaction([], set())
+    assert (batch_id, action) == (None, "abort") and "Kafka aborts it after its timeout" in why
+
+
+def test_verify_all_lists_a_kafka_sink_pipelines_open_transaction_with_what_readers_wait_on():
+    ledger, mysql, postgres, _ = world()
+    ledger.infos["k"] = PipelineInfo("k", 4, None, Mode.CONTINUOUS, NOW, KAFKA)
+    ledger.batches[("k", 8)] = BatchRecord("k", 8, "r8", 4, BatchState.PLANNED, [])
+    servers = {"mysql_a": mysql, "pg_a": postgres, "kafka_out": FakeKafka(set())}
+    ops = PipelineOperations(FakeConnections(ledger, servers), "tester")
+    report = ops.in_doubt_everywhere()
+    [open_one] = report.transactions
+    assert (open_one.pipeline, open_one.batch_id, open_one.action) == ("k", 8, "abort")
+    assert open_one.to_dict()["locks"] == ["read_committed readers of out[1] stop at offset 40 (end 57)"]
+    assert open_one.age_seconds == pytest.approx(3600, abs=5)
+    assert "Kafka b:9092" in report.databases and report.oldest_age_seconds()["Kafka b:9092"] > 0
+    assert open_one.key in report.to_dict(0)["overdue"]
+    dry = ops.recover_orphans(older_than_s=0, scan_interval_s=0)
+    assert [o.outcome for o in dry.outcomes if o.orphan.pipeline == "k"] == ["would recover k (abort)"]
+    assert ledger.audit == []
