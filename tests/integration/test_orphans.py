@@ -1,8 +1,10 @@
 """Orphans made for real and resolved (issue 44): runs of an XA pipeline (MariaDB) and of a two-phase pipeline
-(PostgreSQL) are SIGKILLed right after their branches were prepared (``after_prepare``), and neither pipeline ever
-runs again. ``airflow eo verify --all`` finds their branches (pipeline, batch, age, locks, "rollback") and exits 1;
-``airflow eo recover --orphans`` is a dry run, then with ``--apply --reason`` rolls them back under each pipeline's
-fence, audited. Another writer's UPDATE of the same rows times out before and succeeds after.
+(PostgreSQL) are SIGKILLed right after their branches were prepared (``after_prepare``), a Kafka-sink pipeline's run
+after its last send (its transaction open), and none of them ever runs again. ``airflow eo verify --all`` finds
+their branches (pipeline, batch, age, locks, "rollback") and the open transaction ("abort") and exits 1;
+``airflow eo recover --orphans`` is a dry run, then with ``--apply --reason`` rolls the branches back under each
+pipeline's fence, audited, and recovers the Kafka pipeline. Another writer's UPDATE of the same rows times out
+before and succeeds after; read_committed readers of the Kafka topic wait before and not after.
 
 The servers are shared with other tests, which may leave prepared branches of their own at any moment: the offset
 store here is a database of this test's own, so every other branch is of a pipeline this store never knew ("unknown
@@ -25,8 +27,10 @@ import pytest
 
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.examples.page_views import APPS
+from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.mysql.xa import xa_session
 from airflow_eo.postgres.prepared import prepared_session
+from examples import ip_counts
 from examples.page_views import produce_page_views
 from tests.integration.operator_harness import rows
 from tests.integration.page_views import run_child
@@ -122,6 +126,22 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
                "sink": {"kind": kind, "table": tables[kind], "key_columns": ["app_id"], "updates": {"pv": "add"}}}
         crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_prepare")
         assert crashed.returncode == -signal.SIGKILL, f"{kind}: not killed after prepare: {why(crashed)}"
+    # A Kafka-sink pipeline killed after its last send: its transaction stays open on the output topic.
+    source, out = (create_topic(bootstrap, f"orphans_{name}_{suffix}", 1) for name in ("lines", "out"))
+    ip_counts.produce_lines(bootstrap, 200, topic=source)
+    kafka_pipeline = f"orphan_kafka_{suffix}"
+    job = {"topic": source, "pipeline_id": kafka_pipeline, "run_id": f"manual__{uuid.uuid4().hex}",
+           "offset_store_conn_id": own_store, "transform": "airflow_eo.examples.ip_counts.count_per_window_and_ip",
+           "options": {"value_format": "string"}, "sink": {"kind": "KafkaTransactionalSink", "topic": out}}
+    crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_last_send")
+    assert crashed.returncode == -signal.SIGKILL, f"Kafka sink: not killed after its last send: {why(crashed)}"
+    kafka = KafkaOffsetSource({"bootstrap.servers": bootstrap})
+    out_partition = kafka.partitions([out])
+
+    def readers_wait() -> bool:  # a read_committed reader stops at the open transaction's first offset
+        return kafka.last_stable(out_partition) != kafka.high_watermarks(out_partition)
+
+    assert readers_wait(), "the killed run's transaction should be open on the output topic"
     spark_done = time.monotonic()
     # The pipelines never run again. Their branches hold the rows.
     assert mysql_update_waits(mysql_kwargs, mysql_table), "the XA branches should hold the rows' locks"
@@ -144,10 +164,14 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
             if kind == "PostgresTwoPhaseSink":  # PostgreSQL says which relations it holds
                 assert any(lock.startswith(pg_table) for lock in b["locks"]), b
             assert b["xid"] in report["overdue"]
+    [open_one] = [b for b in report["in_doubt"] if b["pipeline_id"] == kafka_pipeline]
+    assert (open_one["branch"], open_one["batch_id"], open_one["action"]) == ("open Kafka transaction", 0, "abort")
+    assert open_one["xid"] == f"airflow_eo.{kafka_pipeline} {out}[0]" and open_one["xid"] in report["overdue"]
+    assert open_one["locks"][0].startswith(f"read_committed readers of {out}[0] stop at offset 0")
     # Every branch of a pipeline this store never knew (other tests') is listed as such and left.
     assert all(b["pipeline"] == "unknown pipeline" and b["action"] == "leave"
-               for b in report["in_doubt"] if b["xid"] not in mine)
-    assert set(report["oldest_age_seconds"]) == set(report["databases"]) and len(report["databases"]) == 2
+               for b in report["in_doubt"] if b["xid"] not in mine and b["pipeline_id"] != kafka_pipeline)
+    assert set(report["oldest_age_seconds"]) == set(report["databases"]) and len(report["databases"]) == 3
     table = eo("verify", "--all", "--older-than", "0", *store)
     assert table.returncode == 1 and pipelines["MySqlXaSink"] in table.stdout, table.stdout + table.stderr
     if os.environ.get("EO_SHOW_CLI"):  # the output docs/operating-orphans.md quotes
@@ -169,9 +193,11 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
     done = json.loads(applied.stdout)
     resolved = ours(done["branches"], set(pipelines.values()))
     assert set(resolved) == set(mine) and {b["outcome"] for b in resolved.values()} == {"rolled back"}, resolved
+    assert [b["outcome"] for b in done["branches"] if b["pipeline_id"] == kafka_pipeline] == ["recovered (abort)"]
+    assert not readers_wait(), "read_committed readers of the Kafka sink's topic should no longer wait"
     # Nothing else was touched: another pipeline's branch is unknown to this store and left (or skipped).
     assert all(b["outcome"] == "left" or b["outcome"].startswith("skipped")
-               for b in done["branches"] if b["xid"] not in mine)
+               for b in done["branches"] if b["xid"] not in mine and b["pipeline_id"] != kafka_pipeline)
 
     assert not mysql_update_waits(mysql_kwargs, mysql_table), "the UPDATE should succeed once they are rolled back"
     assert not postgres_update_waits(postgres_kwargs, pg_table)
@@ -181,6 +207,7 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
     database = os.environ[f"AIRFLOW_CONN_{own_store.upper()}"].rsplit("/", 1)[1]
     audit = rows(mysql_kwargs, f"SELECT pipeline_id, action, reason, epoch, details FROM {database}.eo_audit")
     assert sorted((p, a, r) for p, a, r, _, _ in audit) == sorted(
-        (p, "recover orphans", "pipelines retired, DAGs deleted") for p in pipelines.values())
+        [(p, "recover orphans", "pipelines retired, DAGs deleted") for p in pipelines.values()]
+        + [(kafka_pipeline, "recover", "pipelines retired, DAGs deleted")])
     assert all(json.loads(d)["completed"] is True and e is not None for *_, e, d in audit)
-    print(f"two SIGKILLed runs {spark_done - started:.0f}s, the commands {time.monotonic() - spark_done:.0f}s")
+    print(f"three SIGKILLed runs {spark_done - started:.0f}s, the commands {time.monotonic() - spark_done:.0f}s")
