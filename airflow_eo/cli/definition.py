@@ -24,15 +24,18 @@ ARG_PIPELINE_OR_ALL = Arg(("pipeline_id",), nargs="?", default=None,
 ARG_VERIFY_ALL = Arg(("--all",), action="store_true",
                      help="Instead of one pipeline: every in-doubt branch carrying our prefix (XA branches, "
                           "PostgreSQL prepared transactions) on every database the store's pipelines recorded as "
-                          "their sink's, with its pipeline (or 'unknown pipeline'), batch, age, locks (where the "
-                          "database says) and what the store decides; exit code 1 when one is older than --older-than")
+                          "their sink's, and the open transactions on every Kafka-sink pipeline's output topic, with "
+                          "its pipeline (or 'unknown pipeline'), batch, age, locks (where the database says) and what "
+                          "the store decides; exit code 1 when one is older than --older-than, 2 when a database "
+                          "could not be scanned")
 ARG_OLDER_THAN = Arg(("--older-than",), default=None, metavar="DURATION",
                      help="Seconds, or a number with a unit s, m, h, d (10m, 2h); 0: every branch. --all: exit code 1 "
                           "when a branch is older; --orphans: only older branches are resolved (default: 10m)")
 ARG_ORPHANS = Arg(("--orphans",), action="store_true",
                   help="Instead of one pipeline: every in-doubt branch of ours on the store's sink databases, "
-                       "decided by the store as recover decides a pipeline's, under each pipeline's epoch, audited; "
-                       "two scans --scan-interval apart, and only branches both list and older than --older-than")
+                       "decided by the store as recover decides a pipeline's, under each pipeline's epoch, audited "
+                       "(a Kafka-sink pipeline's open transaction: its recover); two scans --scan-interval apart, "
+                       "and only branches both list and older than --older-than")
 ARG_UNKNOWN = Arg(("--unknown",), choices=("leave", "rollback"), default=None,
                   help="--orphans: what becomes of a branch whose pipeline the store never knew (default: leave)")
 ARG_SCAN_INTERVAL = Arg(("--scan-interval",), type=float, default=5.0, metavar="SECONDS",
