@@ -204,14 +204,21 @@ def pipeline_keys(pipeline_ids: Iterable[str]) -> dict[str, str]:
 
 
 def decide_orphan(xid: Xid, pipeline_id: str | None, batch: BatchRecord | None,
-                  unknown_rollback: bool = False) -> tuple[OrphanAction, str]:
+                  unknown_rollback: bool = False, sink_database: str | None = None,
+                  found_on: str | None = None) -> tuple[OrphanAction, str]:
     """What ``recover --orphans`` does with a branch, and why: the store's decision
     (:func:`~airflow_eo.core.recovery.decide_branch`) for a pipeline it knows; a pipeline it never knew is left alone
     (another store's, perhaps) unless ``unknown_rollback`` (``--unknown rollback``).
 
     :param batch: the branch's batch row in the store (None: none), read after the pipeline's epoch was taken when
         acting on it (no attempt of an earlier epoch can commit it then).
+    :param sink_database: the database the store's pipeline writes to (its recorded sink's); with ``found_on``, the
+        one the branch is on: when they differ the branch is left (a pipeline of the same id in another store,
+        whose batches this store does not know, may have committed it).
     """
+    if pipeline_id is not None and sink_database is not None and found_on is not None and sink_database != found_on:
+        return OrphanAction.LEAVE, (f"pipeline {pipeline_id} of this offset store writes to {sink_database}, not "
+                                    "here: the branch may be a same-named pipeline's of another store; left alone")
     if pipeline_id is None:
         if unknown_rollback:
             return OrphanAction.ROLLBACK, ("no pipeline of this offset store carries its key; rolled back as asked "

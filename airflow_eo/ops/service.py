@@ -534,7 +534,7 @@ class PipelineOperations:
 
         :param unknown_rollback: decide a branch of a pipeline the store never knew as a rollback (else: left).
         """
-        servers, unchecked = self._in_doubt_servers()
+        servers, unchecked, sink_of = self._in_doubt_servers()
         ids = [p.pipeline_id for p in self.store.pipelines()]
         keys = pipeline_keys(ids)
         scanned: list[tuple[str, str, ScannedBranch]] = []
@@ -554,7 +554,8 @@ class PipelineOperations:
         for label, name, b in scanned:
             pipeline = owners[b.xid]
             row = rows.get((pipeline, b.xid.batch_id)) if pipeline is not None else None
-            action, reason = decide_orphan(b.xid, pipeline, row.record if row else None, unknown_rollback)
+            action, reason = decide_orphan(b.xid, pipeline, row.record if row else None, unknown_rollback,
+                                           sink_of.get(pipeline) if pipeline is not None else None, label)
             age = branch_age(b.prepared_at, b.xid.epoch, row.record.epoch if row else None,
                              row.created_at if row else None, row.updated_at if row else None, now)
             orphans.append(Orphan(label, name, b.xid, pipeline, age, b.locks, action, reason))
@@ -635,7 +636,7 @@ class PipelineOperations:
         if not act:
             return OrphansReport(not apply, outcomes, second.databases, unchecked)
         assert reason is not None
-        servers, _ = self._in_doubt_servers()
+        servers, _, sink_of = self._in_doubt_servers()
         by_pipeline: dict[str | None, list[Orphan]] = {}
         for o in act:
             by_pipeline.setdefault(o.pipeline_id, []).append(o)
@@ -643,7 +644,7 @@ class PipelineOperations:
             if pipeline is None:
                 outcomes.extend(self._end_unknown(o, servers, reason.strip()) for o in orphans)
             else:
-                outcomes.extend(self._end_fenced(pipeline, orphans, servers, reason.strip()))
+                outcomes.extend(self._end_fenced(pipeline, orphans, servers, sink_of, reason.strip()))
         return OrphansReport(False, outcomes, second.databases, unchecked)
 
     def _end_open_transactions(self, first: InDoubtReport, second: InDoubtReport, apply: bool, reason: str | None,
@@ -674,7 +675,7 @@ class PipelineOperations:
         return outcomes
 
     def _end_fenced(self, pipeline_id: str, orphans: list[Orphan], servers: Mapping[str, tuple[InDoubtServer, Any]],
-                    reason: str) -> list[OrphanOutcome]:
+                    sink_of: Mapping[str, str], reason: str) -> list[OrphanOutcome]:
         """Take the pipeline's epoch (audited), decide its branches again by its batch rows as they are now (no
         attempt of an earlier epoch can commit a batch any more), end them, complete the audit row."""
         plan = [{**o.to_dict(), "outcome": f"will {o.action.value}"} for o in orphans]
@@ -685,7 +686,8 @@ class PipelineOperations:
         rows = {b.record.batch_id: b.record for b in self.store.batch_history(pipeline_id, len(ids), ids)}
         done = []
         for o in orphans:
-            action, why = decide_orphan(o.xid, pipeline_id, rows.get(o.xid.batch_id))
+            action, why = decide_orphan(o.xid, pipeline_id, rows.get(o.xid.batch_id), sink_database=sink_of.get(
+                pipeline_id), found_on=o.database)
             decided = replace(o, action=action, reason=why)
             done.append(OrphanOutcome(decided, self._end(decided, servers), epoch))
         self.store.complete_audit(pipeline_id, epoch, ORPHANS_ACTION,
@@ -712,31 +714,34 @@ class PipelineOperations:
             return "already ended"
         return "committed" if action is BranchAction.COMMIT else "rolled back"
 
-    def _in_doubt_servers(self) -> tuple[dict[str, tuple[InDoubtServer, set[str]]], list[str]]:
+    def _in_doubt_servers(self) -> tuple[dict[str, tuple[InDoubtServer, set[str]]], list[str], dict[str, str]]:
         """The databases the store's pipelines recorded as their two-phase sinks' (label -> the adapter that reads
-        it, the connection ids reaching it), one per server (two connections to one server are one database); and
-        the sinks whose database could not be reached, and why."""
+        it, the connection ids reaching it), one per server (two connections to one server are one database); the
+        sinks whose database could not be reached, and why; and each pipeline's database (pipeline id -> label)."""
         by_server: dict[str, tuple[InDoubtServer, set[str]]] = {}
         unchecked: list[str] = []
-        built: set[tuple[str, str | None]] = set()
+        built: dict[tuple[str, str | None], str | None] = {}
+        sink_of: dict[str, str] = {}
         for info in self.store.pipelines():
             capabilities = capabilities_of(info.sink)
             if info.sink is None or capabilities is None or not capabilities.in_doubt_branches:
                 continue
-            if (info.sink.kind, info.sink.conn_id) in built:
-                continue
-            built.add((info.sink.kind, info.sink.conn_id))
-            try:
-                sink = self.connections.sink(info.pipeline_id, info.sink)
-            except Exception as exc:
-                unchecked.append(f"{info.sink.kind} on connection {info.sink.conn_id}: could not be reached "
-                                 f"({self._said(exc, 'sink of ' + info.pipeline_id)})")
-                continue
-            if not isinstance(sink, InDoubtServer):
-                continue
-            server = sink.in_doubt_server()
-            by_server.setdefault(server, (sink, set()))[1].add(str(info.sink.conn_id))
-        return by_server, unchecked
+            where = (info.sink.kind, info.sink.conn_id)
+            if where not in built:
+                built[where] = None
+                try:
+                    sink = self.connections.sink(info.pipeline_id, info.sink)
+                except Exception as exc:
+                    unchecked.append(f"{info.sink.kind} on connection {info.sink.conn_id}: could not be reached "
+                                     f"({self._said(exc, 'sink of ' + info.pipeline_id)})")
+                    continue
+                if not isinstance(sink, InDoubtServer):
+                    continue
+                built[where] = server = sink.in_doubt_server()
+                by_server.setdefault(server, (sink, set()))[1].add(str(info.sink.conn_id))
+            # A pipeline whose database could not be read: none of its branches elsewhere is decided (which store's?)
+            sink_of[info.pipeline_id] = built[where] or f"connection {info.sink.conn_id} (not reachable)"
+        return by_server, unchecked, sink_of
 
     def _batch_rows(self, owners: Mapping[Any, str | None]) -> dict[tuple[str, int], BatchInfo]:
         """The batch rows the branches name, per (pipeline, batch id)."""

@@ -323,3 +323,17 @@ def test_verify_all_lists_a_kafka_sink_pipelines_open_transaction_with_what_read
     dry = ops.recover_orphans(older_than_s=0, scan_interval_s=0)
     assert [o.outcome for o in dry.outcomes if o.orphan.pipeline == "k"] == ["would recover k (abort)"]
     assert ledger.audit == []
+
+
+def test_a_branch_on_another_database_than_its_pipelines_sink_is_left():
+    """A pipeline of the same id in another store may write there: this store's batch rows do not decide it."""
+    ledger, mysql, postgres, x = world()
+    stray = Xid(pipeline_key("c"), 2, 1, 1)  # pipeline c writes to PostgreSQL; this one is on the MariaDB server
+    mysql.branches.append(ScannedBranch(stray))
+    ops = operations(ledger, mysql, postgres)
+    found = {o.xid: o for o in ops.in_doubt_everywhere().orphans}
+    assert found[stray].pipeline == "c" and found[stray].action is OrphanAction.LEAVE
+    assert "writes to PostgreSQL h:2/db, not here" in found[stray].reason
+    report = ops.recover_orphans(apply=True, reason="r", older_than_s=0, scan_interval_s=0)
+    assert {o.orphan.xid: o.outcome for o in report.outcomes}[stray] == "left"
+    assert stray not in [Xid.decode(e) for e, _ in mysql.ended]
