@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -22,9 +23,11 @@ from rich.markup import escape
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.definition import DOUBLE_COUNT_FLAG
 from airflow_eo.core.drivers import describe_driver_error
-from airflow_eo.core.errors import AirflowEoError, OperationError
+from airflow_eo.core.errors import AirflowEoError, OperationError, UnknownPipelineError
+from airflow_eo.core.orphans import parse_duration
 from airflow_eo.core.rewind import RewindKind, RewindTarget
-from airflow_eo.hooks.operations import pipeline_operations
+from airflow_eo.hooks.operations import default_offset_store_conn_id, locate_pipeline, pipeline_operations
+from airflow_eo.hooks.stats import emit_in_doubt_gauges
 from airflow_eo.ops.service import PipelineOperations, audit_dict, batch_dict
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,7 +57,18 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
                     check(args)
                 ops = pipeline_operations(args.offset_store_conn_id, args.kafka_conn_id, args.sink_conn_id,
                                           mysql_conn_id=args.mysql_conn_id)
-                func(args, ops)
+                try:
+                    func(args, ops)
+                except UnknownPipelineError as unknown:
+                    if args.offset_store_conn_id or not getattr(args, "pipeline_id", None):
+                        raise
+                    # Not in the default store: the pipeline's may be another (its operator's offset_store_conn_id).
+                    store = _locate_store(args.pipeline_id, default_offset_store_conn_id(), unknown)
+                    print(f"{command}: pipeline {args.pipeline_id!r} is in the offset store of connection {store!r} "
+                          "(found among the mysql / postgres connections; --offset-store-conn-id names it)",
+                          file=sys.stderr)
+                    func(args, pipeline_operations(store, args.kafka_conn_id, args.sink_conn_id,
+                                                   mysql_conn_id=args.mysql_conn_id))
             except (AirflowEoError, AirflowNotFoundException) as exc:
                 raise SystemExit(f"{command}: {exc}") from None
             except Exception as exc:
@@ -67,6 +81,22 @@ def _operation(check: Callable[[Any], None] | None = None) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _locate_store(pipeline_id: str, default_store: str, unknown: UnknownPipelineError) -> str:
+    """The one other offset store holding the pipeline (:func:`~airflow_eo.hooks.operations.locate_pipeline`), or an
+    error saying which connection to name."""
+    found, checked = locate_pipeline(pipeline_id, default_store)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise OperationError(f"pipeline {pipeline_id!r} is not in the default offset store ({default_store!r}) but in "
+                             f"the stores of several connections: {', '.join(found)}; name one with "
+                             "--offset-store-conn-id")
+    looked = f"the other mysql / postgres connections ({', '.join(checked)})" if checked else "no other connection"
+    raise OperationError(f"{unknown}; nor is it in {looked}: name its store's connection with --offset-store-conn-id "
+                         "(the operator's offset_store_conn_id; a connection kept in a secrets backend cannot be "
+                         "listed, so name it)")
 
 
 # --------------------------------------------------------------------------- arguments
@@ -86,6 +116,25 @@ def _check_rewind_args(args: Any) -> None:
 
 def _check_recover_args(args: Any) -> None:
     _check_apply(args, "recover")
+    _check_one_or_all(args, "--orphans", getattr(args, "orphans", False))
+    if not getattr(args, "orphans", False):
+        given = [flag for flag, value in (("--unknown", args.unknown), ("--older-than", args.older_than)) if value]
+        if given:
+            raise OperationError(f"{', '.join(given)} go(es) with --orphans only")
+    parse_duration(args.older_than or "10m")
+
+
+def _check_verify_args(args: Any) -> None:
+    _check_one_or_all(args, "--all", getattr(args, "all", False))
+    if args.older_than is not None and not args.all:
+        raise OperationError("--older-than goes with --all only")
+    parse_duration(args.older_than or "10m")
+
+
+def _check_one_or_all(args: Any, flag: str, every: bool) -> None:
+    if bool(args.pipeline_id) == bool(every):
+        raise OperationError(f"name a pipeline or give {flag} (every pipeline's in-doubt work), not "
+                             + ("both" if every else "neither"))
 
 
 def _rewind_target(args: Any) -> RewindTarget:
@@ -173,7 +222,10 @@ def history(args: Any, ops: PipelineOperations) -> None:
 @providers_configuration_loaded
 @_operation(check=_check_recover_args)
 def recover(args: Any, ops: PipelineOperations) -> None:
-    """``airflow eo recover PIPELINE [--apply --reason TEXT]``."""
+    """``airflow eo recover PIPELINE [--apply --reason TEXT]``, ``airflow eo recover --orphans [...]``."""
+    if args.orphans:
+        _recover_orphans(args, ops)
+        return
     report = ops.recover(args.pipeline_id, apply=args.apply, reason=args.reason)
     doc = report.to_dict()
     batches = [{"batch": b["batch_id"], "run": b["run_id"], "state": b["state"], "action": b["recover"],
@@ -233,10 +285,13 @@ def dead_letters(args: Any, ops: PipelineOperations) -> None:
 
 @suppress_logs_and_warning
 @providers_configuration_loaded
-@_operation()
+@_operation(check=_check_verify_args)
 def verify(args: Any, ops: PipelineOperations) -> None:
     """``airflow eo verify PIPELINE``: one line per finding; exit code 1 with findings, 2 when nothing was found but
-    a check could not run, else 0."""
+    a check could not run, else 0. ``airflow eo verify --all``: every in-doubt branch of ours."""
+    if args.all:
+        _verify_all(args, ops)
+        return
     report = ops.verify(args.pipeline_id)
     if args.output in ("json", "yaml"):
         _show(args.output, report.to_dict(), [])
@@ -252,6 +307,49 @@ def verify(args: Any, ops: PipelineOperations) -> None:
         raise SystemExit(f"airflow eo verify: {len(report.findings)} finding(s) for pipeline {args.pipeline_id}")
     if report.unchecked:
         raise SystemExit(f"airflow eo verify: no finding, but {len(report.unchecked)} check(s) could not run")
+
+
+def _in_doubt_rows(branches: Rows, verb: str) -> Rows:
+    return [{"database": b["database"], "pipeline": b["pipeline"], "batch": b["batch_id"], "xid": b["xid"],
+             "age": _age(b["age_seconds"]),
+             "locks": "not said" if b["locks"] is None else (", ".join(b["locks"]) or "none"),
+             verb: b.get("outcome", b["action"]), "why": b["reason"]} for b in branches]
+
+
+def _verify_all(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo verify --all [--older-than 10m]``: exit code 1 when a branch is older than the threshold."""
+    older_than = parse_duration(args.older_than or "10m")
+    report = ops.in_doubt_everywhere()
+    emit_in_doubt_gauges(report.oldest_age_seconds())
+    doc = report.to_dict(older_than)
+    notes = [f"scanned: {d}" for d in report.databases] + [f"not scanned: {u}" for u in report.unchecked]
+    old = doc["overdue"]
+    shown = [b for b in doc["in_doubt"] if older_than <= 0 or b["xid"] in old]
+    notes.append(f"{len(old)} of {len(doc['in_doubt'])} in-doubt branch(es) older than {older_than:g}s"
+                 + (" (shown)" if older_than > 0 else ""))
+    _show(args.output, doc, [(IN_DOUBT_TITLE + ", every pipeline", _in_doubt_rows(shown, "recover will"))], notes)
+    if old:
+        raise SystemExit(f"airflow eo verify --all: {len(old)} in-doubt branch(es) older than {older_than:g}s: "
+                         "`airflow eo recover --orphans` resolves them")
+    if report.unchecked:
+        print(f"airflow eo verify --all: {len(report.unchecked)} database(s) could not be scanned", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _recover_orphans(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo recover --orphans [--apply --reason TEXT] [--unknown rollback] [--older-than 10m]``."""
+    report = ops.recover_orphans(apply=args.apply, reason=args.reason, unknown_rollback=args.unknown == "rollback",
+                                 older_than_s=parse_duration(args.older_than or "10m"),
+                                 scan_interval_s=args.scan_interval)
+    doc = report.to_dict()
+    notes = [f"scanned: {d}" for d in report.databases] + [f"not scanned: {u}" for u in report.unchecked]
+    if report.dry_run:
+        notes.append("dry run: nothing was changed; add --apply --reason TEXT to do it (it takes each pipeline's "
+                     "epoch, fencing any running attempt, and records it in the audit log)")
+    else:
+        notes.append("done under each pipeline's newly taken epoch (shown per branch); recorded in the audit log")
+    _show(args.output, doc, [(IN_DOUBT_TITLE + ", every pipeline", _in_doubt_rows(doc["branches"], "outcome"))],
+          notes)
 
 
 # --------------------------------------------------------------------------- output

@@ -19,6 +19,27 @@ from airflow.cli.cli_config import (
 DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
 
 ARG_PIPELINE = Arg(("pipeline_id",), help="The pipeline's id in the offset store (`airflow eo pipelines` lists them)")
+ARG_PIPELINE_OR_ALL = Arg(("pipeline_id",), nargs="?", default=None,
+                          help="The pipeline's id in the offset store (`airflow eo pipelines` lists them)")
+ARG_VERIFY_ALL = Arg(("--all",), action="store_true",
+                     help="Instead of one pipeline: every in-doubt branch carrying our prefix (XA branches, "
+                          "PostgreSQL prepared transactions) on every database the store's pipelines recorded as "
+                          "their sink's, and the open transactions on every Kafka-sink pipeline's output topic, with "
+                          "its pipeline (or 'unknown pipeline'), batch, age, locks (where the database says) and what "
+                          "the store decides; exit code 1 when one is older than --older-than, 2 when a database "
+                          "could not be scanned")
+ARG_OLDER_THAN = Arg(("--older-than",), default=None, metavar="DURATION",
+                     help="Seconds, or a number with a unit s, m, h, d (10m, 2h); 0: every branch. --all: exit code 1 "
+                          "when a branch is older; --orphans: only older branches are resolved (default: 10m)")
+ARG_ORPHANS = Arg(("--orphans",), action="store_true",
+                  help="Instead of one pipeline: every in-doubt branch of ours on the store's sink databases, "
+                       "decided by the store as recover decides a pipeline's, under each pipeline's epoch, audited "
+                       "(a Kafka-sink pipeline's open transaction: its recover); two scans --scan-interval apart, "
+                       "and only branches both list and older than --older-than")
+ARG_UNKNOWN = Arg(("--unknown",), choices=("leave", "rollback"), default=None,
+                  help="--orphans: what becomes of a branch whose pipeline the store never knew (default: leave)")
+ARG_SCAN_INTERVAL = Arg(("--scan-interval",), type=float, default=5.0, metavar="SECONDS",
+                        help="--orphans: seconds between the two scans (default: 5)")
 ARG_OFFSET_STORE_CONN = Arg(("--offset-store-conn-id",), default=None,
                             help="Airflow mysql (MySQL / MariaDB) or postgres (PostgreSQL) connection of the offset "
                                  "store (default: [eo] offset_store_conn_id, else eo_offset_store)")
@@ -100,9 +121,12 @@ EO_COMMANDS = (
                     "transactions) of committed batches, rolls back "
                     "the others, rolls forward batches a Kafka sink committed and aborts every other unfinished "
                     "batch. A DRY RUN unless --apply, which needs --reason; the audit row is written with the epoch "
-                    "take, before anything changes, and completed with what recovery did.",
+                    "take, before anything changes, and completed with what recovery did. With --orphans instead of "
+                    "a pipeline: every in-doubt branch of ours on the store's sink databases, whatever pipeline "
+                    "left it (see --orphans, --unknown, --older-than).",
         func=lazy_load_command(f"{COMMANDS_PATH}.recover"),
-        args=(ARG_PIPELINE, ARG_RECOVER_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT,
+        args=(ARG_PIPELINE_OR_ALL, ARG_ORPHANS, ARG_UNKNOWN, ARG_OLDER_THAN, ARG_SCAN_INTERVAL, ARG_RECOVER_APPLY,
+              ARG_RECOVER_DRY_RUN, ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT,
               ARG_VERBOSE),
     ),
     ActionCommand(
@@ -127,9 +151,11 @@ EO_COMMANDS = (
                     "mode); no prepared branch (XA, PostgreSQL prepared transaction) of a finished batch is open "
                     "and no Kafka transaction committed a batch the store has not; every run whose task succeeded "
                     "has its batch committed and every committed batch belongs to a run (or an audited recovery). "
-                    "Exit code 1 with findings, 2 when a check could not run, else 0.",
+                    "Exit code 1 with findings, 2 when a check could not run, else 0. With --all instead of a "
+                    "pipeline: every in-doubt branch of ours on every database the store's pipelines recorded "
+                    "(exit code 1 when one is older than --older-than).",
         func=lazy_load_command(f"{COMMANDS_PATH}.verify"),
-        args=(ARG_PIPELINE, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+        args=(ARG_PIPELINE_OR_ALL, ARG_VERIFY_ALL, ARG_OLDER_THAN, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(
         name="dead-letters",

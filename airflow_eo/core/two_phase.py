@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.recovery import BranchAction, BranchDecision, decide_branch
 from airflow_eo.core.xid import Xid
 
@@ -24,6 +25,10 @@ class PreparedBranches(Protocol):
 
     def recover(self, pipeline_id: str | None = None) -> list[Xid]:
         """Our prepared branches, of ``pipeline_id`` or of any pipeline, sorted."""
+
+    def scan(self) -> list[ScannedBranch]:
+        """Every prepared branch of ours on the database, of any pipeline, with what the database says of it
+        (``airflow eo verify --all``)."""
 
     def commit(self, xid: Xid) -> bool:
         """Commit a prepared branch; False when the server no longer knows it (ended before)."""

@@ -298,17 +298,38 @@ class TaskRun:
     run_id: str
     state: str | None  # the task instance's state (Airflow's TaskInstanceState value); None: not scheduled
     interval: Interval | None = None  # the run's data interval (interval mode's batch identity)
+    pipeline_id: str | None = None  # the task's rendered pipeline_id in that run, where Airflow kept it
 
 
-def check_runs(runs: Sequence[TaskRun], batches: Sequence[BatchRecord], audited: Iterable[int] = ()) -> list[Finding]:
+def runs_in_question(runs: Sequence[TaskRun], batches: Sequence[BatchRecord], pipeline_id: str | None) -> list[str]:
+    """The successful runs of the task that recorded no batch of the pipeline and whose rendered ``pipeline_id``
+    (where Airflow kept it) does not name another pipeline: whether another pipeline of the store recorded them
+    decides whether they are findings (:func:`check_runs`)."""
+    recorded = {b.run_id for b in batches}
+    intervals = {b.interval for b in batches if b.interval is not None and b.state is BatchState.COMMITTED}
+    return sorted(r.run_id for r in runs if r.state == "success" and r.run_id not in recorded
+                  and (r.interval is None or r.interval not in intervals)
+                  and r.pipeline_id in (None, pipeline_id))
+
+
+def check_runs(runs: Sequence[TaskRun], batches: Sequence[BatchRecord], audited: Iterable[int] = (),
+               pipeline_id: str | None = None, recorded_elsewhere: Mapping[str, str] | None = None) -> list[Finding]:
     """Every run whose task succeeded has its batch committed (its run id's, or in interval mode its interval's);
     every committed batch belongs to a run of the task that Airflow knows (or to an audited recovery) and that run
     did not end failed.
 
+    A run of the task belongs to the pipeline whose store recorded it, or that its rendered ``pipeline_id`` names:
+    the task's ``pipeline_id`` may change (edited, templated from the run's conf, renamed), and a run of an earlier
+    id is that pipeline's, not a finding of this one. Only a run no pipeline recorded (and whose rendered id, if
+    known, is this pipeline's) is.
+
     :param runs: the task's runs (any state).
     :param batches: the pipeline's batches (any state).
     :param audited: batches an audited recovery committed (:func:`audited_batches`).
+    :param pipeline_id: the pipeline checked (None: every run of the task is taken for its own).
+    :param recorded_elsewhere: run id -> the other pipeline of the store that recorded a batch of it.
     """
+    elsewhere = recorded_elsewhere or {}
     committed = [b for b in batches if b.state is BatchState.COMMITTED]
     by_run = {b.run_id: b for b in committed}
     by_interval = {b.interval: b for b in committed if b.interval is not None}
@@ -324,6 +345,8 @@ def check_runs(runs: Sequence[TaskRun], batches: Sequence[BatchRecord], audited:
             continue
         if run.run_id in by_run or (run.interval is not None and run.interval in by_interval):
             continue
+        if run.run_id in elsewhere or (pipeline_id is not None and run.pipeline_id not in (None, pipeline_id)):
+            continue  # another pipeline's run (the task's pipeline_id was another then)
         planned = [b for b in batches if b.run_id == run.run_id]
         found = (f"its batch {planned[-1].batch_id} is {planned[-1].state.value}" if planned
                  else "the store has no batch of it")

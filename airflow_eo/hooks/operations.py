@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import socket
+from typing import Any
 
 from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
@@ -18,6 +20,8 @@ from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import sink_kind, spec_from_record
+
+log = logging.getLogger(__name__)
 
 
 class AirflowConnections:
@@ -71,18 +75,86 @@ class AirflowTaskRuns:
 
     def task_runs(self, dag_id: str, task_id: str) -> list[TaskRun]:
         from airflow.models.dagrun import DagRun
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields as Rendered
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end)
+        # The rendered pipeline_id of each run, where Airflow kept it (the newest runs' only): a run of the task
+        # whose pipeline_id was another then is that pipeline's.
+        query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end,
+                        Rendered.rendered_fields)
                  .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
+                 .outerjoin(Rendered, (Rendered.dag_id == TaskInstance.dag_id)
+                            & (Rendered.task_id == TaskInstance.task_id) & (Rendered.run_id == TaskInstance.run_id)
+                            & (Rendered.map_index == TaskInstance.map_index))
                  .where(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id))
         with create_session() as session:
             found = session.execute(query).all()
         return [TaskRun(run_id, None if state is None else str(getattr(state, "value", state)),
-                        Interval(start, end) if start is not None and end is not None and start < end else None)
-                for run_id, state, start, end in found]
+                        Interval(start, end) if start is not None and end is not None and start < end else None,
+                        _rendered_pipeline_id(rendered))
+                for run_id, state, start, end, rendered in found]
+
+
+def _rendered_pipeline_id(rendered: object) -> str | None:
+    """The ``pipeline_id`` a run's task rendered (``rendered_task_instance_fields``), None when not kept."""
+    value = rendered.get("pipeline_id") if isinstance(rendered, dict) else None
+    return value if isinstance(value, str) else None
+
+
+#: The connection types an offset store runs on (core/stores.py registers them).
+STORE_CONNECTION_TYPES = ("mysql", "postgres", "postgresql")
+
+
+def listable_connections() -> list[str]:
+    """The connection ids Airflow can list: ``AIRFLOW_CONN_*`` environment variables and the metadata database's
+    connections (a secrets backend's cannot be listed)."""
+    found = {name[len("AIRFLOW_CONN_"):].lower() for name in os.environ if name.startswith("AIRFLOW_CONN_")}
+    try:
+        from airflow.models.connection import Connection
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            found.update(session.scalars(select(Connection.conn_id)).all())
+    except Exception:  # no metadata database here: the environment's connections only
+        log.debug("the metadata database's connections could not be listed", exc_info=True)
+    return sorted(found)
+
+
+def locate_pipeline(pipeline_id: str, exclude: str) -> tuple[list[str], list[str]]:
+    """Which offset stores hold ``pipeline_id``, among the listable ``mysql`` / ``postgres`` connections other than
+    ``exclude`` (the default store, asked already): the connections of the stores that know it (one per database),
+    and every connection looked at. Read-only: a database without our tables is skipped, never migrated.
+
+    :param pipeline_id: the pipeline.
+    :param exclude: the connection id asked already.
+    """
+    from airflow.sdk import BaseHook
+
+    found: dict[tuple[Any, ...], str] = {}
+    checked = []
+    for conn_id in listable_connections():
+        if conn_id == exclude:
+            continue
+        try:
+            connection = BaseHook.get_connection(conn_id)
+        except Exception:
+            continue
+        if connection.conn_type not in STORE_CONNECTION_TYPES:
+            continue
+        checked.append(conn_id)
+        where = (connection.conn_type.replace("postgresql", "postgres"), connection.host, connection.port,
+                 connection.schema)
+        try:
+            store = OffsetStoreHook(conn_id).get_store()
+            store.read_only = True  # never create our tables in somebody's database
+            if store.pipelines(pipeline_id) and where not in found:
+                found[where] = conn_id
+        except Exception:  # not an offset store (no eo tables), or not reachable from here
+            log.debug("connection %s holds no offset store at hand", conn_id, exc_info=True)
+    return sorted(found.values()), checked
 
 
 def local_actor() -> str:
@@ -98,6 +170,13 @@ def local_actor() -> str:
     if caller and caller != user:
         user = f"{user} (sudo from {caller})"
     return f"{user}@{socket.gethostname()}"
+
+
+def default_offset_store_conn_id() -> str:
+    """``[eo] offset_store_conn_id``, else ``eo_offset_store`` (the operator's default)."""
+    from airflow.configuration import conf
+
+    return conf.get(CONFIG_SECTION, "offset_store_conn_id", fallback=DEFAULT_OFFSET_STORE_CONN_ID)
 
 
 def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: str | None = None,
@@ -118,8 +197,7 @@ def pipeline_operations(offset_store_conn_id: str | None = None, kafka_conn_id: 
     """
     from airflow.configuration import conf
 
-    store = offset_store_conn_id or conf.get(CONFIG_SECTION, "offset_store_conn_id",
-                                             fallback=DEFAULT_OFFSET_STORE_CONN_ID)
+    store = offset_store_conn_id or default_offset_store_conn_id()
     kafka = kafka_conn_id or conf.get(CONFIG_SECTION, "kafka_conn_id", fallback="kafka_default")
     return PipelineOperations(AirflowConnections(store, kafka, sink_conn_id, read_only, mysql_conn_id),
                               actor or local_actor(), error_details, runs=AirflowTaskRuns())

@@ -118,6 +118,13 @@ class KafkaTransactionalAdapter(KindAdapter):
         stable, ends = source.last_stable(partitions), source.high_watermarks(partitions)
         return {key: (stable[key], end) for key, end in ends.items() if stable.get(key, end) < end}
 
+    def in_doubt_server(self) -> str:
+        """The cluster, as ``airflow eo verify --all`` names it."""
+        return f"Kafka {self.config.get('bootstrap.servers')}"
+
+    def transactional_id(self) -> str:
+        return transactional_id(self.pipeline_id)
+
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
         """The unfinished batches Kafka committed (the group reached their ends) but the store did not."""
         return committed_by_kafka(unfinished, self.group_offsets(r.key for b in unfinished for r in b.ranges))

@@ -18,6 +18,7 @@ from typing import Any
 import pymysql
 
 from airflow_eo.core.errors import UnavailableError
+from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.xid import Xid, parse_recover_row
 from airflow_eo.mysql.connection import connect
 
@@ -45,6 +46,11 @@ class XaFacade:
             rows = cur.fetchall()
         ours = [x for x in (parse_recover_row(*row[:4]) for row in rows) if x is not None]
         return sorted(x for x in ours if pipeline_id is None or x.belongs_to(pipeline_id))
+
+    def scan(self) -> list[ScannedBranch]:
+        """Every prepared branch of ours on the server: ``XA RECOVER`` says neither when a branch was prepared nor
+        which rows it locks (``information_schema.innodb_trx`` lists prepared transactions without their xid)."""
+        return [ScannedBranch(x) for x in self.recover()]
 
     def start(self, xid: Xid) -> None:
         with self.conn.cursor() as cur:

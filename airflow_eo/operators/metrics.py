@@ -13,30 +13,26 @@ Every metric is tagged ``pipeline_id`` (backends without tags drop them):
 - ``airflow_eo.group_mirror.failed``: a counter, +1 when a batch's offsets could not be mirrored into the
   consumer group ``airflow_eo.<pipeline_id>`` (the batch itself is committed; the next run moves the group).
 
+- ``airflow_eo.in_doubt.oldest_age_seconds``: a gauge per database (tag ``database``), the age of its oldest
+  in-doubt branch of ours, 0 with none; emitted by ``airflow eo verify --all`` (run it on a schedule to alert;
+  ``airflow_eo/hooks/stats.py``).
+
 A run that had already committed (a clear) did nothing and emits nothing.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from airflow_eo.core.batch import BatchSummary
+from airflow_eo.hooks.stats import airflow_stats
+
+__all__ = ["PREFIX", "airflow_stats", "emit_batch_metrics"]
 
 PREFIX = "airflow_eo"
-
-
-def airflow_stats() -> Any:
-    """Airflow's ``Stats`` where this Airflow keeps it (the Task SDK's since 3.2; the core's before)."""
-    for module in ("airflow.sdk.observability.stats", "airflow.observability.stats"):
-        try:
-            return importlib.import_module(module).Stats
-        except ImportError:
-            continue
-    return None
 
 
 def emit_batch_metrics(summary: BatchSummary, lag: Mapping[str, int] | None, stats: Any = None) -> None:

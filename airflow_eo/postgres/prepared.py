@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
 
@@ -65,6 +66,22 @@ class PreparedTransactions:
         found = [(parse_gid(text), prepared) for text, prepared in rows]
         return sorted((x, at) for x, at in found
                       if x is not None and (pipeline_id is None or x.belongs_to(pipeline_id)))
+
+    def scan(self) -> list[ScannedBranch]:
+        """Our prepared transactions in this database, of every pipeline, with when each was prepared and the
+        relations it holds locked (``pg_locks``: a prepared transaction's locks belong to a dummy process, found
+        through its transaction id's lock; its row locks are in the rows, so a relation lock stands for them; a relation
+        dropped inside the transaction shows as its oid)."""
+        rows = self.conn.execute(
+            "SELECT p.gid, p.prepared, (SELECT array_agg(DISTINCT l.relation::regclass::text || ' ' || l.mode) "
+            "  FROM pg_locks l WHERE l.pid IS NULL AND l.locktype = 'relation' AND l.mode <> 'AccessShareLock'"
+            "   AND l.virtualtransaction = ("
+            "    SELECT t.virtualtransaction FROM pg_locks t WHERE t.locktype = 'transactionid' AND t.pid IS NULL"
+            "     AND t.transactionid = p.transaction LIMIT 1)) "
+            "FROM pg_prepared_xacts p WHERE p.database = current_database() AND p.gid LIKE 'eo:%'").fetchall()
+        found = [(parse_gid(text), prepared, locks) for text, prepared, locks in rows]
+        return sorted((ScannedBranch(x, prepared, tuple(sorted(locks or ()))) for x, prepared, locks in found
+                       if x is not None), key=lambda b: b.xid)
 
     def prepare(self, xid: Xid) -> None:
         """``PREPARE TRANSACTION``: the connection's open transaction survives the connection (and a server crash)."""

@@ -20,7 +20,8 @@ from airflow_eo.core.changes import CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.recovery import SinkRecovery
+from airflow_eo.core.orphans import ScannedBranch
+from airflow_eo.core.recovery import BranchAction, SinkRecovery
 from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
@@ -349,6 +350,22 @@ class SqlTwoPhaseAdapter(SqlTableSink):
         """The pipeline's prepared (in-doubt) branches on the sink's database (read-only)."""
         with self.database.two_phase_session(self.connect_kwargs) as branches:
             return branches.recover(pipeline_id)
+
+    # -- every pipeline's branches on this database (airflow eo verify --all, recover --orphans: core/orphans.py)
+
+    def in_doubt_server(self) -> str:
+        return f"{self.database.name} {self.database.where(self.connect_kwargs)}"
+
+    def in_doubt_branch_name(self) -> str:
+        return self.database.branch_name
+
+    def scan_in_doubt(self) -> list[ScannedBranch]:
+        with self.database.two_phase_session(self.connect_kwargs) as branches:
+            return branches.scan()
+
+    def end_branch(self, xid: Xid, action: BranchAction) -> bool:
+        with self.database.two_phase_session(self.connect_kwargs) as branches:
+            return branches.commit(xid) if action is BranchAction.COMMIT else branches.rollback(xid)
 
     def recover(self, pipeline_id: str, batch_lookup: Callable[[int], BatchRecord | None],
                 unfinished: Sequence[BatchRecord] = ()) -> SinkRecovery:

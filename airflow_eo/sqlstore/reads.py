@@ -111,6 +111,26 @@ class StoreReads:
             cur.execute(f"SELECT * FROM eo_batch WHERE {where} ORDER BY batch_id DESC {self._limit}", (*args, limit))
             return [batch_info(r) for r in cur.fetchall()]
 
+    def runs_recorded(self, pipeline_ids: Sequence[str], run_ids: Sequence[str]) -> dict[str, str]:
+        """Which of ``pipeline_ids`` recorded a batch of each of ``run_ids`` (``airflow eo verify``: a run of the
+        task that another pipeline id recorded is that pipeline's); run id -> pipeline id, the runs none recorded
+        left out. By the primary key's pipeline prefix.
+
+        :param pipeline_ids: the pipelines to look in (the task's other pipelines).
+        :param run_ids: the runs asked about.
+        """
+        if not pipeline_ids or not run_ids:
+            return {}
+        found: dict[str, str] = {}
+        with self._utc_reads() as cur:
+            for i in range(0, len(run_ids), 500):  # bounded statements
+                chunk = list(run_ids[i:i + 500])
+                pipelines, runs = ", ".join(["%s"] * len(pipeline_ids)), ", ".join(["%s"] * len(chunk))
+                cur.execute(f"SELECT pipeline_id, run_id FROM eo_batch WHERE pipeline_id IN ({pipelines}) "
+                            f"AND run_id IN ({runs})", (*pipeline_ids, *chunk))
+                found.update({r["run_id"]: r["pipeline_id"] for r in cur.fetchall()})
+        return found
+
     def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]:
         """What people did to the pipeline (``eo_audit``), newest first.
 
@@ -146,6 +166,13 @@ class StoreReads:
             epoch = int(cur.fetchone()["epoch"])
             insert_audit(cur, pipeline_id, epoch, actor, action, reason, details)
             return epoch
+
+    def record_audit(self, pipeline_id: str, actor: str, action: str, reason: str, details: dict[str, Any]) -> None:
+        """Append an audit row without taking an epoch: what was done to something no pipeline of the store owns
+        (``recover --orphans --unknown rollback``: ``pipeline_id`` names the branch's key then)."""
+        self.migrate()
+        with self.transaction() as cur:
+            insert_audit(cur, pipeline_id, None, actor, action, reason, details)
 
     def complete_audit(self, pipeline_id: str, epoch: int, action: str, details: dict[str, Any]) -> None:
         """Replace the details of the audit row :meth:`take_audited` wrote (what the operation did).

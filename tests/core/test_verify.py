@@ -225,3 +225,49 @@ def test_verify_reports_each_checks_findings_and_names_a_check_it_could_not_run(
     without_airflow = PipelineOperations(_Connections(ledger, []), "tester").verify("p").to_dict()
     assert without_airflow["findings"] == [] and "runs: Airflow's metadata database is not at hand here" in \
         without_airflow["unchecked"]
+
+
+# --------------------------------------------------------------------------- runs of another pipeline id (issue 44)
+
+
+def test_a_run_another_pipeline_recorded_or_whose_rendered_id_names_another_is_not_this_pipelines_finding():
+    """One task whose pipeline_id changed (edited, templated from the run's conf, renamed): the runs of its earlier
+    ids are theirs. Before issue 44 each of them was "the task succeeded but the store has no batch of it"."""
+    batches = [batch(0, {0: (0, 5)}, run_id="mine-0")]
+    runs = [TaskRun("mine-0", "success"), TaskRun("old-1", "success"), TaskRun("templated-2", "success",
+                                                                             pipeline_id="p_from_conf"),
+            TaskRun("hand-3", "success"), TaskRun("rendered-mine-4", "success", pipeline_id="p")]
+    assert {f.subject for f in check_runs(runs, batches)} == {"run old-1", "run templated-2", "run hand-3",
+                                                             "run rendered-mine-4"}  # the old behaviour
+    found = check_runs(runs, batches, pipeline_id="p", recorded_elsewhere={"old-1": "p_old"})
+    assert {f.subject for f in found} == {"run hand-3", "run rendered-mine-4"}
+
+
+def test_verify_asks_the_store_which_of_the_tasks_other_pipelines_recorded_the_runs_in_question():
+    import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
+    from airflow_eo.core.batch import Owner
+    from airflow_eo.core.config import Mode
+    from airflow_eo.core.status import PipelineInfo
+    from airflow_eo.ops.service import PipelineOperations
+
+    class Ledger(_Ledger):
+        asked: list = []
+
+        def pipelines(self, pipeline_id=None):
+            return [PipelineInfo(p, 1, "d.t" if p != "elsewhere" else "x.y", Mode.CONTINUOUS, None, None,
+                                 Owner("d", "t") if p != "elsewhere" else Owner("x", "y"))
+                    for p in ("p", "p_old", "elsewhere")]
+
+        def runs_recorded(self, pipeline_ids, run_ids):
+            self.asked.append((list(pipeline_ids), list(run_ids)))
+            return {"old-1": "p_old"} if "p_old" in pipeline_ids else {}
+
+    class Runs:
+        def task_runs(self, dag_id, task_id):
+            return [TaskRun("run-0", "success"), TaskRun("run-1", "success"), TaskRun("old-1", "success"),
+                    TaskRun("conf-2", "success", pipeline_id="p_conf"), TaskRun("hand-3", "success")]
+
+    ledger = Ledger([batch(0, {0: (0, 5)}), batch(1, {0: (5, 9)})])
+    report = PipelineOperations(_Connections(ledger, []), "tester", runs=Runs()).verify("p")
+    assert [f.subject for f in report.findings if f.check is Check.RUNS] == ["run hand-3"]
+    assert ledger.asked == [(["p_old"], ["hand-3", "old-1"])]  # the same task's other pipelines only

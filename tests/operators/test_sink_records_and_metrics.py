@@ -132,3 +132,37 @@ def test_bad_rewind_arguments_fail_before_anything_is_connected(argv, words, mon
     with pytest.raises(SystemExit) as failed:
         args.func(args)
     assert str(failed.value).startswith("airflow eo rewind: ") and words in str(failed.value)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["verify"], "name a pipeline or give --all (every pipeline's in-doubt work), not neither"),
+    (["verify", "p", "--all"], "not both"),
+    (["verify", "p", "--older-than", "5m"], "--older-than goes with --all only"),
+    (["verify", "--all", "--older-than", "ten minutes"], "give seconds (600) or a number with a unit"),
+    (["recover"], "name a pipeline or give --orphans"),
+    (["recover", "p", "--unknown", "rollback"], "--unknown go(es) with --orphans only"),
+    (["recover", "--orphans", "--older-than", "-1"], "is not a duration"),
+    (["recover", "--orphans", "--apply"], "--apply needs --reason"),
+])
+def test_bad_in_doubt_arguments_fail_before_anything_is_connected(argv, words, monkeypatch):
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "")  # the command sets it: restored after the test
+    args = eo_args(*argv)
+    with pytest.raises(SystemExit) as failed:
+        args.func(args)
+    assert str(failed.value).startswith(f"airflow eo {argv[0]}: ") and words in str(failed.value), failed.value
+
+
+def test_the_in_doubt_gauge_is_emitted_per_database():
+    from airflow_eo.hooks.stats import emit_in_doubt_gauges
+
+    class Stats:
+        def __init__(self):
+            self.gauges = []
+
+        def gauge(self, name, value, tags):
+            self.gauges.append((name, value, tags))
+
+    stats = Stats()
+    emit_in_doubt_gauges({"MySQL h:1": 900.0, "PostgreSQL h:2/db": 0.0}, stats)
+    assert stats.gauges == [("airflow_eo.in_doubt.oldest_age_seconds", 900.0, {"database": "MySQL h:1"}),
+                            ("airflow_eo.in_doubt.oldest_age_seconds", 0.0, {"database": "PostgreSQL h:2/db"})]
