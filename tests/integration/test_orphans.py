@@ -174,7 +174,7 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
     assert set(report["oldest_age_seconds"]) == set(report["databases"]) and len(report["databases"]) == 3
     table = eo("verify", "--all", "--older-than", "0", *store)
     assert table.returncode == 1 and pipelines["MySqlXaSink"] in table.stdout, table.stdout + table.stderr
-    if os.environ.get("EO_SHOW_CLI"):  # the output docs/operating-orphans.md quotes
+    if os.environ.get("EO_SHOW_CLI"):  # the output docs/how-to/orphans.md quotes
         print(table.stdout, table.stderr)
         shown = eo("recover", "--orphans", "--older-than", "0", "--scan-interval", "1", *store)
         print(shown.stdout, shown.stderr)
