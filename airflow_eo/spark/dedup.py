@@ -25,9 +25,12 @@ ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
 def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
     """``parsed`` with ``_eo_id``: the first 128 bits of the SHA-256 of the key columns' JSON (16 bytes), for good
-    records (NULL for bad ones, which are no event). A column is a parsed column (``key``: the record's whole key)
-    or ``key.<field>``, one field of a struct key."""
+    records. A column is a parsed column (``key``: the record's whole key) or ``key.<field>``, one field of a struct
+    key. NULL (no event id: never a copy, never remembered, always written) for a bad record and for a good one
+    whose key columns are all NULL (a struct: NULL or every field NULL): such a record names no event, and all of
+    them would otherwise share the id of ``{}`` and be dropped as copies of the first."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import DataType, StructType
 
     fields = {f.name: f.dataType for f in parsed.schema.fields}
     key_fields = getattr(fields.get(KEY_COLUMN), "names", None) or []  # a struct key (key_format json, avro ..)
@@ -47,8 +50,25 @@ def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
         raise ConfigurationError(f"dedup_key names column(s) {', '.join(missing)} that the parsed records lack; "
                                  f"their columns are {', '.join(shown)}")
     identity = F.to_json(F.struct(*[found.alias(c) for c, found in columns.items() if found is not None]))
-    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull(),
+    types = {c: parsed.select(found).schema.fields[0].dataType for c, found in columns.items() if found is not None}
+
+    def absent(value: Column, data_type: DataType) -> Column:  # what to_json leaves out: NULL, or a struct of those
+        if isinstance(data_type, StructType):
+            return value.isNull() | _all([absent(value.getField(f.name), f.dataType) for f in data_type.fields])
+        return value.isNull()
+
+    no_identity = _all([absent(found, types[c]) for c, found in columns.items() if found is not None])
+    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull() & ~no_identity,
                                         F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
+
+
+def _all(conditions: Sequence[Column]) -> Column:
+    """Every one of ``conditions`` (true for none)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    return reduce(lambda a, b: a & b, conditions) if conditions else F.lit(True)
 
 
 #: Where a record is, for the write tasks that mark copies themselves (:func:`position_columns`): the metadata

@@ -174,3 +174,29 @@ def test_the_purge_never_waits_on_the_ids_a_prepared_branch_holds(mysql_kwargs):
             cur.execute(f"XA ROLLBACK '{xid}'")
             cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
         conn.close()
+
+
+def test_a_record_whose_dedup_key_is_all_null_is_kept_and_never_remembered():
+    """``dedup_key=["key"]`` with producers sending null keys: a record whose key columns are all NULL (a struct
+    column: NULL or every field NULL) names no event, so it has no id: never a copy, never in the seen-id table.
+    Before, all of them hashed ``{}`` to one id and every one after the first was dropped as a copy."""
+    from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, with_event_ids
+    from airflow_eo.spark.session import get_session
+
+    spark = get_session()
+    parsed = spark.createDataFrame(
+        [(None, None, ("k1",), None, 0), (None, None, (None,), None, 1), (None, None, None, None, 2),
+         ("a", None, None, None, 3), ("a", None, None, None, 4), (None, 7, None, None, 5),
+         (None, None, None, "bad", 6)],
+        "key STRING, n INT, s STRUCT<id: STRING>, _eo_error STRING, kafka_offset BIGINT")
+    parsed = parsed.selectExpr("*", "'t' AS kafka_topic", "0 AS kafka_partition",
+                               "TIMESTAMP'2026-01-01 00:00:00' AS kafka_timestamp")
+    by_key = {r["kafka_offset"]: r[ID] for r in with_event_ids(parsed, ["key", "n"]).collect()}
+    assert [o for o, i in sorted(by_key.items()) if i is None] == [0, 1, 2, 6]  # all NULL, and the bad record
+    assert by_key[3] == by_key[4] and len({bytes(by_key[3]), bytes(by_key[5])}) == 2
+    by_struct = {r["kafka_offset"]: r[ID] for r in with_event_ids(parsed, ["s"]).collect()}
+    assert [o for o, i in sorted(by_struct.items()) if i is None] == [1, 2, 3, 4, 5, 6]
+    marked = mark_duplicates(with_event_ids(parsed, ["key", "n"]), lambda ids: {}, timedelta(days=1), 2)
+    marks = {r["kafka_offset"]: (r[DUPLICATE], r[NEW]) for r in marked.collect()}
+    assert marks == {0: (False, False), 1: (False, False), 2: (False, False), 3: (False, True), 4: (True, False),
+                     5: (False, True), 6: (False, False)}
