@@ -46,6 +46,7 @@ from airflow_eo.core.recovery import (
     table_claim,
     table_transaction,
 )
+from airflow_eo.core.spark_conf import SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure
 
@@ -209,6 +210,12 @@ class IcebergTableAdapter(TableCommitAdapter):
         line nor in the session's launch conf)."""
         if self.catalog is None:
             return
+        # Before the first secret is set: every later query's SQL execution carries the session's changed conf (the
+        # SQL tab, the event log), redacted by this SQL conf (a session not started here: a Connect server's).
+        redaction = "spark.sql.redaction.options.regex"
+        wanted = with_secret_redaction(spark.conf.get(redaction, None) or SPARK_SQL_REDACTION_DEFAULT)
+        if spark.conf.get(redaction, None) != wanted:
+            spark.conf.set(redaction, wanted)
         prefix = f"spark.sql.catalog.{self.table.split('.')[0]}"
         for key, value in self.catalog.spark.items():
             if spark.conf.get(f"{prefix}.{key}", None) is None:

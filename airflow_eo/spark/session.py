@@ -15,6 +15,7 @@ from urllib.parse import quote, quote_plus, unquote
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import executor_env
+from airflow_eo.core.spark_conf import SECRET_CONF_PATTERN, SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.spark.class_archive import with_class_archive
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "1g",
+    # Secrets a sink's catalog puts in the conf (an Iceberg REST credential, s3/adls keys): redacted in the UI and
+    # the event log (a user's own regex gets this one added: session_conf).
+    "spark.redaction.regex": SECRET_CONF_PATTERN,
+    "spark.sql.redaction.options.regex": with_secret_redaction(SPARK_SQL_REDACTION_DEFAULT),
 }
 
 #: Avro's length limits (Avro 1.12, under spark-avro's ``from_avro``): Java system properties, read once per JVM.
@@ -248,6 +253,9 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
     and the user's conf are sent.
     """
     user = {k: str(v) for k, v in (conf or {}).items()}
+    for key in ("spark.redaction.regex", "spark.sql.redaction.options.regex"):
+        if key in user:
+            user[key] = with_secret_redaction(user[key])
     if remote:
         return {**{k: v for k, v in DEFAULT_CONF.items() if k.startswith("spark.sql.")}, **user}
     merged = {**DEFAULT_CONF, **user}
