@@ -17,6 +17,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import executor_env
 from airflow_eo.core.spark_conf import SECRET_CONF_PATTERN, SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.spark.class_archive import with_class_archive
+from airflow_eo.spark.private_files import UntrustedPathError, check_private, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -461,14 +462,28 @@ def package_archive() -> Path:
     for path in files:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
-    archive = connector_cache_dir() / f"airflow_eo-{digest.hexdigest()[:16]}.zip"
-    if not archive.exists():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        partial = archive.with_suffix(f".{os.getpid()}.tmp")
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in files:
-                zipped.write(path, Path("airflow_eo") / path.relative_to(root))
-        partial.replace(archive)  # atomic: concurrent tasks never see half a zip
+    # Executors import from it first: kept only in a folder of this user's (0700) and used only while its files
+    # are exactly the installed package's (a zip written there by anyone else is made again).
+    archive = private_folder(connector_cache_dir()) / f"airflow_eo-{digest.hexdigest()[:16]}.zip"
+    members = {(Path("airflow_eo") / path.relative_to(root)).as_posix(): path for path in files}
+    if archive.exists():
+        try:
+            check_private(archive)
+            with zipfile.ZipFile(archive) as zipped:
+                if set(zipped.namelist()) == set(members) and all(
+                        zipped.read(name) == path.read_bytes() for name, path in members.items()):
+                    return archive
+        except (UntrustedPathError, zipfile.BadZipFile, OSError) as exc:
+            log.warning("the package zip %s is not used (%s): made again", archive, exc)
+        else:
+            log.warning("the package zip %s differs from the installed package: made again", archive)
+    partial = archive.with_suffix(f".{os.getpid()}.tmp")
+    partial.unlink(missing_ok=True)
+    with os.fdopen(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "wb") as raw, \
+            zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for name, path in members.items():
+            zipped.write(path, name)
+    partial.replace(archive)  # atomic: concurrent tasks never see half a zip
     return archive
 
 
