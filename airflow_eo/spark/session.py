@@ -352,9 +352,13 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
                 builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                     "spark.driver.host", "127.0.0.1")
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        for key, value in merged.items():
+        # A classic session's conf is spark-submit's command line (--conf k=v), which every local user can read:
+        # secrets that a running session takes are set on it instead (Spark Connect sends its conf over gRPC).
+        launch, later = (merged, {}) if remote else split_secret_conf(merged)
+        for key, value in launch.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
+        set_secret_conf(session, later)
         if remote:
             session.version  # noqa: B018 - one round trip: a wrong URL or token fails here, not mid-batch
     except Exception as exc:  # surface a message that says what to fix
@@ -376,6 +380,41 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     log.info("Spark session on %s (%s)", _without_secrets(remote) if remote else master or "local[*]",
              "Spark Connect" if remote else "classic, client mode")
     return session
+
+
+#: Where a secret of the Spark conf may be set on a running session: Hadoop's (file systems: s3a, abfs, gs keys) and
+#: Spark SQL's (a catalog's properties).
+RUNTIME_SECRET_PREFIXES = ("spark.hadoop.", "spark.sql.")
+
+
+def split_secret_conf(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``conf`` as ``(launch, later)``: ``later`` the secrets (keys :data:`SECRET_CONF_PATTERN` matches) that a
+    running session takes (:data:`RUNTIME_SECRET_PREFIXES`), kept off spark-submit's command line; another secret
+    key (Spark's own, read at launch only) stays at launch, warned about by name."""
+    import re
+
+    secret = re.compile(SECRET_CONF_PATTERN)
+    launch, later = {}, {}
+    for key, value in conf.items():
+        if key.startswith(("spark.redaction.", "spark.sql.redaction.")) or not secret.search(key):
+            launch[key] = value
+        elif key.startswith(RUNTIME_SECRET_PREFIXES):
+            later[key] = value
+        else:
+            log.warning("Spark conf %s holds a secret that Spark reads only at launch: it is on spark-submit's "
+                        "command line, which every local user can read", key)
+            launch[key] = value
+    return launch, later
+
+
+def set_secret_conf(session: Any, secrets: Mapping[str, str]) -> None:
+    """The secrets :func:`split_secret_conf` kept from the launch, on the running session: a ``spark.hadoop.*`` key
+    in the context's Hadoop configuration (without the prefix, as Spark's launch would), others in its SQL conf."""
+    for key, value in secrets.items():
+        if key.startswith("spark.hadoop."):
+            session.sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
+        else:
+            session.conf.set(key, value)
 
 
 def refuse_master_for_connect(conf: Mapping[str, str]) -> None:
