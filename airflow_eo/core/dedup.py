@@ -23,6 +23,7 @@ by a later one, so the result would depend on the order the intervals ran in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -87,6 +88,25 @@ def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -
 
 def retention_ms(retention: timedelta) -> int:
     return int(retention.total_seconds() * 1000)
+
+
+def sighting_ms(timestamp_ms: int, now_ms: int | None) -> int:
+    """A record's (or a stored sighting's) time as dedup uses it: its Kafka timestamp, never later than the batch's
+    wall clock (``now_ms``, None: not known). A producer sets a topic's CreateTime: a future date would keep its id
+    from ever passing retention (every later copy a duplicate) and from ever being purged."""
+    return timestamp_ms if now_ms is None else min(timestamp_ms, now_ms)
+
+
+def purge_until_caught_up(purge: Callable[[int], int], limit: int = PURGE_LIMIT) -> int:
+    """Run ``purge`` (remove at most its argument's number of ids, each call a transaction of its own; how many
+    went) until a call removes fewer than ``limit``: a batch of a million new ids must not leave the table a million
+    rows longer once retention has passed. How many went in all."""
+    removed = 0
+    while True:
+        went = purge(limit)
+        removed += went
+        if went < limit:
+            return removed
 
 
 def purge_cutoff(oldest_record_ms: int, retention: timedelta) -> int:

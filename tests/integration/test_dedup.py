@@ -200,3 +200,35 @@ def test_a_record_whose_dedup_key_is_all_null_is_kept_and_never_remembered():
     marks = {r["kafka_offset"]: (r[DUPLICATE], r[NEW]) for r in marked.collect()}
     assert marks == {0: (False, False), 1: (False, False), 2: (False, False), 3: (False, True), 4: (True, False),
                      5: (False, True), 6: (False, False)}
+
+
+def test_the_purge_removes_every_id_past_retention_not_one_chunk_per_batch(airflow_db, monkeypatch):
+    """A batch of a million new ids must not leave the seen-id table longer by all but the purge's chunk once
+    retention has passed: the purge goes on, chunk by chunk, until it is caught up."""
+    from types import SimpleNamespace
+
+    from airflow_eo.spark import engine
+    from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, create_seen_id_table
+
+    pipeline = f"dedup_purge_{uuid.uuid4().hex[:8]}"
+    adapter = build_sink(MySqlUpsertSink(table=f"dd_{uuid.uuid4().hex[:8]}", key_columns=["event_id"]), pipeline,
+                         "eo_offset_store")
+    create_seen_id_table(adapter.database, adapter.connect_kwargs, SEEN_ID_TABLE)  # type: ignore[attr-defined]
+    key = seen_pipeline_key(pipeline)
+    now_ms = int(NOW.timestamp() * 1000)
+    conn = adapter.database.connect(adapter.connect_kwargs, autocommit=True)  # type: ignore[attr-defined]
+    try:
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {SEEN_ID_TABLE} (pipeline_key, event_id, topic, kafka_partition, "
+                            "kafka_offset, seen_at, batch_id) VALUES (%s, %s, 't', 0, %s, %s, 1)",
+                            [(key, i.to_bytes(16, "big"), i, now_ms - (7_200_000 if i < 25 else 60_000))
+                             for i in range(30)])
+        monkeypatch.setattr(engine, "PURGE_LIMIT", 10)
+        fake_engine = SimpleNamespace(parse=SimpleNamespace(dedup_retention=timedelta(hours=1)))
+        engine.SparkBatchEngine._purge_seen_ids(fake_engine, adapter, pipeline, now_ms)  # type: ignore[arg-type]
+        assert sorted(r["kafka_offset"] for r in seen_rows(adapter.database, adapter.connect_kwargs, pipeline)) \
+            == list(range(25, 30)), "every id past retention went, the recent ones stayed"
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
+        conn.close()
