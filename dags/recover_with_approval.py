@@ -3,10 +3,11 @@
 ``airflow eo recover`` does on a shell what this DAG does in the UI: its first task runs the recovery as a dry
 run and shows it; the approval task (``ApprovalOperator``, in Airflow's "Required actions") waits for a person
 to read it and answer; on "Approve" the last task applies it, recorded in the pipeline's audit log with the
-approver as the actor (``airflow:<user>``) and the run's ``reason``. "Reject" skips it. The recovery applied is
-the one the pipeline's next attempt would run (deterministic: committed batches' branches are committed, all
-others rolled back), so what changed between the dry run and the approval cannot make it wrong; the applied
-report is the task's return value.
+approver as the actor (``airflow:<user>``) and the run's ``reason``. "Reject" skips it. The approval binds the plan
+the approver read: ``apply`` gets the dry run's plan (each in-doubt branch's and unfinished batch's action) and
+refuses, changing nothing, when recovery would now do anything else (a batch a healthy attempt planned or
+prepared since the dry run is nobody's to abort); run the DAG again for a fresh dry run. The applied report is
+the task's return value.
 
 Trigger it with a pipeline id and a reason (Trigger DAG → conf).
 """
@@ -14,6 +15,7 @@ Trigger it with a pipeline id and a reason (Trigger DAG → conf).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,26 +42,38 @@ with DAG(
     },
 ):
 
+    def as_code(text: str) -> str:
+        """``text`` as a Markdown code block that nothing in it can close (a fence longer than its backticks)."""
+        longest = max((len(part) for part in re.findall(r"`+", text)), default=0)
+        fence = "`" * max(3, longest + 1)
+        return f"{fence}text\n{text}\n{fence}"
+
     @task
-    def dry_run(params: Any = None) -> str:  # Airflow passes the run's params
-        """What the recovery would do, as the approval shows it (Markdown)."""
-        report = operations("airflow:dry-run").recover(params["pipeline_id"]).to_dict()
-        return (f"Recovery of pipeline `{params['pipeline_id']}` (reason: {params['reason']}), as a dry run: "
-                f"nothing has changed yet.\n\n```json\n{json.dumps(report, indent=2, default=str)}\n```")
+    def dry_run(params: Any = None) -> dict[str, Any]:  # Airflow passes the run's params
+        """What the recovery would do: as the approval shows it (Markdown, ``body``) and as ``apply`` checks it
+        (``plan``)."""
+        from airflow_eo.ops.service import recovery_plan
+
+        report = operations("airflow:dry-run").recover(params["pipeline_id"])
+        body = (f"Recovery of pipeline `{params['pipeline_id']}`, as a dry run: nothing has changed yet. "
+                f"Reason given:\n\n{as_code(params['reason'])}\n\n"
+                f"```json\n{json.dumps(report.to_dict(), indent=2, default=str)}\n```")
+        return {"body": body, "plan": recovery_plan(report)}
 
     approve = ApprovalOperator(
         task_id="approve",
         subject="Apply the recovery of pipeline {{ params.pipeline_id }}?",
-        body="{{ ti.xcom_pull(task_ids='dry_run') }}",
+        body="{{ ti.xcom_pull(task_ids='dry_run')['body'] }}",
         response_timeout=timedelta(hours=8),
     )
 
     @task
     def apply(params: Any = None, ti: Any = None) -> dict[str, Any]:
-        """The recovery, applied as the approver."""
+        """The recovery the approver approved (the dry run's plan), applied as the approver; refused if it changed."""
         answer = ti.xcom_pull(task_ids="approve")
         approver = (answer.get("responded_by_user") or {}).get("name") or "unknown"
-        return operations(f"airflow:{approver}").recover(params["pipeline_id"], apply=True,
-                                                          reason=params["reason"]).to_dict()
+        approved = ti.xcom_pull(task_ids="dry_run")["plan"]
+        return operations(f"airflow:{approver}").recover(params["pipeline_id"], apply=True, reason=params["reason"],
+                                                          approved_plan=approved).to_dict()
 
     dry_run() >> approve >> apply()
