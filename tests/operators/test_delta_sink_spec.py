@@ -106,3 +106,18 @@ def test_a_txn_version_above_the_batch_written_is_refused_not_trusted_to_skip(tm
     unfinished = BatchRecord("p", 4, "run4", 1, BatchState.PLANNED, [OffsetRange("t", 0, 0, 5)])
     with pytest.raises(TableMarkerError, match="above the newest batch the offset store planned \\(4\\)"):
         adapter.committed_batches([unfinished])
+
+
+def test_a_path_with_a_password_in_it_is_refused_without_echoing_it():
+    """``s3a://KEY:SECRET@bucket/...`` would be kept in lineage namespaces, Asset URIs and logs; ABFS's
+    ``container@account`` names a container, no password."""
+    from airflow_eo.sinks import IcebergTableSink
+
+    with pytest.raises(ConfigurationError, match="holds a password in its authority") as refused:
+        DeltaTableSink(path="s3a://AKIAEXAMPLE:s3cr3t@bucket/events")
+    assert "s3cr3t" not in str(refused.value)
+    with pytest.raises(ConfigurationError, match="warehouse holds a password"):
+        IcebergTableSink(table="lake.db.t", warehouse="s3a://AKIAEXAMPLE:s3cr3t@bucket/lake")
+    assert DeltaTableSink(path="abfss://events@account.dfs.core.windows.net/t").lineage(None).namespace == \
+        "abfss://events@account.dfs.core.windows.net"  # type: ignore[arg-type]
+    assert DeltaTableSink(path="s3a://bucket/events").path == "s3a://bucket/events"
