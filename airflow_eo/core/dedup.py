@@ -6,9 +6,11 @@ columns' values; the first record of an id is *where it was seen*: its topic, pa
 branches / prepared transactions / fenced transactions (:data:`SEEN_ID_FIELDS`), so they commit exactly when the output
 does. A record is a duplicate when its id was seen *elsewhere* (:func:`is_duplicate`):
 
-- at another record earlier in the same batch: the batch's records of one id in (Kafka timestamp, partition, offset)
-  order, the first is the event and the others its copies (across partitions: a producer that re-sends may hash the
-  copy to another partition, or an upstream job may re-run into another topic);
+- at another record earlier in the same batch: of the batch's records of one id, the earliest offset of each
+  partition, and of those the first in (Kafka timestamp, partition, offset) order, is the event and the others its
+  copies: a copy dated earlier than the event, at a later offset of its partition, never wins (and across
+  partitions: a producer that re-sends may hash the copy to another partition, or an upstream job may re-run into
+  another topic);
 - at a record of an earlier batch that committed, remembered for ``retention`` of record time.
 
 Deciding by *where* an id was seen, never by *which batch* saw it, makes every replay give the rows it gave the first
@@ -75,12 +77,20 @@ def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -
     (None: all are copies of an earlier event), and whether it is to be written as the id's sighting.
 
     A replay keeps the very record the table has (whatever the order of the others); else the first of the batch
-    in :class:`SeenAt` order, unless it copies the stored one (:func:`is_duplicate`)."""
+    (each partition's earliest offset, then :class:`SeenAt` order), unless it copies the stored one
+    (:func:`is_duplicate`)."""
     if stored is not None:
         for i, seen in enumerate(sightings):
             if seen.position() == stored.position():
                 return i, False
-    first = min(range(len(sightings)), key=sightings.__getitem__)
+    # Within a partition the earlier offset is the event whatever the timestamps say (a producer sets CreateTime:
+    # a copy dated earlier must not win); across partitions, the first in SeenAt order of each one's earliest.
+    earliest: dict[tuple[str, int], int] = {}
+    for i, seen in enumerate(sightings):
+        at = earliest.get((seen.topic, seen.partition))
+        if at is None or seen.offset < sightings[at].offset:
+            earliest[(seen.topic, seen.partition)] = i
+    first = min(earliest.values(), key=sightings.__getitem__)
     if is_duplicate(sightings[first], stored, retention):
         return None, False
     return first, True
