@@ -1,11 +1,17 @@
 """Recover a pipeline's in-doubt batch behind a human approval (Airflow 3.1+ human-in-the-loop).
 
 ``airflow eo recover`` does on a shell what this DAG does in the UI: its first task runs the recovery as a dry
-run and shows it; the approval task (``ApprovalOperator``, in Airflow's "Required actions") waits for a person
-to read it and answer; on "Approve" the last task applies it, recorded in the pipeline's audit log with the
-approver as the actor (``airflow:<user>``) and the run's ``reason``. "Reject" skips it. The recovery applied is
-the one the pipeline's next attempt would run (deterministic: committed batches' branches are committed, all
-others rolled back), so what changed between the dry run and the approval cannot make it wrong; the applied
+run and shows it; the approval task (an ``ApprovalOperator``, in Airflow's "Required actions") waits for a person
+to read it and answer, and on "Approve" applies it, recorded in the pipeline's audit log with the approver as the
+actor (``airflow:<user>``) and the run's ``reason``. "Reject" changes nothing.
+
+The approval binds the plan the approver read: the dry run's plan (each in-doubt branch's and unfinished batch's
+action) is applied only while recovery would do exactly that, else refused, changing nothing (a batch a healthy
+attempt planned or prepared since the dry run is nobody's to abort); trigger the DAG again for a fresh dry run.
+Who answered and what they chose are the response Airflow hands the resumed approval task (not an XCom); the person
+who triggered the run cannot approve it unless the Airflow Variable ``eo_recovery_allow_self_approval`` is
+``true``; the Variable ``eo_recovery_approvers`` (JSON: ``[{"id": "...", "name": "..."}]``) names who may answer.
+Applied in the approval task itself: a cleared task asks again, one approval applies one plan once. The applied
 report is the task's return value.
 
 Trigger it with a pipeline id and a reason (Trigger DAG → conf).
@@ -14,17 +20,51 @@ Trigger it with a pipeline id and a reason (Trigger DAG → conf).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param, Variable, task
+from airflow.sdk.exceptions import AirflowFailException
 
 
 def operations(actor: str) -> Any:
     from airflow_eo.hooks.operations import pipeline_operations
 
     return pipeline_operations(actor=actor)
+
+
+class RecoveryApproval(ApprovalOperator):
+    """The approval of the dry run's plan, and the recovery applied once it is given (in this task: clearing it asks
+    again)."""
+
+    def execute(self, context: Any) -> Any:
+        approvers = json.loads(Variable.get("eo_recovery_approvers", default="null") or "null")
+        if approvers:
+            self.assigned_users = approvers
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from airflow_eo.core.approval import APPROVE, approval_refusal
+
+        answer = super().execute_complete(context, event)
+        if answer["chosen_options"] != [APPROVE]:
+            return answer  # rejected: nothing to apply
+        # ``event`` is the response as the API server recorded it (its human-in-the-loop record, handed to this
+        # resumed task by Airflow), not an XCom: no task or user writes it.
+        responder = event.get("responded_by_user") or {}
+        who = {"id": responder.get("id"), "name": responder.get("name")} if responder else None
+        allow_self = Variable.get("eo_recovery_allow_self_approval", default="false").strip().lower() == "true"
+        refusal = approval_refusal(event.get("chosen_options"), who, context["dag_run"].triggering_user_name,
+                                   allow_self_approval=allow_self)
+        if refusal is not None:
+            raise AirflowFailException(f"not applied: {refusal}")
+        params = context["params"]
+        approved = context["ti"].xcom_pull(task_ids="dry_run")["plan"]
+        assert who is not None
+        return operations(f"airflow:{who['name'] or who['id']}").recover(
+            params["pipeline_id"], apply=True, reason=params["reason"], approved_plan=approved).to_dict()
 
 
 with DAG(
@@ -40,26 +80,29 @@ with DAG(
     },
 ):
 
-    @task
-    def dry_run(params: Any = None) -> str:  # Airflow passes the run's params
-        """What the recovery would do, as the approval shows it (Markdown)."""
-        report = operations("airflow:dry-run").recover(params["pipeline_id"]).to_dict()
-        return (f"Recovery of pipeline `{params['pipeline_id']}` (reason: {params['reason']}), as a dry run: "
-                f"nothing has changed yet.\n\n```json\n{json.dumps(report, indent=2, default=str)}\n```")
+    def as_code(text: str) -> str:
+        """``text`` as a Markdown code block that nothing in it can close (a fence longer than its backticks)."""
+        longest = max((len(part) for part in re.findall(r"`+", text)), default=0)
+        fence = "`" * max(3, longest + 1)
+        return f"{fence}text\n{text}\n{fence}"
 
-    approve = ApprovalOperator(
+    @task
+    def dry_run(params: Any = None) -> dict[str, Any]:  # Airflow passes the run's params
+        """What the recovery would do: as the approval shows it (Markdown, ``body``) and as ``apply`` checks it
+        (``plan``)."""
+        from airflow_eo.ops.service import recovery_plan
+
+        report = operations("airflow:dry-run").recover(params["pipeline_id"])
+        body = (f"Recovery of pipeline `{params['pipeline_id']}`, as a dry run: nothing has changed yet. "
+                f"Reason given:\n\n{as_code(params['reason'])}\n\n"
+                f"```json\n{json.dumps(report.to_dict(), indent=2, default=str)}\n```")
+        return {"body": body, "plan": recovery_plan(report)}
+
+    approve = RecoveryApproval(
         task_id="approve",
         subject="Apply the recovery of pipeline {{ params.pipeline_id }}?",
-        body="{{ ti.xcom_pull(task_ids='dry_run') }}",
+        body="{{ ti.xcom_pull(task_ids='dry_run')['body'] }}",
         response_timeout=timedelta(hours=8),
     )
 
-    @task
-    def apply(params: Any = None, ti: Any = None) -> dict[str, Any]:
-        """The recovery, applied as the approver."""
-        answer = ti.xcom_pull(task_ids="approve")
-        approver = (answer.get("responded_by_user") or {}).get("name") or "unknown"
-        return operations(f"airflow:{approver}").recover(params["pipeline_id"], apply=True,
-                                                          reason=params["reason"]).to_dict()
-
-    dry_run() >> approve >> apply()
+    dry_run() >> approve

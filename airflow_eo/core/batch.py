@@ -135,6 +135,8 @@ class TaskDedup:
     retention: timedelta
     pipeline_id: str
     batch_id: int
+    #: the batch's wall clock (epoch ms): no record's time is later (:func:`~airflow_eo.core.dedup.sighting_ms`)
+    now_ms: int | None = None
 
 
 @dataclass

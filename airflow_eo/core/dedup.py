@@ -6,9 +6,11 @@ columns' values; the first record of an id is *where it was seen*: its topic, pa
 branches / prepared transactions / fenced transactions (:data:`SEEN_ID_FIELDS`), so they commit exactly when the output
 does. A record is a duplicate when its id was seen *elsewhere* (:func:`is_duplicate`):
 
-- at another record earlier in the same batch: the batch's records of one id in (Kafka timestamp, partition, offset)
-  order, the first is the event and the others its copies (across partitions: a producer that re-sends may hash the
-  copy to another partition, or an upstream job may re-run into another topic);
+- at another record earlier in the same batch: of the batch's records of one id, the earliest offset of each
+  partition, and of those the first in (Kafka timestamp, partition, offset) order, is the event and the others its
+  copies: a copy dated earlier than the event, at a later offset of its partition, never wins (and across
+  partitions: a producer that re-sends may hash the copy to another partition, or an upstream job may re-run into
+  another topic);
 - at a record of an earlier batch that committed, remembered for ``retention`` of record time.
 
 Deciding by *where* an id was seen, never by *which batch* saw it, makes every replay give the rows it gave the first
@@ -23,6 +25,7 @@ by a later one, so the result would depend on the order the intervals ran in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -74,12 +77,20 @@ def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -
     (None: all are copies of an earlier event), and whether it is to be written as the id's sighting.
 
     A replay keeps the very record the table has (whatever the order of the others); else the first of the batch
-    in :class:`SeenAt` order, unless it copies the stored one (:func:`is_duplicate`)."""
+    (each partition's earliest offset, then :class:`SeenAt` order), unless it copies the stored one
+    (:func:`is_duplicate`)."""
     if stored is not None:
         for i, seen in enumerate(sightings):
             if seen.position() == stored.position():
                 return i, False
-    first = min(range(len(sightings)), key=sightings.__getitem__)
+    # Within a partition the earlier offset is the event whatever the timestamps say (a producer sets CreateTime:
+    # a copy dated earlier must not win); across partitions, the first in SeenAt order of each one's earliest.
+    earliest: dict[tuple[str, int], int] = {}
+    for i, seen in enumerate(sightings):
+        at = earliest.get((seen.topic, seen.partition))
+        if at is None or seen.offset < sightings[at].offset:
+            earliest[(seen.topic, seen.partition)] = i
+    first = min(earliest.values(), key=sightings.__getitem__)
     if is_duplicate(sightings[first], stored, retention):
         return None, False
     return first, True
@@ -87,6 +98,25 @@ def keep(sightings: list[SeenAt], stored: SeenAt | None, retention: timedelta) -
 
 def retention_ms(retention: timedelta) -> int:
     return int(retention.total_seconds() * 1000)
+
+
+def sighting_ms(timestamp_ms: int, now_ms: int | None) -> int:
+    """A record's (or a stored sighting's) time as dedup uses it: its Kafka timestamp, never later than the batch's
+    wall clock (``now_ms``, None: not known). A producer sets a topic's CreateTime: a future date would keep its id
+    from ever passing retention (every later copy a duplicate) and from ever being purged."""
+    return timestamp_ms if now_ms is None else min(timestamp_ms, now_ms)
+
+
+def purge_until_caught_up(purge: Callable[[int], int], limit: int = PURGE_LIMIT) -> int:
+    """Run ``purge`` (remove at most its argument's number of ids, each call a transaction of its own; how many
+    went) until a call removes fewer than ``limit``: a batch of a million new ids must not leave the table a million
+    rows longer once retention has passed. How many went in all."""
+    removed = 0
+    while True:
+        went = purge(limit)
+        removed += went
+        if went < limit:
+            return removed
 
 
 def purge_cutoff(oldest_record_ms: int, retention: timedelta) -> int:

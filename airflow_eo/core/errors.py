@@ -19,6 +19,12 @@ class CommitConflictError(AirflowEoError):
     """A compare-and-set at the commit point found other offsets or batch state than planned."""
 
 
+class TableMarkerError(AirflowEoError):
+    """A table sink's table claims a batch of the pipeline above any the offset store planned (a marker another
+    writer of the table set, or a store other than the one the table was written with): trusting it would skip
+    every batch up to it, offsets advancing with nothing written."""
+
+
 class DataLossError(AirflowEoError):
     """Records to process were deleted by retention before they were read."""
 

@@ -46,6 +46,24 @@ class LineageDataset:
     storage_layer: str | None = None
 
 
+#: Why a location with a password in it is refused, and what to do instead.
+CREDENTIALS_IN_LOCATION = (
+    "holds a password in its authority (user:password@): it would be kept in lineage, Asset URIs and logs. Give the "
+    "file system's credentials in spark_conf (spark.hadoop.fs.s3a.access.key / secret.key, set on the running "
+    "session), a credential provider or the environment, and the location without them")
+
+
+def credentials_in(location: str) -> bool:
+    """Whether ``location`` (a table's folder or URI) holds a password in its authority
+    (``s3a://KEY:SECRET@bucket/...``): it would be kept in lineage namespaces, Asset URIs and logs like the rest of
+    the location. ``abfss://container@account...`` names a container, no password: not one."""
+    if "://" not in location:
+        return False
+    authority = location.split("://", 1)[1].split("/", 1)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    return bool(at) and ":" in userinfo
+
+
 def _local_path(path: str) -> str:
     # Spark resolves a relative path against the driver's working folder, which is the task's.
     trimmed = os.path.abspath(path).rstrip("/")

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.errors import TableMarkerError
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
@@ -112,20 +113,51 @@ def table_transaction(pipeline_id: str, batch_id: int, interval: Interval | None
     return TableTransaction(app_id, batch_id)
 
 
-def committed_by_table(unfinished: Sequence[BatchRecord], versions: Mapping[str, int | None]) -> set[int]:
+def committed_by_table(unfinished: Sequence[BatchRecord], versions: Mapping[str, int | None],
+                       table: str = "the table") -> set[int]:
     """The unfinished batches a table sink committed (its commit point) but the store did not: those whose app id's
     committed version (``versions``, None where the table has none) reached their batch id.
 
     :param unfinished: the store's unfinished batches of the pipeline.
     :param versions: the table's committed version per app id of these batches (:func:`table_transaction`).
+    :raises TableMarkerError: a version above the newest unfinished batch, which is the store's newest planned one
+        (continuous mode; interval mode: an interval's batch id never changes): a batch the store never planned.
     """
     committed = set()
+    newest = max((b.batch_id for b in unfinished), default=None)
     for batch in unfinished:
         txn = table_transaction(batch.pipeline_id, batch.batch_id, batch.interval)
         version = versions.get(txn.app_id)
+        if version is not None and newest is not None:
+            check_table_claim(table, txn, version, newest)
         if version is not None and version >= txn.version:
             committed.add(batch.batch_id)
     return committed
+
+
+def table_claim(marker: object) -> int | None:
+    """A table's batch marker (a snapshot's ``airflow-eo.batch``, a ``txn`` version) as a batch id; None for what is
+    no batch id (another writer's property, never ours): ignored, not raised on, so that no foreign value stops every
+    attempt."""
+    if isinstance(marker, bool):
+        return None
+    if isinstance(marker, int):
+        return marker if marker >= 0 else None
+    text = marker.strip() if isinstance(marker, str) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else None
+
+
+def check_table_claim(table: str, txn: TableTransaction, claimed: int, newest_planned: int) -> None:
+    """Refuse a table that claims, under ``txn``'s app id, a batch above the store's newest planned one
+    (``newest_planned``: the batch an attempt writes is the newest the store planned; a stale attempt of an older
+    batch is fenced anyway): trusting it would skip every batch up to it, offsets advancing with nothing written."""
+    if claimed > newest_planned:
+        raise TableMarkerError(
+            f"{table} claims batch {claimed} of {txn.app_id}, above the newest batch the offset store planned "
+            f"({newest_planned}): a marker this pipeline did not write (another writer of the table set it, or the "
+            "offset store is not the one the table was written with). Nothing is written. Remove the marker (a "
+            "Delta txn / Iceberg snapshot property of that app id), point the pipeline at its own store or table, "
+            "or use a new pipeline_id")
 
 
 class BatchAction(str, Enum):

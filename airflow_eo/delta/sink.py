@@ -24,7 +24,7 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _q
-from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
+from airflow_eo.core.recovery import TableTransaction, check_table_claim, committed_by_table, table_transaction
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure, sql_string
 from airflow_eo.lakehouse.changes import ChangeTables, change_merge_statement
 
@@ -87,7 +87,7 @@ class DeltaTableAdapter(TableCommitAdapter):
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
         """The unfinished batches the table committed (their app id's version reached them) but the store did not."""
         app_ids = {table_transaction(b.pipeline_id, b.batch_id, b.interval).app_id for b in unfinished}
-        return committed_by_table(unfinished, {a: self.committed_version(a) for a in app_ids})
+        return committed_by_table(unfinished, {a: self.committed_version(a) for a in app_ids}, self.table_label)
 
     def table_state(self, pipeline_id: str) -> str:
         """The table's latest version and the pipeline's newest batch in it (``airflow eo status``)."""
@@ -178,6 +178,7 @@ class DeltaTableAdapter(TableCommitAdapter):
         done = None if table is None else table.transaction_version(txn.app_id)
         if done is None or done < txn.version:
             return False
+        check_table_claim(self.table_label, txn, done, txn.version)  # the batch written is the newest planned
         log.info("%s: the Delta table at %s already has batch %d (%s at version %d); not writing it again",
                  self.name, self.path, txn.version, txn.app_id, done)
         self.last_version = None

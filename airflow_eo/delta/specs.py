@@ -10,7 +10,7 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.lineage_names import LineageDataset, location_dataset
+from airflow_eo.core.lineage_names import CREDENTIALS_IN_LOCATION, LineageDataset, credentials_in, location_dataset
 from airflow_eo.core.sinks import SinkAsset
 from airflow_eo.lakehouse.specs import LakehouseTableSpec
 
@@ -73,6 +73,8 @@ class DeltaTableSink(LakehouseTableSpec):
                 "known only to the catalog's Spark session; the sink registers path under the name")
         if not isinstance(self.path, str) or not self.path.strip() or any(c in self.path for c in "\n\r\0"):
             raise ConfigurationError(f"{self.name}: path must name the table's folder or URI")
+        if credentials_in(self.path):
+            raise ConfigurationError(f"{self.name}: path {CREDENTIALS_IN_LOCATION}")
         keys, updates = lakehouse_keys_and_updates(self.name, self.key_columns, self.updates)
         object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)

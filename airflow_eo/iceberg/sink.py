@@ -41,7 +41,14 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.identifiers import backquote as _quote
-from airflow_eo.core.recovery import TableTransaction, committed_by_table, table_transaction
+from airflow_eo.core.recovery import (
+    TableTransaction,
+    check_table_claim,
+    committed_by_table,
+    table_claim,
+    table_transaction,
+)
+from airflow_eo.core.spark_conf import SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure
 from airflow_eo.lakehouse.changes import ChangeTables, change_merge_statement
@@ -134,14 +141,15 @@ class IcebergTableAdapter(TableCommitAdapter):
         """The highest batch id the table holds per app id."""
         versions: dict[str, int] = {}
         for _, summary in self.batch_snapshots():
-            app_id, batch_id = summary.get(APP_ID, ""), int(summary[BATCH])
-            versions[app_id] = max(batch_id, versions.get(app_id, batch_id))
+            app_id, batch_id = summary.get(APP_ID, ""), table_claim(summary[BATCH])
+            if batch_id is not None:  # another writer's property of that name: not ours
+                versions[app_id] = max(batch_id, versions.get(app_id, batch_id))
         return versions
 
     def committed_batches(self, unfinished: Sequence[BatchRecord]) -> set[int]:
         """The unfinished batches the table committed (a snapshot of their app id reached them) but the store
         did not."""
-        return committed_by_table(unfinished, self.committed_versions())
+        return committed_by_table(unfinished, self.committed_versions(), self.table_label)
 
     def table_state(self, pipeline_id: str) -> str:
         """The table's current snapshot and the pipeline's newest batch in it (``airflow eo status``)."""
@@ -224,6 +232,12 @@ class IcebergTableAdapter(TableCommitAdapter):
         line nor in the session's launch conf)."""
         if self.catalog is None:
             return
+        # Before the first secret is set: every later query's SQL execution carries the session's changed conf (the
+        # SQL tab, the event log), redacted by this SQL conf (a session not started here: a Connect server's).
+        redaction = "spark.sql.redaction.options.regex"
+        wanted = with_secret_redaction(spark.conf.get(redaction, None) or SPARK_SQL_REDACTION_DEFAULT)
+        if spark.conf.get(redaction, None) != wanted:
+            spark.conf.set(redaction, wanted)
         prefix = f"spark.sql.catalog.{self.table.split('.')[0]}"
         for key, value in self.catalog.spark.items():
             if spark.conf.get(f"{prefix}.{key}", None) is None:
@@ -238,10 +252,11 @@ class IcebergTableAdapter(TableCommitAdapter):
             if staged.parent_snapshot_id is None:
                 return False  # staged on an empty table
             head = metadata.snapshot_by_id(staged.parent_snapshot_id)
-        done = max((int(s[BATCH]) for _, s in self.batch_snapshots(metadata, head) if s.get(APP_ID) == txn.app_id),
-                   default=None)
+        done = max((b for _, s in self.batch_snapshots(metadata, head)
+                    if s.get(APP_ID) == txn.app_id and (b := table_claim(s[BATCH])) is not None), default=None)
         if done is None or done < txn.version:
             return False
+        check_table_claim(self.table_label, txn, done, txn.version)  # the batch written is the newest planned
         self.last_snapshot_id = None
         log.info("%s: the Iceberg table %s already has batch %d (%s at batch %d); not writing it again",
                  self.name, self.table, txn.version, txn.app_id, done)
@@ -389,7 +404,8 @@ def batch_summary(snapshot: Any, metadata: Any) -> dict[str, str]:
     summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
     if BATCH in summary or "source-snapshot-id" not in summary:
         return summary
-    source = metadata.snapshot_by_id(int(summary["source-snapshot-id"]))
+    source_id = table_claim(summary["source-snapshot-id"])  # Iceberg's, but any writer may set a summary property
+    source = None if source_id is None else metadata.snapshot_by_id(source_id)
     if source is not None and source.summary and BATCH in source.summary.additional_properties:
         return dict(source.summary.additional_properties)
     app_id, _, batch = summary.get("published-wap-id", "").rpartition("@")

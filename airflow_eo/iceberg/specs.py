@@ -10,7 +10,14 @@ from airflow_eo.core.config import TombstonePolicy, UpdateMode, lakehouse_keys_a
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.lineage_names import LineageDataset, LineageSymlink, location_dataset, location_namespace
+from airflow_eo.core.lineage_names import (
+    CREDENTIALS_IN_LOCATION,
+    LineageDataset,
+    LineageSymlink,
+    credentials_in,
+    location_dataset,
+    location_namespace,
+)
 from airflow_eo.core.sinks import SinkAsset
 from airflow_eo.lakehouse.specs import LakehouseTableSpec
 
@@ -81,6 +88,8 @@ class IcebergTableSink(LakehouseTableSpec):
                 f"{self.name}: give warehouse= (the folder or URI of a Hadoop catalog) or catalog_conn_id= (an Airflow "
                 "connection naming the catalog). A catalog set up only in the operator's spark_conf is not enough: "
                 "recovery and `airflow eo` read the table's snapshots through the catalog outside the Spark session")
+        if credentials_in(self.warehouse):
+            raise ConfigurationError(f"{self.name}: warehouse {CREDENTIALS_IN_LOCATION}")
         keys, updates = lakehouse_keys_and_updates(self.name, self.key_columns, self.updates)
         object.__setattr__(self, "key_columns", keys)
         object.__setattr__(self, "updates", updates)

@@ -757,7 +757,8 @@ class PipelineOperations:
 
     # ------------------------------------------------------------------ repairs
 
-    def recover(self, pipeline_id: str, apply: bool = False, reason: str | None = None) -> RecoverReport:
+    def recover(self, pipeline_id: str, apply: bool = False, reason: str | None = None,
+                approved_plan: Mapping[str, Any] | None = None) -> RecoverReport:
         """Resolve in-doubt branches and unfinished batches now (``apply``), exactly as the pipeline's next attempt
         would, or show what that would do (the default).
 
@@ -770,6 +771,9 @@ class PipelineOperations:
         :param pipeline_id: the pipeline.
         :param apply: change the sink and the store (else a dry run).
         :param reason: why (required to apply; recorded in the audit row).
+        :param approved_plan: the plan a person approved (:func:`recovery_plan` of the dry run they read): applied
+            only while recovery would do exactly that, checked before and again after the epoch is taken (a batch
+            planned or prepared since is nobody's to abort); else :class:`OperationError`, nothing changed.
         """
         if apply and not (reason or "").strip():
             raise OperationError("recover --apply needs --reason TEXT (recorded in the audit log)")
@@ -786,6 +790,7 @@ class PipelineOperations:
         if not apply:
             return before
         assert reason is not None
+        _check_approved(approved_plan, before, "since the dry run that was approved")
         if not before.branches and not before.batches:  # nothing to do: fence no running attempt for nothing
             return replace(before, dry_run=False)
         sink = self.connections.sink(pipeline_id, info.sink)
@@ -793,6 +798,10 @@ class PipelineOperations:
         epoch = self.store.take_audited(pipeline_id, self.actor, "recover", reason.strip(),
                                         {**_recovery_details(before), "completed": False})
         log.info("pipeline %s taken with epoch %d to recover it", pipeline_id, epoch)
+        if approved_plan is not None:  # an attempt that planned between the check and the take: fenced, not undone
+            _check_approved(approved_plan, RecoverReport(pipeline_id, True, None, self._in_doubt(info, notes),
+                                                         self._unfinished(info, notes)),
+                            f"while the pipeline was being taken (epoch {epoch} taken, nothing else changed)")
         # Recovery itself; the report is what it decided and did (its decisions, returned), with each branch's age.
         # The batch rows as recovery finds them (newest first; in-doubt branches are of recent batches).
         found = {b.record.batch_id: b for b in self.store.batch_history(pipeline_id, RECENT_BATCHES)}
@@ -1067,3 +1076,22 @@ def _dead_letter(row: Mapping[str, Any]) -> dict[str, Any]:
             "offset": row["kafka_offset"], "key": text(row["record_key"]), "value": text(row["raw_value"]),
             "headers": None if headers is None else [{"key": k, "value": text(v)} for k, v in headers],
             "error": row["error"], "created_at": created.isoformat() if isinstance(created, datetime) else created}
+
+
+def recovery_plan(report: RecoverReport) -> dict[str, list[list[Any]]]:
+    """What a recovery does, as an approver approves it: each in-doubt branch's xid and action, each unfinished
+    batch's id, epoch, run and action (JSON, for an XCom)."""
+    return {"branches": sorted([b.decision.xid, b.decision.action.value] for b in report.branches),
+            "batches": sorted([b.record.batch_id, b.record.epoch, b.record.run_id, b.action.value]
+                              for b in report.batches)}
+
+
+def _check_approved(approved: Mapping[str, Any] | None, fresh: RecoverReport, when: str) -> None:
+    """Refuse a recovery that is not the approved one (:func:`recovery_plan`)."""
+    if approved is None:
+        return
+    given = {key: sorted(list(item) for item in approved.get(key) or []) for key in ("branches", "batches")}
+    now = recovery_plan(fresh)
+    if given != now:
+        raise OperationError(f"pipeline {fresh.pipeline_id!r}: the recovery changed {when}: approved {given}, now "
+                             f"{now}. Nothing was applied; run the dry run again and have it approved")

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.postgres import connection, migrations, sql
@@ -128,6 +129,19 @@ class PostgresDatabase(SqlDatabase):
         cur.execute("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
                     "AND NOT attisdropped ORDER BY attnum", (sql.quote_table(table),))
         return [row[0] for row in cur.fetchall()]
+
+    def check_own_table(self, cur: Any, table: str) -> None:
+        """Refuse ``table`` unless this connection's user has its owner's rights: a role that could create it first
+        (``public`` is writable by every role up to PostgreSQL 14) could have added a trigger, which runs with the
+        rights of the user whose statement fires it."""
+        cur.execute("SELECT pg_get_userbyid(c.relowner), pg_has_role(current_user, c.relowner, 'USAGE') "
+                    "FROM pg_class c WHERE c.oid = to_regclass(%s)", (sql.quote_table(table),))
+        row = cur.fetchone()
+        if row is not None and not row[1]:
+            raise ConfigurationError(
+                f"the table {table} belongs to role {row[0]!r}, not to this pipeline's user: a table another role "
+                "made may carry a trigger that runs with the pipeline's rights. Drop it (the pipeline makes it "
+                f"again), or make this user its owner (ALTER TABLE ... OWNER TO) or a member of {row[0]!r}")
 
     def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
         # atttypmod of varchar(n) and char(n) is n + 4 (the varlena header).

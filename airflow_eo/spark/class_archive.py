@@ -6,7 +6,10 @@ in ~3.4 s instead of ~6.3 s (measured on two cores, pyspark 4.0, OpenJDK 17).
 The archive is made once per pyspark, Spark home (with its jars' sizes and times) and Java, in the cache folder, by
 a process of its own (``python -m airflow_eo.spark.class_archive``) started in the background the first time a
 session finds none; a session uses it from then on. A JVM crashes on a half-written archive, so it is written under
-another name, checked by a JVM and only then renamed into place. A JVM ignores an archive that does not match it
+another name, checked by a JVM and only then renamed into place. The JVM maps an archive's classes without verifying
+their bytecode: it is used only from a folder made ``0700`` and a file no other user can write
+(:mod:`airflow_eo.spark.private_files`); a folder that fails the check is not used, a file is built again. A JVM
+ignores an archive that does not match it
 (another Java build, other jars), so a stale one costs nothing but the speed-up. ``EO_CLASS_ARCHIVE=off`` turns it off.
 """
 
@@ -21,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from airflow_eo.spark.private_files import UntrustedPathError, check_private, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,14 @@ def with_class_archive(java_options: str, cache: Path) -> str:
         path = archive_path(cache)
         if path is None:
             return java_options
+        private_folder(path.parent)  # another user's folder: not used (the warning below)
         if path.exists():
-            return " ".join(o for o in (java_options.strip(), f"-XX:SharedArchiveFile={path}", QUIET) if o)
+            try:
+                check_private(path)
+                return " ".join(o for o in (java_options.strip(), f"-XX:SharedArchiveFile={path}", QUIET) if o)
+            except UntrustedPathError as exc:
+                log.warning("Spark driver class archive: %s; building it again", exc)
+                path.unlink()
         start_builder(path)
     except OSError as exc:  # a cache folder it cannot write (a read-only home): only the speed-up is lost
         log.warning("Spark driver class archive: %s; sessions start without it", exc)
@@ -92,7 +103,7 @@ def start_builder(path: Path) -> None:
 
 def _lock(path: Path) -> bool:
     lock = path.with_suffix(".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(lock.parent)
     try:
         if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
             lock.unlink(missing_ok=True)
@@ -134,6 +145,7 @@ def build(path: Path) -> bool:
     try:
         if not usable(partial):
             return False
+        partial.chmod(0o644)  # the JVM wrote it under the umask: writable by its owner only, or never used
         partial.replace(path)
         _prune(path.parent, keep=path)
         return True

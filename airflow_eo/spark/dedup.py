@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.batch import TaskDedup
-from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key
+from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key, sighting_ms
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.columns import positional
 from airflow_eo.spark.parsing import KEY_COLUMN
@@ -25,9 +25,12 @@ ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
 def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
     """``parsed`` with ``_eo_id``: the first 128 bits of the SHA-256 of the key columns' JSON (16 bytes), for good
-    records (NULL for bad ones, which are no event). A column is a parsed column (``key``: the record's whole key)
-    or ``key.<field>``, one field of a struct key."""
+    records. A column is a parsed column (``key``: the record's whole key) or ``key.<field>``, one field of a struct
+    key. NULL (no event id: never a copy, never remembered, always written) for a bad record and for a good one
+    whose key columns are all NULL (a struct: NULL or every field NULL): such a record names no event, and all of
+    them would otherwise share the id of ``{}`` and be dropped as copies of the first."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import DataType, StructType
 
     fields = {f.name: f.dataType for f in parsed.schema.fields}
     key_fields = getattr(fields.get(KEY_COLUMN), "names", None) or []  # a struct key (key_format json, avro ..)
@@ -47,8 +50,25 @@ def with_event_ids(parsed: DataFrame, key: Sequence[str]) -> DataFrame:
         raise ConfigurationError(f"dedup_key names column(s) {', '.join(missing)} that the parsed records lack; "
                                  f"their columns are {', '.join(shown)}")
     identity = F.to_json(F.struct(*[found.alias(c) for c, found in columns.items() if found is not None]))
-    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull(),
+    types = {c: parsed.select(found).schema.fields[0].dataType for c, found in columns.items() if found is not None}
+
+    def absent(value: Column, data_type: DataType) -> Column:  # what to_json leaves out: NULL, or a struct of those
+        if isinstance(data_type, StructType):
+            return value.isNull() | _all([absent(value.getField(f.name), f.dataType) for f in data_type.fields])
+        return value.isNull()
+
+    no_identity = _all([absent(found, types[c]) for c, found in columns.items() if found is not None])
+    return parsed.withColumn(ID, F.when(F.col("_eo_error").isNull() & ~no_identity,
                                         F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
+
+
+def _all(conditions: Sequence[Column]) -> Column:
+    """Every one of ``conditions`` (true for none)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    return reduce(lambda a, b: a & b, conditions) if conditions else F.lit(True)
 
 
 #: Where a record is, for the write tasks that mark copies themselves (:func:`position_columns`): the metadata
@@ -60,7 +80,7 @@ MARKED_BY = {ID: ID, "kafka_timestamp": AT_TIMESTAMP, "kafka_topic": AT_TOPIC, "
 
 
 def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
-                    retention: timedelta, partitions: int) -> DataFrame:
+                    retention: timedelta, partitions: int, now_ms: int | None = None) -> DataFrame:
     """The records (with ``_eo_id``) spread by id into ``partitions`` tasks, each marked ``_eo_dup`` / ``_eo_new``."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
@@ -77,7 +97,7 @@ def mark_duplicates(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappi
         table = pa.Table.from_batches(received) if received else None
         if table is None or table.num_rows == 0:
             return
-        duplicate, new = duplicate_marks(table, columns, lookup, retention)
+        duplicate, new = duplicate_marks(table, columns, lookup, retention, now_ms)
         yield from table.append_column(DUPLICATE, duplicate).append_column(NEW, new).to_batches()
 
     return spread.mapInArrow(marked, schema).toDF(*names, DUPLICATE, NEW)
@@ -92,12 +112,13 @@ def position_columns() -> list[Column]:
 
 
 def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[Iterable[bytes]], Mapping[bytes, SeenAt]],
-                    retention: timedelta) -> tuple[Any, Any]:
+                    retention: timedelta, now_ms: int | None = None) -> tuple[Any, Any]:
     """One task's records (an Arrow table holding every record of its ids; ``columns``: the index of each of
     :data:`MARKED_BY`'s roles) marked: (copies, first sightings), two boolean arrays. Most ids are one record never
     seen before: those are marked with Arrow's compute functions; only the records of ids seen twice in the batch or
     found in the table are decided one by one (:func:`~airflow_eo.core.dedup.keep`). A bad record (no id) is
-    neither."""
+    neither. No time, the records' nor the table's, is later than ``now_ms`` (the batch's wall clock:
+    :func:`~airflow_eo.core.dedup.sighting_ms`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -123,15 +144,20 @@ def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[It
     for i, event_id in enumerate(picked.column(columns[ID]).to_pylist()):
         rows_of.setdefault(event_id, []).append(i)
     for event_id, group in rows_of.items():
-        sightings = [SeenAt((times[i] or 0) // 1000, topics[i], partitions[i], offsets[i]) for i in group]
-        kept, write = keep(sightings, stored.get(event_id), retention)
+        sightings = [SeenAt(sighting_ms((times[i] or 0) // 1000, now_ms), topics[i], partitions[i], offsets[i])
+                     for i in group]
+        seen = stored.get(event_id)
+        if seen is not None and now_ms is not None and seen.timestamp_ms > now_ms:
+            seen = None  # a future date (written before sighting_ms): no evidence of a copy; the id is seen anew
+        kept, write = keep(sightings, seen, retention)
         for n, i in enumerate(group):
             duplicate[rows[i]] = n != kept
             new_list[rows[i]] = n == kept and write
     return pa.array(duplicate, pa.bool_()), pa.array(new_list, pa.bool_())
 
 
-def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id: str, batch_id: int) -> Any:
+def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id: str, batch_id: int,
+                  now_ms: int | None = None) -> Any:
     """The first sightings among one task's marked records (``new``) as an Arrow table of the seen-id table's rows
     (:data:`~airflow_eo.core.dedup.SEEN_ID_FIELDS`), for a write task that marks copies itself."""
     import pyarrow as pa
@@ -140,6 +166,8 @@ def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id:
     firsts = table.filter(new)
     count = firsts.num_rows
     millis = pc.divide(pc.cast(firsts.column(columns["kafka_timestamp"]), pa.int64()), 1000)
+    if now_ms is not None:  # never later than the batch's wall clock (sighting_ms)
+        millis = pc.min_element_wise(millis, pa.scalar(now_ms, pa.int64()))
     return pa.table({
         "pipeline_key": pa.array([seen_pipeline_key(pipeline_id)] * count, pa.binary()),
         "event_id": firsts.column(columns[ID]),
@@ -171,16 +199,16 @@ class TaskCopies:
         table = pa.Table.from_batches(received)
         if table.num_rows == 0:
             return []
-        duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention)
+        duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention, dedup.now_ms)
         self.duplicates = int(pc.sum(duplicate).as_py() or 0)
-        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id)
+        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id, dedup.now_ms)
         events = pc.is_valid(table.column(columns[ID]))
         oldest = pc.min(pc.cast(table.column(columns["kafka_timestamp"]).filter(events), pa.int64())).as_py()
-        self.oldest_ms = None if oldest is None else oldest // 1000
+        self.oldest_ms = None if oldest is None else sighting_ms(oldest // 1000, dedup.now_ms)
         return table.filter(pc.invert(duplicate)).to_batches() if self.duplicates else table.to_batches()
 
 
-def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:
+def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int, now_ms: int | None = None) -> DataFrame:
     """The first sightings of the batch as rows of the seen-id table (:data:`~airflow_eo.core.dedup.SEEN_ID_FIELDS`)."""
     from pyspark.sql import functions as F
 
@@ -188,5 +216,12 @@ def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int) -> DataFram
         F.lit(bytearray(seen_pipeline_key(pipeline_id))).alias("pipeline_key"), F.col(ID).alias("event_id"),
         F.col("kafka_topic").alias("topic"),
         F.col("kafka_partition"), F.col("kafka_offset"),
-        F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long").alias("seen_at"),
+        _at_most(F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long"), now_ms).alias("seen_at"),
         F.lit(batch_id).cast("long").alias("batch_id"))
+
+
+def _at_most(millis: Column, now_ms: int | None) -> Column:
+    """``millis``, never later than ``now_ms`` (:func:`~airflow_eo.core.dedup.sighting_ms`)."""
+    from pyspark.sql import functions as F
+
+    return millis if now_ms is None else F.least(millis, F.lit(now_ms).cast("long"))

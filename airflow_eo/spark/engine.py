@@ -47,7 +47,14 @@ from airflow_eo.core.batch import (
 )
 from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN, TruncatePolicy
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.dedup import PURGE_LIMIT, SEEN_ID_KEY, marks_in_write_tasks, purge_cutoff, seen_id_partition
+from airflow_eo.core.dedup import (
+    PURGE_LIMIT,
+    SEEN_ID_KEY,
+    marks_in_write_tasks,
+    purge_cutoff,
+    purge_until_caught_up,
+    seen_id_partition,
+)
 from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.headers import NO_HEADERS, encode_header_structs
@@ -364,7 +371,7 @@ class SparkBatchEngine:
                                     one_pass=strategy in (WriteStrategy.ONE_PASS, WriteStrategy.VOTE)):
             return None
         dedup = TaskDedup(seen.seen_id_writer(batch), seen.seen_id_lookup(batch), self.parse.dedup_retention,
-                          batch.pipeline_id, batch.batch_id)
+                          batch.pipeline_id, batch.batch_id, now_ms=int(time.time() * 1000))
         try:
             return self._write_then_validate(with_event_ids(parsed, self.parse.dedup_key), payload, batch, sink,
                                              vote=strategy is WriteStrategy.VOTE, dedup=dedup)
@@ -374,11 +381,12 @@ class SparkBatchEngine:
             return None
 
     def _purge_seen_ids(self, seen: SeenIds, pipeline_id: str, oldest_ms: int | None) -> None:
-        """Remove a bounded number of ids past retention, older than the batch's oldest record by more than it."""
+        """Remove the ids past retention, older than the batch's oldest record by more than it, until caught up."""
         if oldest_ms is None:
             return
-        try:  # its own transaction: a purge that waits on another pipeline's locks costs this batch nothing else
-            purged = seen.purge_seen_ids(pipeline_id, purge_cutoff(oldest_ms, self.parse.dedup_retention), PURGE_LIMIT)
+        cutoff = purge_cutoff(oldest_ms, self.parse.dedup_retention)
+        try:  # its own transactions: a purge that waits on another pipeline's locks costs this batch nothing else
+            purged = purge_until_caught_up(lambda limit: seen.purge_seen_ids(pipeline_id, cutoff, limit), PURGE_LIMIT)
             if purged:
                 log.info("dedup: %s event ids past retention removed", purged)
         except Exception:
@@ -397,15 +405,17 @@ class SparkBatchEngine:
         writer = seen.seen_id_writer(batch)  # creates the table first: the look-ups read it
         retention = self.parse.dedup_retention
         partitions = self.parse.write_partitions or _default_parallelism(spark)
+        now_ms = int(time.time() * 1000)  # no record's time is later (core.dedup.sighting_ms)
         marked = mark_duplicates(with_event_ids(parsed, self.parse.dedup_key), seen.seen_id_lookup(batch), retention,
-                                 partitions).persist(StorageLevel.MEMORY_AND_DISK)
+                                 partitions, now_ms).persist(StorageLevel.MEMORY_AND_DISK)
         counts = marked.agg(F.sum(F.col(DUPLICATE).cast("long")).alias("duplicates"),
                             F.min(F.when(F.col(ID).isNotNull(), F.unix_millis(F.col("kafka_timestamp")))).alias(
                                 "oldest")).collect()[0]
         duplicates = int(counts["duplicates"] or 0)
         t1 = time.monotonic()
-        self._purge_seen_ids(seen, batch.pipeline_id, None if counts["oldest"] is None else int(counts["oldest"]))
-        written = self.run_partitions(WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id), self),
+        self._purge_seen_ids(seen, batch.pipeline_id,
+                             None if counts["oldest"] is None else min(int(counts["oldest"]), now_ms))
+        written = self.run_partitions(WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id, now_ms), self),
                                       _SeenIdPartitions(writer))
         failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
         log.info("dedup: %s duplicate record(s) dropped, %s event id(s) seen first", duplicates, written.rows)

@@ -15,7 +15,9 @@ from urllib.parse import quote, quote_plus, unquote
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import executor_env
+from airflow_eo.core.spark_conf import SECRET_CONF_PATTERN, SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.spark.class_archive import with_class_archive
+from airflow_eo.spark.private_files import UntrustedPathError, check_private, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "1g",
+    # Secrets a sink's catalog puts in the conf (an Iceberg REST credential, s3/adls keys): redacted in the UI and
+    # the event log (a user's own regex gets this one added: session_conf).
+    "spark.redaction.regex": SECRET_CONF_PATTERN,
+    "spark.sql.redaction.options.regex": with_secret_redaction(SPARK_SQL_REDACTION_DEFAULT),
 }
 
 #: Avro's length limits (Avro 1.12, under spark-avro's ``from_avro``): Java system properties, read once per JVM.
@@ -248,6 +254,9 @@ def session_conf(conf: Mapping[str, Any] | None = None, remote: bool = False) ->
     and the user's conf are sent.
     """
     user = {k: str(v) for k, v in (conf or {}).items()}
+    for key in ("spark.redaction.regex", "spark.sql.redaction.options.regex"):
+        if key in user:
+            user[key] = with_secret_redaction(user[key])
     if remote:
         return {**{k: v for k, v in DEFAULT_CONF.items() if k.startswith("spark.sql.")}, **user}
     merged = {**DEFAULT_CONF, **user}
@@ -343,9 +352,13 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
                 builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                     "spark.driver.host", "127.0.0.1")
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        for key, value in merged.items():
+        # A classic session's conf is spark-submit's command line (--conf k=v), which every local user can read:
+        # secrets that a running session takes are set on it instead (Spark Connect sends its conf over gRPC).
+        launch, later = (merged, {}) if remote else split_secret_conf(merged)
+        for key, value in launch.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
+        set_secret_conf(session, later)
         if remote:
             session.version  # noqa: B018 - one round trip: a wrong URL or token fails here, not mid-batch
     except Exception as exc:  # surface a message that says what to fix
@@ -367,6 +380,41 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     log.info("Spark session on %s (%s)", _without_secrets(remote) if remote else master or "local[*]",
              "Spark Connect" if remote else "classic, client mode")
     return session
+
+
+#: Where a secret of the Spark conf may be set on a running session: Hadoop's (file systems: s3a, abfs, gs keys) and
+#: Spark SQL's (a catalog's properties).
+RUNTIME_SECRET_PREFIXES = ("spark.hadoop.", "spark.sql.")
+
+
+def split_secret_conf(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``conf`` as ``(launch, later)``: ``later`` the secrets (keys :data:`SECRET_CONF_PATTERN` matches) that a
+    running session takes (:data:`RUNTIME_SECRET_PREFIXES`), kept off spark-submit's command line; another secret
+    key (Spark's own, read at launch only) stays at launch, warned about by name."""
+    import re
+
+    secret = re.compile(SECRET_CONF_PATTERN)
+    launch, later = {}, {}
+    for key, value in conf.items():
+        if key.startswith(("spark.redaction.", "spark.sql.redaction.")) or not secret.search(key):
+            launch[key] = value
+        elif key.startswith(RUNTIME_SECRET_PREFIXES):
+            later[key] = value
+        else:
+            log.warning("Spark conf %s holds a secret that Spark reads only at launch: it is on spark-submit's "
+                        "command line, which every local user can read", key)
+            launch[key] = value
+    return launch, later
+
+
+def set_secret_conf(session: Any, secrets: Mapping[str, str]) -> None:
+    """The secrets :func:`split_secret_conf` kept from the launch, on the running session: a ``spark.hadoop.*`` key
+    in the context's Hadoop configuration (without the prefix, as Spark's launch would), others in its SQL conf."""
+    for key, value in secrets.items():
+        if key.startswith("spark.hadoop."):
+            session.sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
+        else:
+            session.conf.set(key, value)
 
 
 def refuse_master_for_connect(conf: Mapping[str, str]) -> None:
@@ -453,14 +501,28 @@ def package_archive() -> Path:
     for path in files:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
-    archive = connector_cache_dir() / f"airflow_eo-{digest.hexdigest()[:16]}.zip"
-    if not archive.exists():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        partial = archive.with_suffix(f".{os.getpid()}.tmp")
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zipped:
-            for path in files:
-                zipped.write(path, Path("airflow_eo") / path.relative_to(root))
-        partial.replace(archive)  # atomic: concurrent tasks never see half a zip
+    # Executors import from it first: kept only in a folder of this user's (0700) and used only while its files
+    # are exactly the installed package's (a zip written there by anyone else is made again).
+    archive = private_folder(connector_cache_dir()) / f"airflow_eo-{digest.hexdigest()[:16]}.zip"
+    members = {(Path("airflow_eo") / path.relative_to(root)).as_posix(): path for path in files}
+    if archive.exists():
+        try:
+            check_private(archive)
+            with zipfile.ZipFile(archive) as zipped:
+                if set(zipped.namelist()) == set(members) and all(
+                        zipped.read(name) == path.read_bytes() for name, path in members.items()):
+                    return archive
+        except (UntrustedPathError, zipfile.BadZipFile, OSError) as exc:
+            log.warning("the package zip %s is not used (%s): made again", archive, exc)
+        else:
+            log.warning("the package zip %s differs from the installed package: made again", archive)
+    partial = archive.with_suffix(f".{os.getpid()}.tmp")
+    partial.unlink(missing_ok=True)
+    with os.fdopen(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "wb") as raw, \
+            zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for name, path in members.items():
+            zipped.write(path, name)
+    partial.replace(archive)  # atomic: concurrent tasks never see half a zip
     return archive
 
 

@@ -155,6 +155,12 @@ class SqlDatabase:
         """The columns of ``table`` in order; empty when it does not exist."""
         raise NotImplementedError
 
+    def check_own_table(self, cur: Any, table: str) -> None:
+        """Refuse a pipeline table (seen ids, dead letters, change positions) that another role made: it may carry
+        a trigger that runs with the pipeline's rights. Nothing to check by default (MySQL's triggers run as their
+        definer)."""
+        return None
+
     def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
         """What the catalog says of each column of ``table`` (lengths, integer ranges, NOT NULL), for the values
         checked before the write (:mod:`airflow_eo.core.refusals`); none: no value is checked."""

@@ -43,5 +43,6 @@ def create_if_missing(database: SqlDatabase, connect_kwargs: Mapping[str, Any], 
                 cur.execute(ddl(table))
                 for statement in indexes(table):
                     cur.execute(statement)
+            database.check_own_table(cur, table)
     finally:
         conn.close()

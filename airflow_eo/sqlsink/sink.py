@@ -185,6 +185,7 @@ class SqlTableSink(KindAdapter):
                     fold = str.lower if db.case_insensitive_columns else str
                     have = {fold(c) for c in self._upgrade_dead_letter_table(cur, columns)}
                     written = tuple(c for c in DEAD_LETTER_FIELDS if fold(c) in have)
+                db.check_own_table(cur, self.dead_letter_table)  # another role's may carry its trigger
                 options = self._dead_letter_writer_options(cur, written)
         finally:
             conn.close()

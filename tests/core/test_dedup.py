@@ -43,6 +43,12 @@ def test_a_batch_keeps_the_first_copy_by_time_then_partition_then_offset():
     assert keep([at(1), at(2)], None, DAY) == (0, True)
 
 
+def test_within_a_partition_the_earlier_offset_is_the_event_whatever_its_timestamp():
+    """A producer sets CreateTime: a copy at a later offset dated before the event must not become the event."""
+    assert keep([at(7, ms=20), at(9, ms=5)], None, DAY) == (0, True)
+    assert keep([at(9, ms=5), at(7, ms=20), at(3, partition=1, ms=10)], None, DAY) == (2, True)
+
+
 def test_a_replayed_batch_keeps_the_record_the_table_has_and_writes_nothing():
     sightings = [at(9, ms=5), at(4, ms=50)]  # the copy at offset 9 has the earlier timestamp
     assert keep(sightings, at(4, ms=50), DAY) == (1, False)

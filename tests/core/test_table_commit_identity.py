@@ -9,9 +9,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.errors import TableMarkerError
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.recovery import committed_by_table, table_transaction
+from airflow_eo.core.recovery import committed_by_table, table_claim, table_transaction
 from airflow_eo.core.states import BatchState
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, named_failure
 
@@ -42,8 +43,22 @@ def test_a_batch_counts_as_committed_once_its_app_id_reached_its_version():
                 table_transaction("p", 6, late).app_id: 5}
     assert committed_by_table(unfinished, versions) == {4}
     assert committed_by_table([batch(4)], {"airflow_eo.p": 3}) == set()
-    assert committed_by_table([batch(4)], {"airflow_eo.p": 8}) == {4}  # Delta would skip it: it is in the table
     assert committed_by_table([batch(4)], {}) == set()
+
+
+def test_a_table_claiming_a_batch_the_store_never_planned_is_refused_and_foreign_markers_are_ignored():
+    """Any writer of a table can set its markers: one above the store's newest planned batch (the newest
+    unfinished) would have the sink skip every batch up to it, offsets advancing and nothing written; a marker that
+    is no batch id (another writer's property of that name) is ignored, not raised on by every attempt."""
+    assert committed_by_table([batch(3), batch(4)], {"airflow_eo.p": 4}) == {3, 4}
+    with pytest.raises(TableMarkerError, match=r"the table claims batch 8 of airflow_eo\.p, above the newest batch "
+                                               r"the offset store planned \(4\)"):
+        committed_by_table([batch(4)], {"airflow_eo.p": 8})
+    late = Interval(T0 + HOUR, T0 + 2 * HOUR)
+    with pytest.raises(TableMarkerError, match="claims batch 9"):
+        committed_by_table([batch(4), batch(6, late)], {table_transaction("p", 6, late).app_id: 9})
+    assert [table_claim(m) for m in ("7", " 12 ", 5, "x", "", "-1", "7.0", "١", True, None, "9" * 30)] == [
+        7, 12, 5, None, None, None, None, None, None, None, None]
 
 
 class Table(TableCommitAdapter):

@@ -354,7 +354,8 @@ def test_ids_missing_from_writer_schemas_are_asked_of_the_lookup_once_per_batch(
 def test_an_unpaired_surrogate_escape_in_json_is_a_bad_record_and_a_pair_or_an_escaped_backslash_is_not():
     """Spark's JSON reader turns ``"\\ud800"`` (a UTF-16 surrogate escape without its pair) into ``?``: the record
     would be stored altered, so it is a bad record; a pair is its character, and ``"\\\\ud800"`` (an escaped
-    backslash, then text) is text."""
+    backslash, then text) is text. ``"\\\\ud800\\udc00"`` is an escaped backslash, the text ``ud800``, then an
+    unpaired low surrogate: bad, though a high escape's text stands before it."""
     from airflow_eo.core.config import ParseConfig
     from airflow_eo.spark.parsing import parse_records
     from airflow_eo.spark.session import get_session
@@ -362,7 +363,8 @@ def test_an_unpaired_surrogate_escape_in_json_is_a_bad_record_and_a_pair_or_an_e
     values = [br'{"id": "a", "s": "\ud800"}', br'{"id": "b", "s": "x\udc00y"}', br'{"id": "c", "s": "\ud83d\ude00"}',
               br'{"id": "d", "s": "\\ud800"}', br'{"id": "e", "s": "\\\ud800"}', br'{"id": "f", "s": "\uD800\uDC00"}',
               br'{"id": "g", "s": "\uDBFF!"}', br'{"id": "h", "s": "plain \u00e9"}',
-              br'{"id": "i", "s": "\udc00\ud800"}']
+              br'{"id": "i", "s": "\udc00\ud800"}', br'{"id": "j", "s": "\\ud800\udc00"}',
+              br'{"id": "k", "s": "\ud800\\\udc00"}', br'{"id": "l", "s": "\\\\\ud800\udc00"}']
     spark = get_session()
     raw = spark.createDataFrame(
         [("t", 0, i, None, None, None, v) for i, v in enumerate(values)],
@@ -372,7 +374,8 @@ def test_an_unpaired_surrogate_escape_in_json_is_a_bad_record_and_a_pair_or_an_e
     got = {r["id"] or str(r["kafka_offset"]): (r["s"], r["_eo_error"])
            for r in parsed.orderBy("kafka_offset").collect()}
     unpaired = "value has an unpaired UTF-16 surrogate escape"
-    assert {k for k, (_, error) in got.items() if error} == {"a", "b", "e", "g", "i"}
-    assert all(got[k][1].startswith(unpaired) for k in "abegi")
-    assert (got["c"], got["d"], got["f"], got["h"]) == (("\U0001F600", None), ("\\ud800", None),
-                                                       ("\U00010000", None), ("plain \u00e9", None))
+    assert {k for k, (_, error) in got.items() if error} == {"a", "b", "e", "g", "i", "j", "k"}
+    assert all(got[k][1].startswith(unpaired) for k in "abegijk")
+    assert (got["c"], got["d"], got["f"], got["h"], got["l"]) == (
+        ("\U0001F600", None), ("\\ud800", None), ("\U00010000", None), ("plain \u00e9", None),
+        ("\\\\\U00010000", None))

@@ -174,3 +174,61 @@ def test_the_purge_never_waits_on_the_ids_a_prepared_branch_holds(mysql_kwargs):
             cur.execute(f"XA ROLLBACK '{xid}'")
             cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
         conn.close()
+
+
+def test_a_record_whose_dedup_key_is_all_null_is_kept_and_never_remembered():
+    """``dedup_key=["key"]`` with producers sending null keys: a record whose key columns are all NULL (a struct
+    column: NULL or every field NULL) names no event, so it has no id: never a copy, never in the seen-id table.
+    Before, all of them hashed ``{}`` to one id and every one after the first was dropped as a copy."""
+    from airflow_eo.spark.dedup import DUPLICATE, ID, NEW, mark_duplicates, with_event_ids
+    from airflow_eo.spark.session import get_session
+
+    spark = get_session()
+    parsed = spark.createDataFrame(
+        [(None, None, ("k1",), None, 0), (None, None, (None,), None, 1), (None, None, None, None, 2),
+         ("a", None, None, None, 3), ("a", None, None, None, 4), (None, 7, None, None, 5),
+         (None, None, None, "bad", 6)],
+        "key STRING, n INT, s STRUCT<id: STRING>, _eo_error STRING, kafka_offset BIGINT")
+    parsed = parsed.selectExpr("*", "'t' AS kafka_topic", "0 AS kafka_partition",
+                               "TIMESTAMP'2026-01-01 00:00:00' AS kafka_timestamp")
+    by_key = {r["kafka_offset"]: r[ID] for r in with_event_ids(parsed, ["key", "n"]).collect()}
+    assert [o for o, i in sorted(by_key.items()) if i is None] == [0, 1, 2, 6]  # all NULL, and the bad record
+    assert by_key[3] == by_key[4] and len({bytes(by_key[3]), bytes(by_key[5])}) == 2
+    by_struct = {r["kafka_offset"]: r[ID] for r in with_event_ids(parsed, ["s"]).collect()}
+    assert [o for o, i in sorted(by_struct.items()) if i is None] == [1, 2, 3, 4, 5, 6]
+    marked = mark_duplicates(with_event_ids(parsed, ["key", "n"]), lambda ids: {}, timedelta(days=1), 2)
+    marks = {r["kafka_offset"]: (r[DUPLICATE], r[NEW]) for r in marked.collect()}
+    assert marks == {0: (False, False), 1: (False, False), 2: (False, False), 3: (False, True), 4: (True, False),
+                     5: (False, True), 6: (False, False)}
+
+
+def test_the_purge_removes_every_id_past_retention_not_one_chunk_per_batch(airflow_db, monkeypatch):
+    """A batch of a million new ids must not leave the seen-id table longer by all but the purge's chunk once
+    retention has passed: the purge goes on, chunk by chunk, until it is caught up."""
+    from types import SimpleNamespace
+
+    from airflow_eo.spark import engine
+    from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, create_seen_id_table
+
+    pipeline = f"dedup_purge_{uuid.uuid4().hex[:8]}"
+    adapter = build_sink(MySqlUpsertSink(table=f"dd_{uuid.uuid4().hex[:8]}", key_columns=["event_id"]), pipeline,
+                         "eo_offset_store")
+    create_seen_id_table(adapter.database, adapter.connect_kwargs, SEEN_ID_TABLE)  # type: ignore[attr-defined]
+    key = seen_pipeline_key(pipeline)
+    now_ms = int(NOW.timestamp() * 1000)
+    conn = adapter.database.connect(adapter.connect_kwargs, autocommit=True)  # type: ignore[attr-defined]
+    try:
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {SEEN_ID_TABLE} (pipeline_key, event_id, topic, kafka_partition, "
+                            "kafka_offset, seen_at, batch_id) VALUES (%s, %s, 't', 0, %s, %s, 1)",
+                            [(key, i.to_bytes(16, "big"), i, now_ms - (7_200_000 if i < 25 else 60_000))
+                             for i in range(30)])
+        monkeypatch.setattr(engine, "PURGE_LIMIT", 10)
+        fake_engine = SimpleNamespace(parse=SimpleNamespace(dedup_retention=timedelta(hours=1)))
+        engine.SparkBatchEngine._purge_seen_ids(fake_engine, adapter, pipeline, now_ms)  # type: ignore[arg-type]
+        assert sorted(r["kafka_offset"] for r in seen_rows(adapter.database, adapter.connect_kwargs, pipeline)) \
+            == list(range(25, 30)), "every id past retention went, the recent ones stayed"
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
+        conn.close()

@@ -287,3 +287,36 @@ def test_two_pipelines_merge_into_one_table_at_once(bootstrap, mysql_kwargs, top
     for job in jobs.values():  # each pipeline's batch is one snapshot of the table's history
         assert list(batch_snapshots(location, job["pipeline_id"])) == [
             b["batch_id"] for b in batch_rows(mysql_kwargs, job["pipeline_id"])] == [0]
+
+
+def test_a_rest_catalogs_credential_is_redacted_in_the_sql_tab_and_event_log():
+    """A REST catalog's ``credential`` (``id:secret``) and the file-system keys of a catalog's extra
+    (``s3.secret-access-key``, ``adls.account-key``) are set on the running session: every later query's SQL
+    execution carries the session's modified conf, which the SQL tab shows and the event log keeps
+    (``SparkListenerSQLExecutionStart.modifiedConfigs``). Spark's default redaction matches none of these keys."""
+    from airflow_eo.core.connections import ConnectionInfo
+    from airflow_eo.iceberg.catalog import catalog_properties
+    from airflow_eo.iceberg.sink import IcebergTableAdapter
+    from airflow_eo.spark.session import get_session
+
+    secret = f"s3cr3t{uuid.uuid4().hex}"
+    name = f"rest{uuid.uuid4().hex[:8]}"  # a catalog no query uses: Spark loads a catalog on first use only
+    info = ConnectionInfo("lake_rest", "iceberg", "http://127.0.0.1:1/catalog", login="client", password=secret,
+                          extra={"s3.secret-access-key": f"k1{secret}", "adls.account-key.acct": f"k2{secret}",
+                                 "s3.access-key-id": f"k3{secret}"})
+    adapter = IcebergTableAdapter("p", name="IcebergTableSink", table=f"{name}.db.t", location="",
+                                  catalog=catalog_properties(info))
+    spark = get_session()
+    adapter._configure_catalog(spark)
+    assert spark.conf.get(f"spark.sql.catalog.{name}.credential") == f"client:{secret}"  # set, for Iceberg
+    spark.range(3).selectExpr("sum(id)").collect()  # a SQL execution after the properties were set
+    store = spark._jsparkSession.sharedState().statusStore()  # what the SQL tab renders (and the event log has)
+    executions = store.executionsList()
+    last = executions.apply(executions.size() - 1).modifiedConfigs()  # a Scala Map
+    modified: dict[str, str] = {}
+    keys = last.keySet().iterator()
+    while keys.hasNext():
+        key = keys.next()
+        modified[str(key)] = str(last.apply(key))
+    assert f"spark.sql.catalog.{name}.credential" in modified  # the SQL tab lists it ...
+    assert not [k for k, v in modified.items() if secret in v], "a catalog secret is shown in the SQL tab"

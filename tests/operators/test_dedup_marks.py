@@ -84,3 +84,19 @@ def test_a_write_task_hands_on_the_events_and_keeps_its_first_sightings_for_the_
         ("a", 1, 7, int(T0.timestamp() * 1000) + 5000, 9), ("b", 0, 2, int(T0.timestamp() * 1000) + 1000, 9)]
     assert {r["pipeline_key"] for r in seen} == {seen_pipeline_key("pipeline")}
     assert seen_id_table(pa.Table.from_batches([first]), columns, pa.array([False] * 5), "p", 1).num_rows == 0
+
+
+def test_no_sighting_is_dated_after_the_batchs_wall_clock():
+    """A producer sets a topic's CreateTime: a first sighting dated in the future would never pass retention (every
+    later copy dropped as a duplicate, whatever the retention) and never be purged. The seen-id rows are dated no
+    later than the batch's wall clock, and a stored sighting dated after it (written before) is no evidence."""
+    now_ms = int(T0.timestamp() * 1000) + 60_000
+    table = pa.Table.from_batches([batch([("a", 0, 5, 10 * 365 * 86_400), ("b", 0, 6, 30)])])
+    columns = {name: i for i, name in enumerate(table.schema.names)}
+    duplicate, new = duplicate_marks(table, columns, lambda ids: {}, timedelta(days=7), now_ms)
+    rows = seen_id_table(table, columns, new, "p", 3, now_ms)
+    assert rows.column("seen_at").to_pylist() == [now_ms, int(T0.timestamp() * 1000) + 30_000]
+
+    forged = SeenAt(int(T0.timestamp() * 1000) + 100 * 365 * 86_400_000, "t", 0, 0)
+    duplicate, new = duplicate_marks(table.slice(1), columns, lambda ids: {"b": forged}, timedelta(days=7), now_ms)
+    assert (duplicate.to_pylist(), new.to_pylist()) == ([False], [True])

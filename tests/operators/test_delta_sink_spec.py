@@ -78,3 +78,46 @@ def test_deltas_jars_resolved_here_join_spark_jars(monkeypatch):
     # Not Delta's scala-library and antlr4-runtime: pyspark ships them, at other versions.
     assert delta == {"delta-spark_2.13-4.0.0.jar", "delta-storage-4.0.0.jar"}
     assert conf["spark.jars.packages"] == "org.example:other:1"
+
+
+def test_a_txn_version_above_the_batch_written_is_refused_not_trusted_to_skip(tmp_path):
+    """Any writer of the Delta table can commit a txn of the pipeline's app id (delta-rs here, as another job
+    would): one above the batch being written (the store's newest planned) would have the sink skip every batch up
+    to it, offsets advancing and nothing written; it is refused loudly, at the write and at recovery."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from airflow_eo.core.batch import BatchRecord
+    from airflow_eo.core.errors import TableMarkerError
+    from airflow_eo.core.ranges import OffsetRange
+    from airflow_eo.core.recovery import table_transaction
+    from airflow_eo.core.states import BatchState
+    from airflow_eo.delta.sink import DeltaTableAdapter
+
+    path = str(tmp_path / "t")
+    adapter = DeltaTableAdapter("p", name="DeltaTableSink", path=path)
+    write_deltalake(path, pa.table({"v": [1]}), commit_properties=CommitProperties(
+        app_transactions=[Transaction("airflow_eo.p", 3)]))
+    assert adapter._has(table_transaction("p", 3, None)) and not adapter._has(table_transaction("p", 4, None))
+    write_deltalake(path, pa.table({"v": [2]}), mode="append", commit_properties=CommitProperties(
+        app_transactions=[Transaction("airflow_eo.p", 10**9)]))
+    with pytest.raises(TableMarkerError, match=f"the Delta table at {path} claims batch 1000000000 of airflow_eo.p"):
+        adapter._has(table_transaction("p", 4, None))
+    unfinished = BatchRecord("p", 4, "run4", 1, BatchState.PLANNED, [OffsetRange("t", 0, 0, 5)])
+    with pytest.raises(TableMarkerError, match="above the newest batch the offset store planned \\(4\\)"):
+        adapter.committed_batches([unfinished])
+
+
+def test_a_path_with_a_password_in_it_is_refused_without_echoing_it():
+    """``s3a://KEY:SECRET@bucket/...`` would be kept in lineage namespaces, Asset URIs and logs; ABFS's
+    ``container@account`` names a container, no password."""
+    from airflow_eo.sinks import IcebergTableSink
+
+    with pytest.raises(ConfigurationError, match="holds a password in its authority") as refused:
+        DeltaTableSink(path="s3a://AKIAEXAMPLE:s3cr3t@bucket/events")
+    assert "s3cr3t" not in str(refused.value)
+    with pytest.raises(ConfigurationError, match="warehouse holds a password"):
+        IcebergTableSink(table="lake.db.t", warehouse="s3a://AKIAEXAMPLE:s3cr3t@bucket/lake")
+    assert DeltaTableSink(path="abfss://events@account.dfs.core.windows.net/t").lineage(None).namespace == \
+        "abfss://events@account.dfs.core.windows.net"  # type: ignore[arg-type]
+    assert DeltaTableSink(path="s3a://bucket/events").path == "s3a://bucket/events"

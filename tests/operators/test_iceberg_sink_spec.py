@@ -158,6 +158,43 @@ def test_a_cherry_picked_snapshot_names_its_batch_by_its_staged_source_or_its_wa
     assert not adapter._has(table_transaction("p", 8, None))  # batch 8 (the unpublished zombie's) is not in it
 
 
+def test_markers_another_table_writer_set_are_ignored_or_refused_never_trusted_to_skip(tmp_path):
+    """Any writer of the table can set snapshot properties: a non-integer ``airflow-eo.batch`` (or
+    ``source-snapshot-id``) is not ours and is ignored (before, every attempt raised on ``int()``); a forged marker
+    above the batch being written (the store's newest planned) is refused loudly instead of skipping the batch."""
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.metadata import new_table_metadata
+    from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+
+    from airflow_eo.core.errors import TableMarkerError
+    from airflow_eo.core.recovery import table_transaction
+    from airflow_eo.iceberg.sink import IcebergTableAdapter
+
+    def snapshot(snapshot_id: int, parent: int | None, **summary: str) -> Snapshot:
+        return Snapshot(snapshot_id=snapshot_id, parent_snapshot_id=parent, sequence_number=snapshot_id,
+                        timestamp_ms=snapshot_id, manifest_list=f"{tmp_path}/m{snapshot_id}.avro",
+                        summary=Summary(Operation.APPEND, **summary), schema_id=0)
+
+    ours = {"airflow-eo.pipeline": "p", "airflow-eo.batch": "3", "airflow-eo.app-id": "airflow_eo.p"}
+    history = [snapshot(1, None, **ours), snapshot(2, 1, **{**ours, "airflow-eo.batch": "three"}),
+               snapshot(3, 2, **{"source-snapshot-id": "x", "published-wap-id": "airflow_eo.p@4"})]
+    empty = new_table_metadata(Schema(), UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, str(tmp_path), {})
+    metadata = empty.model_copy(update={"snapshots": history, "current_snapshot_id": 3})
+    adapter = IcebergTableAdapter("p", name="IcebergTableSink", table="l.d.t", location=str(tmp_path))
+    adapter.metadata = lambda: metadata  # type: ignore[method-assign]
+    assert adapter.committed_versions() == {"airflow_eo.p": 4}
+    assert adapter._has(table_transaction("p", 4, None)) and not adapter._has(table_transaction("p", 5, None))
+
+    forged = metadata.model_copy(update={"snapshots": [*history, snapshot(4, 3, **{**ours, "airflow-eo.batch":
+                                                                                    "1000000"})],
+                                         "current_snapshot_id": 4})
+    adapter.metadata = lambda: forged  # type: ignore[method-assign]
+    with pytest.raises(TableMarkerError, match="claims batch 1000000 of airflow_eo.p, above the newest batch"):
+        adapter._has(table_transaction("p", 5, None))
+
+
 def test_the_newest_metadata_is_found_past_a_stale_version_hint(tmp_path):
     """Two committers write version-hint.text after their commits: the slower one may leave an older version in it."""
     from airflow_eo.iceberg.sink import latest_metadata_file

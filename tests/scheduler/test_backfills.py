@@ -264,36 +264,55 @@ def test_a_missed_deadline_tells_where_the_pipeline_stands(airflow):
 
 def test_an_in_doubt_batch_is_recovered_after_a_human_approves_it_as_that_approver(airflow, bootstrap, mysql_kwargs):
     """The approval DAG of dags/recover_with_approval.py: dry run shown, a person approves through the REST API
-    the UI's "Required actions" use, the recovery is applied and audited with the approver as the actor."""
+    the UI's "Required actions" use, the recovery is applied and audited with the approver as the actor. The
+    approver is read from Airflow's approval record: the person who triggered the run cannot approve it (here one
+    user does both) until the Variable eo_recovery_allow_self_approval allows it."""
     reset(mysql_kwargs, XA_PIPELINE)
     produce_page_views(bootstrap, 200)
     killed = run_dag(XA_PIPELINE, fault="after_commit_point")  # SIGKILL after the commit point: branches in doubt
     assert killed.returncode != 0
-    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "the kill left no prepared branch to recover"
+    prepared = our_prepared_branches(mysql_kwargs, XA_PIPELINE)
+    assert prepared, "the kill left no prepared branch to recover"
 
     dag_id = "eo_recover_with_approval"
     airflow.unpause(dag_id)
-    run_id = airflow.trigger(dag_id, conf={"pipeline_id": XA_PIPELINE, "reason": "crash after the commit point"})[
-        "dag_run_id"]
-    path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails"
-    deadline, detail = time.monotonic() + 300, None
-    while time.monotonic() < deadline:
-        detail = airflow.api("GET", path, ok=(200, 404))
-        if detail and "detail" not in detail:
-            break
-        time.sleep(2)
-    assert detail and "detail" not in detail, airflow.diagnostics(dag_id)
-    body = json.dumps(detail)
-    assert "dry run" in body and "commit" in body  # the dry run's plan is what the approver reads
-    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "nothing may change before the approval"
-    # Answer as a person would, not within the second the task pauses: a response that raced the worker's exit
-    # had Airflow 3.3.2's scheduler take the executor's "failed" event for the resumed task (seen once here).
-    waiting = [ti["state"] for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == "approve"]
-    assert waiting in (["awaiting_input"], ["deferred"]), waiting
-    time.sleep(5)
-    answer = airflow.api("PATCH", path, {"chosen_options": ["Approve"]})
-    approver = answer["responded_by"]["name"]
-    succeeded(airflow, dag_id, [run_id], timeout=300)
+
+    def approved_run() -> tuple[str, str]:
+        """A run of the DAG, approved once its dry run is shown: (run id, the approver's name)."""
+        run_id = airflow.trigger(dag_id, conf={"pipeline_id": XA_PIPELINE, "reason": "crash after the commit point"})[
+            "dag_run_id"]
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/approve/-1/hitlDetails"
+        deadline, detail = time.monotonic() + 300, None
+        while time.monotonic() < deadline:
+            detail = airflow.api("GET", path, ok=(200, 404))
+            if detail and "detail" not in detail:
+                break
+            time.sleep(2)
+        assert detail and "detail" not in detail, airflow.diagnostics(dag_id)
+        body = json.dumps(detail)
+        assert "dry run" in body and "commit" in body  # the dry run's plan is what the approver reads
+        assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "nothing may change before the approval"
+        # Answer as a person would, not within the second the task pauses: a response that raced the worker's exit
+        # had Airflow 3.3.2's scheduler take the executor's "failed" event for the resumed task (seen once here).
+        waiting = [ti["state"] for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == "approve"]
+        assert waiting in (["awaiting_input"], ["deferred"]), waiting
+        time.sleep(5)
+        answer = airflow.api("PATCH", path, {"chosen_options": ["Approve"]})
+        return run_id, answer["responded_by"]["name"]
+
+    refused, _ = approved_run()  # approved by the user who asked
+    assert airflow.wait_for_runs(dag_id, [refused], timeout=300) == {refused: "failed"}, airflow.diagnostics(dag_id)
+    said = airflow.diagnostics(dag_id)
+    assert "asked for this recovery and cannot approve it" in said, said[-3000:]
+    assert our_prepared_branches(mysql_kwargs, XA_PIPELINE) == prepared, "a refused approval changes nothing"
+    assert rows(mysql_kwargs, "SELECT actor FROM eo_audit WHERE pipeline_id = %s", (XA_PIPELINE,)) == []
+
+    airflow.api("POST", "/variables", {"key": "eo_recovery_allow_self_approval", "value": "true"})
+    try:
+        run_id, approver = approved_run()
+        succeeded(airflow, dag_id, [run_id], timeout=300)
+    finally:
+        airflow.api("DELETE", "/variables/eo_recovery_allow_self_approval", ok=(200, 204, 404))
     assert our_prepared_branches(mysql_kwargs, XA_PIPELINE) == []
     audit = rows(mysql_kwargs, "SELECT actor, action, reason FROM eo_audit WHERE pipeline_id = %s", (XA_PIPELINE,))
     assert audit == [(f"airflow:{approver}", "recover", "crash after the commit point")]
