@@ -36,6 +36,14 @@ from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.ops.service import ORPHANS_ACTION, PipelineOperations
 
 NOW = datetime.now(timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """Ages are measured against the clock when the code runs: the fakes' times are set from it at each test (set at
+    import, they were minutes old by the time a test of a long session ran)."""
+    global NOW
+    NOW = datetime.now(timezone.utc)
 XA = SinkRecord("MySqlXaSink", True, conn_id="mysql_a", target="t")
 PG = SinkRecord("PostgresTwoPhaseSink", True, conn_id="pg_a", target="t")
 
