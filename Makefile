@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# A slow or dropped answer of the package index is retried instead of failing the resolution (pip's default: 15 s,
+# 5 retries; seen: a resolution that found "no matching distribution" for jinja2 on a slow index, then backtracked).
+PIP_NET ?= --timeout 120 --retries 10
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
@@ -12,8 +15,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt | java
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q $(PIP_NET) --upgrade pip
+	$(PY) -m pip install -q $(PIP_NET) -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 # Spark and Kafka run on Java 17+: default-jre-headless is OpenJDK 17 on Debian 12, 21 on Debian 13.
