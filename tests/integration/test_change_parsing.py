@@ -13,6 +13,7 @@ import pytest
 
 from airflow_eo.core.changes import CHANGE_OP, POSITION_COLUMN, postgres_position
 from airflow_eo.core.config import DELETE_COLUMN, ParseConfig
+from tests.support.kafka_frames import kafka_frame
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "debezium"
 ROW = "id INT, name STRING, qty INT"
@@ -28,30 +29,10 @@ def _records(shape: str) -> list[dict[str, Any]]:
 
 
 def _raw(spark: Any, records: list[dict[str, Any]]) -> Any:
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
     def raw(value: Any) -> bytes | None:
         return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    schema = StructType([StructField("kafka_key", BinaryType()), StructField("kafka_value", BinaryType()),
-                         StructField("kafka_topic", StringType()), StructField("kafka_partition", IntegerType()),
-                         StructField("kafka_offset", LongType()), StructField("kafka_timestamp", TimestampType()),
-                         StructField("kafka_headers", ArrayType(header))])
-    from datetime import datetime, timezone
-
-    now = datetime.now(timezone.utc)
-    rows = [(raw(r["key"]), raw(r["value"]), r["topic"], r["partition"], r["offset"], now, []) for r in records]
-    return spark.createDataFrame(rows, schema)
+    return kafka_frame(spark, records, [raw(r["key"]) for r in records], [raw(r["value"]) for r in records])
 
 
 @pytest.mark.parametrize("shape", ["with_schema", "without_schema"])

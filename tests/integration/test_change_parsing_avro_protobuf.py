@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.support.debezium_formats import (
     recorded,
     table_of,
 )
+from tests.support.kafka_frames import kafka_frame
 
 ROW = "id INT, name STRING, qty INT"
 #: The cases of the tables' own topics (the transaction case's BEGIN / END records are on another topic, with another
@@ -42,26 +42,8 @@ def _table_records() -> list[dict[str, Any]]:
 
 
 def _raw(spark: Any, records: list[dict[str, Any]], values: list[bytes | None]) -> Any:
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    schema = StructType([StructField("kafka_key", BinaryType()), StructField("kafka_value", BinaryType()),
-                         StructField("kafka_topic", StringType()), StructField("kafka_partition", IntegerType()),
-                         StructField("kafka_offset", LongType()), StructField("kafka_timestamp", TimestampType()),
-                         StructField("kafka_headers", ArrayType(header))])
-    now = datetime.now(timezone.utc)
-    rows = [(json.dumps(r["key"]).encode() if r["key"] is not None else None, value, r["topic"], r["partition"],
-             r["offset"], now, []) for r, value in zip(records, values, strict=True)]
-    return spark.createDataFrame(rows, schema)
+    keys = [json.dumps(r["key"]).encode() if r["key"] is not None else None for r in records]
+    return kafka_frame(spark, records, keys, values)
 
 
 def _json_bytes(record: dict[str, Any]) -> bytes | None:
