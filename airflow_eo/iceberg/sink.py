@@ -28,7 +28,6 @@ that can no longer fast-forward) is retried, a bounded number of times with back
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -50,6 +49,17 @@ from airflow_eo.core.recovery import (
 )
 from airflow_eo.core.spark_conf import SPARK_SQL_REDACTION_DEFAULT, with_secret_redaction
 from airflow_eo.iceberg.catalog import CatalogProperties, reader_catalog
+from airflow_eo.iceberg.snapshots import (
+    APP_ID,
+    BATCH,
+    PIPELINE,
+    STAGE,
+    ancestor_ids,
+    batch_summary,
+    latest_metadata_file,
+    snapshot_properties,
+    wap_id,
+)
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, is_connect, named_failure
 from airflow_eo.lakehouse.changes import ChangeTables, change_merge_statement
 
@@ -58,11 +68,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the snapshot summary properties of a batch (``<table>.snapshots``' ``summary`` column shows them)
-PIPELINE, BATCH, APP_ID, INTERVAL, RANGES = (f"airflow-eo.{k}" for k in ("pipeline", "batch", "app-id", "interval",
-                                                                         "ranges"))
-#: a staged write's own token: which of the batch's staged snapshots (a zombie's, a crashed attempt's) is this one
-STAGE = "airflow-eo.stage"
 #: the table property that makes Spark stage a write whose session sets ``spark.wap.id`` instead of committing it
 WAP_ENABLED = "write.wap.enabled"
 WAP_ID_CONF = "spark.wap.id"
@@ -287,7 +292,7 @@ class IcebergTableAdapter(TableCommitAdapter):
         metadata = self.metadata()
         staged = next((s for s in (metadata.snapshots if metadata else [])
                        if s.summary and s.summary.additional_properties.get(STAGE) == token), None)
-        if staged is None or staged.snapshot_id in _ancestor_ids(metadata):
+        if staged is None or staged.snapshot_id in ancestor_ids(metadata):
             # Spark committed instead of staging (its loaded table did not have write.wap.enabled): never the case
             # for a table this sink set up; refuse rather than lose the check.
             raise RuntimeError(f"{self.name}: the write of the batch to the Iceberg table {self.table} was not "
@@ -390,65 +395,11 @@ class _JavaCallable:
         implements = ["java.util.concurrent.Callable"]
 
 
-def wap_id(txn: TableTransaction) -> str:
-    """The batch's write-audit-publish id: the same for every attempt of the batch (``<app id>@<batch id>``)."""
-    return f"{txn.app_id}@{txn.version}"
-
-
-def batch_summary(snapshot: Any, metadata: Any) -> dict[str, str]:
-    """The ``airflow-eo.*`` summary of the batch a snapshot of the table's history committed (empty: none).
-
-    A cherry-picked append is a new snapshot whose summary has Iceberg's ``source-snapshot-id`` (the staged one,
-    which carries ours) and ``published-wap-id``; once the staged snapshot is expired, the wap id still names the
-    app id and the batch."""
-    summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
-    if BATCH in summary or "source-snapshot-id" not in summary:
-        return summary
-    source_id = table_claim(summary["source-snapshot-id"])  # Iceberg's, but any writer may set a summary property
-    source = None if source_id is None else metadata.snapshot_by_id(source_id)
-    if source is not None and source.summary and BATCH in source.summary.additional_properties:
-        return dict(source.summary.additional_properties)
-    app_id, _, batch = summary.get("published-wap-id", "").rpartition("@")
-    return {APP_ID: app_id, BATCH: batch} if app_id.startswith("airflow_eo.") and batch.isdigit() else summary
-
-
-def latest_metadata_file(location: str) -> str:
-    """The table's newest ``metadata/v<N>.metadata.json``: ``version-hint.text`` is written after each commit, as
-    a hint (a slower committer may write an older one last), so the next versions are looked for as Iceberg's own
-    Hadoop table operations do. Raises FileNotFoundError without a table."""
-    from pyiceberg.io import load_file_io
-
-    io = load_file_io(location=location)
-    folder = f"{location.rstrip('/')}/metadata"
-    with io.new_input(f"{folder}/version-hint.text").open() as hint:
-        version = int(hint.read().decode().strip())
-    while io.new_input(f"{folder}/v{version + 1}.metadata.json").exists():
-        version += 1
-    return f"{folder}/v{version}.metadata.json"
-
-
-def _ancestor_ids(metadata: Any) -> set[int]:
-    from pyiceberg.table.snapshots import ancestors_of
-
-    return {s.snapshot_id for s in ancestors_of(metadata.current_snapshot(), metadata)}
-
-
 def _conflict(exc: BaseException) -> str | None:
     """What makes ``exc`` a commit conflict with another writer or a refused duplicate publish (None: neither)."""
     if named_failure(exc, _DUPLICATE):
         return "DuplicateWAPCommitException (the batch's wap.id is published already)"
     return named_failure(exc, _CONFLICT)
-
-
-def snapshot_properties(batch: BatchContext, txn: TableTransaction) -> dict[str, str]:
-    """What a snapshot's summary says of its batch: pipeline, batch, app id, interval and the offset ranges (JSON
-    ``[[topic, partition, from, until], ...]``)."""
-    properties = {PIPELINE: batch.pipeline_id, BATCH: str(batch.batch_id), APP_ID: txn.app_id,
-                  RANGES: json.dumps([[r.topic, r.partition, r.from_offset, r.until_offset]
-                                      for r in sorted(batch.ranges)])}
-    if batch.interval is not None:
-        properties[INTERVAL] = f"{batch.interval.start.isoformat()}/{batch.interval.end.isoformat()}"
-    return properties
 
 
 def _require_iceberg_session(spark: SparkSession, name: str, table: str, needed: str) -> None:
