@@ -21,11 +21,12 @@ from airflow.dag_processing.dagbag import DagBag
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.children import dump_stacks_on_sigusr1, exit_now  # noqa: E402
+from tests.support.children import build_only_the_newest_execution_api, dump_stacks_on_sigusr1, exit_now  # noqa: E402
 
 
 def main() -> int:
     dump_stacks_on_sigusr1()
+    build_only_the_newest_execution_api()
     if os.environ.get("AIRFLOW__OPENLINEAGE__TRANSPORT"):
         # OpenLineage sends DAG-run events from a process pool. Forked from this process once a Spark driver runs
         # in it (threads of py4j and of Spark's accumulator server), a worker can inherit a lock held by one of
