@@ -9,7 +9,7 @@ PIP_NET ?= --timeout 120 --retries 10
 # What is missing comes from Debian's packages (Java, Maven, MariaDB, PostgreSQL).
 APT_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: venv up down status connect demo bench soak test lint docs docs-serve clean postgres chromium java maven spark-cluster spark-cluster-down
+.PHONY: venv up down status connect demo bench soak test lint docs docs-serve clean postgres chromium java maven spark-cluster spark-cluster-down lane-2-up
 
 venv: $(STAMP)
 
@@ -47,6 +47,7 @@ connect: up
 	$(PY) scripts/stack.py connect
 
 down:
+	@test ! -d .stack/lane-2 || { test -x $(PY) && $(LANE_2) $(PY) scripts/stack.py down || $(LANE_2) $(PYTHON) scripts/stack.py down; }
 	@test -x $(PY) && $(PY) scripts/stack.py down || $(PYTHON) scripts/stack.py down
 
 status:
@@ -89,11 +90,25 @@ chromium:
 	  echo "installing Chromium and its chromedriver from Debian's packages (browser test of the UI tab)"; \
 	  $(APT_INSTALL) chromium chromium-driver >/dev/null; }
 
+# `make test` runs the suite in TEST_LANES pytest-xdist workers, each on a stack of its own (tests/support/lanes.py):
+# lane 1 is `make up`'s .stack, lane 2 .stack/lane-2 on the ports of LANE_2. Tests that use the example DAGs' fixed
+# topics and tables, or SIGKILL a server, then never meet another lane's. One lane (one process, one stack) when
+# the services are your own (EO_KAFKA_BOOTSTRAP, EO_MYSQL_HOST, EO_PG_HOST), or with TEST_LANES=1.
+TEST_LANES ?= $(if $(EO_KAFKA_BOOTSTRAP)$(EO_MYSQL_HOST)$(EO_PG_HOST),1,2)
+LANE_2 = EO_STACK_DIR=$(CURDIR)/.stack/lane-2 EO_STACK_KAFKA_PORT=29492 EO_STACK_MYSQL_PORT=23506 \
+  EO_STACK_PG_PORT=25632 EO_STACK_CONNECT_PORT=28283 EO_STACK_KAFKA_CLUSTER_PORT=29592
+LANES_ARGS = $(if $(filter 1,$(TEST_LANES)),,-n $(TEST_LANES) --dist loadgroup)
+
 test: up postgres chromium
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts examples
 	. .stack/env && $(PY) -m mypy
 	. .stack/env && $(VENV)/bin/lint-imports
-	. .stack/env && $(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(if $(filter 1,$(TEST_LANES)),,$(MAKE) lane-2-up)
+	. .stack/env && $(PY) -m pytest -ra $(LANES_ARGS) $(PYTEST_ARGS)
+
+# The second lane's stack (see TEST_LANES); `down` and `clean` take it with lane 1's.
+lane-2-up: up
+	env -u EO_KAFKA_BOOTSTRAP -u EO_MYSQL_HOST -u EO_PG_HOST $(LANE_2) $(PY) scripts/stack.py up
 
 # mypy's files and strictness are in pyproject.toml ([tool.mypy]).
 lint: venv
@@ -112,4 +127,5 @@ docs-serve: venv
 
 # .stack, and the folder under /var/tmp that holds PostgreSQL's data when the clone's folder is closed to others.
 clean: spark-cluster-down
+	@test ! -d .stack/lane-2 || { test -x $(PY) && $(LANE_2) $(PY) scripts/stack.py clean || $(LANE_2) $(PYTHON) scripts/stack.py clean; }
 	@test -x $(PY) && $(PY) scripts/stack.py clean || $(PYTHON) scripts/stack.py clean

@@ -534,6 +534,10 @@ def stack_env(bootstrap: str, mysql: dict, postgres: dict) -> dict[str, str]:
         "EO_STACK_PG_PORT": str(postgres["port"]),
         # The Kafka Connect worker's REST port (`make connect`; started by the tests when they need it).
         "EO_STACK_CONNECT_PORT": str(connect_module().port()),
+        # Where this stack keeps its files and its replicated Kafka's ports: a test lane's stack
+        # (tests/support/lanes.py) restarts its own services, not lane 1's.
+        "EO_STACK_DIR": str(STACK),
+        "EO_STACK_KAFKA_CLUSTER_PORT": str(KAFKA_CLUSTER_PORT),
     }
     return lines
 

@@ -12,11 +12,16 @@ from typing import Any
 import pymysql
 import pytest
 
-from airflow_eo.hooks.mysql import EoMySqlHook
-
 # The helpers under tests/support assert as the tests do: their failures are explained as a test's are
 # (registered before anything imports them).
 pytest.register_assert_rewrite("tests.support")
+
+from tests.support.lanes import group_of, use_this_workers_lane  # noqa: E402
+
+# Before anything imports Airflow (which reads AIRFLOW_HOME once): a pytest-xdist worker's own stack.
+use_this_workers_lane()
+
+from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
 
 # Fixtures of the stack's Kafka Connect worker and Debezium's connectors (connect_worker, debezium).
 pytest_plugins = ["tests.support.connect"]
@@ -74,6 +79,15 @@ def airflow_db() -> None:
     _env("AIRFLOW_HOME")
     done = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` each test file runs whole on one worker, and the files of a shared group
+    (:data:`tests.support.lanes.SHARED_GROUPS`) on one worker one after the other."""
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid.split("::")[0])))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

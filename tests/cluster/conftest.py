@@ -7,7 +7,6 @@ The fixture starts the cluster unless it already runs (then it reuses it and lea
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.lanes import read_env_file
 from tests.support.spark_cluster import SPARK_DIR, SparkCluster
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -32,16 +32,6 @@ def _running_parts() -> list[str]:
         except (FileNotFoundError, ValueError, ProcessLookupError):
             pass
     return running
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        words = shlex.split(line)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            key, value = words[1].split("=", 1)
-            values[key] = value
-    return values
 
 
 def _run_script(command: str, timeout: float) -> subprocess.CompletedProcess:

@@ -26,12 +26,11 @@ def build_only_the_newest_execution_api() -> None:
     API version Airflow keeps (9 in Airflow 3.3): ~4.6 s of CPU per child here, a third of an empty run. The child's
     own client speaks only the newest version (``airflow.sdk.api.client.API_VERSION``), so the children build only
     that one; what the tasks send and receive is unchanged. The tests start ~250 such children."""
-    from cadwyn import HeadVersion, Version, VersionBundle
-    from cadwyn.route_generation import _DELETED_ROUTE_TAG
-
     from airflow.api_fastapi.execution_api import versions
     from airflow.api_fastapi.execution_api.routes import execution_api_router
     from airflow.sdk.api.client import API_VERSION
+    from cadwyn import HeadVersion, Version, VersionBundle
+    from cadwyn.route_generation import _DELETED_ROUTE_TAG
 
     newest = versions.bundle.versions[0].value
     assert newest == API_VERSION, f"the execution API's newest version {newest} is not the client's {API_VERSION}"
