@@ -39,3 +39,26 @@ def test_the_audit_actor_is_the_real_users_name_whatever_the_environment_says(mo
     assert local_actor().split("@")[0] == real
     monkeypatch.setenv("SUDO_USER", "alice")
     assert local_actor().split("@")[0] == f"{real} (sudo from alice)"
+
+
+@pytest.mark.parametrize(("findings", "unchecked", "code"), [([], [], None), ([], ["runs: not at hand"], 2),
+                                                             (["a finding"], ["runs: not at hand"], 1)])
+def test_verify_exits_1_with_findings_2_when_only_a_check_could_not_run(findings, unchecked, code, capsys):
+    from types import SimpleNamespace
+
+    from airflow_eo.cli.commands import verify
+
+    report = SimpleNamespace(findings=findings, checked=["tiling: 1 committed batches"], unchecked=unchecked)
+    ops = SimpleNamespace(verify=lambda pipeline_id: report)
+    args = SimpleNamespace(all=False, pipeline_id="p", output="plain")
+    undecorated = verify.__wrapped__  # type: ignore[attr-defined]  # the command without its connections
+    while hasattr(undecorated, "__wrapped__"):
+        undecorated = undecorated.__wrapped__
+    if code is None:
+        undecorated(args, ops)
+        return
+    with pytest.raises(SystemExit) as exited:
+        undecorated(args, ops)
+    # SystemExit("message") exits with code 1 whatever the message: the code itself must be the number.
+    assert (exited.value.code if isinstance(exited.value.code, int) else 1) == code
+    assert "not checked: runs: not at hand" in capsys.readouterr().out
