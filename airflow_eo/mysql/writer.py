@@ -143,7 +143,7 @@ class PartitionWriter(SqlPartitionWriter):
                     # Before XA START: session-private rows that belong to no branch and no transaction.
                     staged = stage(cur, stream, self.columns, types)
                     if DELETE_COLUMN in self.columns:
-                        cur.execute(tombstones_table_ddl(self.columns, self.key_columns))
+                        cur.execute(tombstones_table_ddl(self.columns, self.key_columns, types))
                     conn.commit()
 
                     def write(commit: bool) -> int:
