@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +263,9 @@ def stack(*args: str) -> None:
 
 # --------------------------------------------------------------------------- table formats (Delta, Iceberg)
 
-LAKE_STEPS = {"delta": "before_table_commit", "iceberg": "after_table_commit"}
+#: A table format's protocol steps, in order: the first batch is SIGKILLed at each in turn (each attempt meets what
+#: the last one left), then runs to its end.
+LAKE_STEPS = ["after_plan", "before_table_commit", "after_table_commit", "after_commit_point"]
 
 
 def lake_sink(kind: str, folder: Path) -> tuple[dict[str, Any], Callable[[], list[tuple]]]:
@@ -308,9 +310,9 @@ def resend(bootstrap: str, topic: str, records: list[Record]) -> None:
 def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_changes(
         kind, source, debezium, bootstrap, postgres_kwargs, mysql_kwargs, tmp_path):
     """Debezium's changes MERGEd into a Delta / Iceberg table created by the sink (it adds the position column):
-    a batch SIGKILLed at a step of the table's commit is run again; then real change events re-sent after the rows'
-    deletes (a create older than the delete) do not bring the rows back (the delete markers); the target equals the
-    source after every batch, and no row's position goes back."""
+    the first batch SIGKILLed at every protocol step in turn, then run to its end; then real change events re-sent
+    after the rows' deletes (a create older than the delete) do not bring the rows back (the delete markers); the
+    target equals the source after every batch, and no row's position goes back."""
     spec, target = lake_sink(kind, tmp_path)
     source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', {i})" for i in range(1, 21)))
     connector = debezium(source, schemas_enable=False)
@@ -318,25 +320,27 @@ def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_ch
     job = {"topic": connector.topic, "pipeline_id": pipeline_id, "offset_store_conn_id": "eo_offset_store",
            "options": {"schema": ROW, "changes": "debezium"}, "sink": spec}
 
-    def run_to_end(run_id: str, fault: str | None = None) -> None:
+    def run_to_end(run_id: str, faults: Sequence[str] = ()) -> None:
         argv = ["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})]
-        if fault:
+        for fault in faults:
             killed = run_child(argv, fault=fault)
             assert killed.returncode == -signal.SIGKILL, (fault, why(killed))
+            if fault == "after_table_commit":  # the table's commit is the batch's: visible before the store knows
+                assert [r[:3] for r in target()] == expected()
         done = run_child(argv)
         assert done.returncode == 0, why(done)
 
     def expected() -> list[tuple]:
         return source_rows(postgres_kwargs, source)
 
-    # 1. The snapshot, updates, deletes, a primary-key change, a row deleted and created again: killed at a step of
-    # the table's commit, then run again.
+    # 1. The snapshot, updates, deletes, a primary-key change, a row deleted and created again: killed at every
+    # step of the protocol in turn, then run to its end.
     source_sql(postgres_kwargs, f"UPDATE {source} SET qty = qty + 100 WHERE id <= 5",
                f"DELETE FROM {source} WHERE id IN (2, 3)", f"UPDATE {source} SET id = 100 WHERE id = 6",
                f"DELETE FROM {source} WHERE id = 8", f"INSERT INTO {source} VALUES (8, 'again', 8)",
                f"UPDATE {source} SET name = 'm1' WHERE id = 1")
     records = delivered(bootstrap, connector, "m1")
-    run_to_end("r1", LAKE_STEPS[kind])
+    run_to_end("r1", LAKE_STEPS)
     first = target()
     assert [r[:3] for r in first] == expected()
 
