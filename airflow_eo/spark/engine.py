@@ -94,7 +94,7 @@ from airflow_eo.spark.refused_rows import (
     raise_if_refused,
     refused_write,
 )
-from airflow_eo.spark.session import is_connect
+from airflow_eo.spark.spark_connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
