@@ -116,7 +116,7 @@ def test_the_kafka_sink_refuses_dead_letters_instead_of_dropping_them():
 
 
 #: ``assert isinstance`` left in the package: type narrowing of what cannot fail (file, the isinstance's type)
-NARROWING_ONLY = {("spark/engine.py", "BarrierTaskContext")}  # agreed() runs only in a barrier stage's task
+NARROWING_ONLY = {("spark/partition_runner.py", "BarrierTaskContext")}  # agreed() runs only in a barrier stage's task
 
 
 def test_no_assert_checks_a_type_at_run_time():
