@@ -90,7 +90,7 @@ with DAG(
     def dry_run(params: Any = None) -> dict[str, Any]:  # Airflow passes the run's params
         """What the recovery would do: as the approval shows it (Markdown, ``body``) and as ``apply`` checks it
         (``plan``)."""
-        from airflow_eo.ops.service import recovery_plan
+        from airflow_eo.ops.repairs import recovery_plan
 
         report = operations("airflow:dry-run").recover(params["pipeline_id"])
         body = (f"Recovery of pipeline `{params['pipeline_id']}`, as a dry run: nothing has changed yet. "

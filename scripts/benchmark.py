@@ -93,7 +93,7 @@ from airflow_eo.sinks import (
     PostgresUpsertSink,
 )
 from airflow_eo.spark.engine import SparkBatchEngine
-from airflow_eo.spark.session import maven_jars
+from airflow_eo.spark.jars import maven_jars
 from examples import ip_counts, page_views
 from examples.topics import ensure_topic, read_topic
 

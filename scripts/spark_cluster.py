@@ -362,7 +362,7 @@ def connect_up(part: Part, port: int, worker_python: Path, env: dict[str, str], 
     check_free(part)
     from airflow_eo.delta.specs import DELTA_SPARK_CONF
     from airflow_eo.iceberg.specs import ICEBERG_EXTENSIONS, ICEBERG_PACKAGE
-    from airflow_eo.spark.session import kafka_connector_jars, pinned_package_jars
+    from airflow_eo.spark.jars import kafka_connector_jars, pinned_package_jars
 
     jars = kafka_connector_jars()
     if not jars:

@@ -28,7 +28,8 @@ from airflow_eo.core.orphans import parse_duration
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import default_offset_store_conn_id, locate_pipeline, pipeline_operations
 from airflow_eo.hooks.stats import emit_in_doubt_gauges
-from airflow_eo.ops.service import PipelineOperations, audit_dict, batch_dict
+from airflow_eo.ops.reports import audit_dict, batch_dict
+from airflow_eo.ops.service import PipelineOperations
 
 F = TypeVar("F", bound=Callable[..., Any])
 Rows = list[dict[str, Any]]

@@ -1,6 +1,6 @@
 """``airflow eo verify``: whether a pipeline's offset store, its consumer group, its sink and Airflow agree.
 
-Each check is a plain function over what the operations read (:mod:`airflow_eo.ops.service` does the I/O) and
+Each check is a plain function over what the operations read (:mod:`airflow_eo.ops.verification` does the I/O) and
 returns its findings, one per thing that disagrees, each saying what is wrong and what it means:
 
 - :func:`check_tiling`: the committed batches tile every partition with no gap and no overlap, except what an

@@ -17,7 +17,7 @@ from airflow_eo.lakehouse.specs import LakehouseTableSpec
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
 
-#: Delta Lake's Spark package for Spark 4.0 / Scala 2.13 (its jars' SHA-256 are pinned in ``spark/session.py``).
+#: Delta Lake's Spark package for Spark 4.0 / Scala 2.13 (its jars' SHA-256 are pinned in ``spark/jars.py``).
 DELTA_PACKAGE = "io.delta:delta-spark_2.13:4.0.0"
 DELTA_SPARK_CONF = {
     "spark.jars.packages": DELTA_PACKAGE,

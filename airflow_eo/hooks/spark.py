@@ -10,7 +10,8 @@ from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.session import connect_url, get_session, spellings
+from airflow_eo.spark.session import get_session
+from airflow_eo.spark.spark_connect import connect_url, spellings
 
 
 class SparkSessionHook(BaseHook):

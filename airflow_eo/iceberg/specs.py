@@ -24,11 +24,11 @@ from airflow_eo.lakehouse.specs import LakehouseTableSpec
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
 
-#: Iceberg's Spark runtime for Spark 4.0 / Scala 2.13, one shaded jar (its SHA-256 is pinned in ``spark/session.py``).
+#: Iceberg's Spark runtime for Spark 4.0 / Scala 2.13, one shaded jar (its SHA-256 is pinned in ``spark/jars.py``).
 ICEBERG_PACKAGE = "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 #: PostgreSQL's JDBC driver, which Iceberg's JDBC catalog on PostgreSQL needs in the driver's JVM (pinned in
-#: ``spark/session.py``); here, not in catalog.py, so that a DAG file's import stays this module's.
+#: ``spark/jars.py``); here, not in catalog.py, so that a DAG file's import stays this module's.
 POSTGRES_JDBC_PACKAGE = "org.postgresql:postgresql:42.7.8"
 
 

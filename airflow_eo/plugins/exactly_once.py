@@ -35,7 +35,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow_eo import CONFIG_SECTION
-from airflow_eo.ops.service import PipelinePage
+from airflow_eo.ops.reports import PipelinePage
 
 log = logging.getLogger(__name__)
 

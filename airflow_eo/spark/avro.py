@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import AVRO_DECODED_FIELD, Framing
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.session import is_connect
+from airflow_eo.spark.spark_connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

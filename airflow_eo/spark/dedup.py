@@ -2,16 +2,31 @@
 driver. Each good record gets its event id (``_eo_id``); the records are spread by id, so that each task holds every
 record of its ids, asks the sink's seen-id table where those ids were seen (the sink's look-up, in chunks) and marks
 each record with :func:`airflow_eo.core.dedup.keep`'s decision: ``_eo_dup`` (a copy: dropped) and ``_eo_new`` (the
-id's first sighting: written to the seen-id table with the batch)."""
+id's first sighting: written to the seen-id table with the batch). The seen-id table's writes are here too: its writer
+run as a job's partition writer (:class:`SeenIdPartitions`) and the purge of ids past retention
+(:func:`purge_seen_ids`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.batch import TaskDedup
-from airflow_eo.core.dedup import SeenAt, keep, seen_pipeline_key, sighting_ms
+from airflow_eo.core.abilities import SeenIds
+from airflow_eo.core.batch import PartitionWriter, TaskDedup
+from airflow_eo.core.dedup import (
+    PURGE_LIMIT,
+    SEEN_ID_KEY,
+    SeenAt,
+    keep,
+    purge_cutoff,
+    purge_until_caught_up,
+    seen_id_partition,
+    seen_pipeline_key,
+    sighting_ms,
+)
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.columns import positional
 from airflow_eo.spark.parsing import KEY_COLUMN
@@ -19,6 +34,7 @@ from airflow_eo.spark.parsing import KEY_COLUMN
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+log = logging.getLogger(__name__)
 #: The columns this module adds to the parsed records.
 ID, DUPLICATE, NEW = "_eo_id", "_eo_dup", "_eo_new"
 
@@ -225,3 +241,39 @@ def _at_most(millis: Column, now_ms: int | None) -> Column:
     from pyspark.sql import functions as F
 
     return millis if now_ms is None else F.least(millis, F.lit(now_ms).cast("long"))
+
+
+@dataclass(frozen=True)
+class SeenIdPartitions:
+    """The seen-id table's writer run as a job's partition writer, numbered as seen-id writers are
+    (:func:`~airflow_eo.core.dedup.seen_id_partition`): its branches never take the place of the good rows' or the
+    dead letters' of the same partition numbers."""
+
+    writer: PartitionWriter
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        return tuple(SEEN_ID_KEY)
+
+    def __call__(self, batches: Iterable[Any], partition: int, stage_id: int, attempt_id: int,
+                 agreed: Callable[[], bool] | None = None) -> tuple[str | None, int]:
+        import pyarrow as pa
+
+        # In key order: the table's index takes them page after page instead of all over (ids are hashes).
+        # Measured at 1,000,000 ids: 8.6 s unsorted.
+        received = list(batches)
+        ordered = pa.Table.from_batches(received).sort_by("event_id").to_batches() if received else []
+        return self.writer(ordered, seen_id_partition(partition), stage_id, attempt_id, agreed)
+
+
+def purge_seen_ids(seen: SeenIds, pipeline_id: str, oldest_ms: int | None, retention: timedelta) -> None:
+    """Remove the ids past retention, older than the batch's oldest record by more than it, until caught up."""
+    if oldest_ms is None:
+        return
+    cutoff = purge_cutoff(oldest_ms, retention)
+    try:  # its own transactions: a purge that waits on another pipeline's locks costs this batch nothing else
+        purged = purge_until_caught_up(lambda limit: seen.purge_seen_ids(pipeline_id, cutoff, limit), PURGE_LIMIT)
+        if purged:
+            log.info("dedup: %s event ids past retention removed", purged)
+    except Exception:
+        log.warning("dedup: could not remove event ids past retention (the next batch tries again)", exc_info=True)

@@ -219,11 +219,11 @@ class _UnreachableKafka:
 def test_a_dependencys_error_text_reaches_the_cli_notes_but_only_its_kind_and_a_reference_reach_the_tab(caplog):
     from airflow_eo.ops.service import PipelineOperations
 
-    _, cli = PipelineOperations(_UnreachableKafka(), "tester")._broker_offsets([T])
+    _, cli = PipelineOperations(_UnreachableKafka(), "tester").context.broker_offsets([T])
     assert cli is not None and "broker-7.internal.example" in cli
 
-    with caplog.at_level("WARNING", logger="airflow_eo.ops.service"):
-        _, tab = PipelineOperations(_UnreachableKafka(), "airflow-ui", error_details=False)._broker_offsets([T])
+    with caplog.at_level("WARNING", logger="airflow_eo.ops.context"):
+        _, tab = PipelineOperations(_UnreachableKafka(), "airflow-ui", error_details=False).context.broker_offsets([T])
     assert tab is not None and tab.startswith("Kafka offsets unknown: ConnectionError") and "reference" in tab
     assert "internal.example" not in tab and "alice" not in tab
     reference = tab.rsplit("reference ", 1)[1].rstrip(")")

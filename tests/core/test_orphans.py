@@ -33,7 +33,8 @@ from airflow_eo.core.recovery import BranchAction
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import BatchInfo, PipelineInfo
 from airflow_eo.core.xid import Xid, pipeline_key
-from airflow_eo.ops.service import ORPHANS_ACTION, PipelineOperations
+from airflow_eo.ops.orphan_recovery import ORPHANS_ACTION
+from airflow_eo.ops.service import PipelineOperations
 
 NOW = datetime.now(timezone.utc)
 

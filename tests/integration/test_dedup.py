@@ -205,9 +205,8 @@ def test_a_record_whose_dedup_key_is_all_null_is_kept_and_never_remembered():
 def test_the_purge_removes_every_id_past_retention_not_one_chunk_per_batch(airflow_db, monkeypatch):
     """A batch of a million new ids must not leave the seen-id table longer by all but the purge's chunk once
     retention has passed: the purge goes on, chunk by chunk, until it is caught up."""
-    from types import SimpleNamespace
 
-    from airflow_eo.spark import engine
+    from airflow_eo.spark import dedup as spark_dedup
     from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, create_seen_id_table
 
     pipeline = f"dedup_purge_{uuid.uuid4().hex[:8]}"
@@ -223,9 +222,8 @@ def test_the_purge_removes_every_id_past_retention_not_one_chunk_per_batch(airfl
                             "kafka_offset, seen_at, batch_id) VALUES (%s, %s, 't', 0, %s, %s, 1)",
                             [(key, i.to_bytes(16, "big"), i, now_ms - (7_200_000 if i < 25 else 60_000))
                              for i in range(30)])
-        monkeypatch.setattr(engine, "PURGE_LIMIT", 10)
-        fake_engine = SimpleNamespace(parse=SimpleNamespace(dedup_retention=timedelta(hours=1)))
-        engine.SparkBatchEngine._purge_seen_ids(fake_engine, adapter, pipeline, now_ms)  # type: ignore[arg-type]
+        monkeypatch.setattr(spark_dedup, "PURGE_LIMIT", 10)
+        spark_dedup.purge_seen_ids(adapter, pipeline, now_ms, timedelta(hours=1))  # type: ignore[arg-type]
         assert sorted(r["kafka_offset"] for r in seen_rows(adapter.database, adapter.connect_kwargs, pipeline)) \
             == list(range(25, 30)), "every id past retention went, the recent ones stayed"
     finally:

@@ -428,7 +428,7 @@ def test_decoder_edges_without_spark():
 
 
 def test_the_executor_side_decoder_imports_no_airflow(tmp_path):
-    """Executors get airflow_eo as a zip on sys.path (spark/session.py) but have only pyspark, pyarrow and
+    """Executors get airflow_eo as a zip on sys.path (spark/package_shipping.py) but have only pyspark, pyarrow and
     protobuf installed: decoding a batch must not import Airflow, Kafka or database clients."""
     import subprocess
     import sys

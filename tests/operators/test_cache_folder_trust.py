@@ -55,7 +55,7 @@ def test_cache_folders_are_made_private_and_links_are_refused(tmp_path):
 
 
 def test_the_package_zip_is_made_again_when_it_is_not_the_installed_package(tmp_path, monkeypatch):
-    from airflow_eo.spark.session import package_archive
+    from airflow_eo.spark.package_shipping import package_archive
 
     monkeypatch.setenv("EO_CACHE_DIR", str(tmp_path / "cache"))
     archive = package_archive()

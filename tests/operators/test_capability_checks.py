@@ -88,21 +88,21 @@ def test_a_kind_keeping_a_consumer_group_whose_adapter_cannot_read_it_is_named(h
     with pytest.raises(ConfigurationError, match=r"'consumer_group' capability.* does not implement "
                                                  r"ConsumerGroupSink \(it has no committed_batches, "
                                                  r"move_group_offsets, open_transactions\)"):
-        ops._kafka_group(P, info)
+        ops.context.kafka_group(P, info)
 
 
 def test_a_kind_preparing_branches_whose_adapter_cannot_list_them_is_named(half_kind):
     ops, info = operations()
     with pytest.raises(ConfigurationError, match=r"'in_doubt_branches' capability.* does not implement "
                                                  r"InDoubtSink \(it has no in_doubt\)"):
-        ops._in_doubt(info, [])
+        ops.context.in_doubt(info, [])
 
 
 def test_a_rewind_to_a_datetime_without_one_is_refused_before_kafka_is_asked(half_kind, monkeypatch):
     ops, _ = operations()
     monkeypatch.setattr(ops.store, "committed_offsets", lambda pipeline_id: {("t", 0): 5}, raising=False)
     monkeypatch.setattr(ops.store, "batch_history", lambda pipeline_id, limit: [], raising=False)
-    monkeypatch.setattr(ops, "_require_broker", lambda topics: {})
+    monkeypatch.setattr(ops.context, "require_broker", lambda topics: {})
     with pytest.raises(OperationError, match="a rewind to a datetime needs the datetime"):
         ops.rewind(P, RewindTarget(RewindKind.DATETIME))
 
@@ -116,7 +116,7 @@ def test_the_kafka_sink_refuses_dead_letters_instead_of_dropping_them():
 
 
 #: ``assert isinstance`` left in the package: type narrowing of what cannot fail (file, the isinstance's type)
-NARROWING_ONLY = {("spark/engine.py", "BarrierTaskContext")}  # agreed() runs only in a barrier stage's task
+NARROWING_ONLY = {("spark/partition_runner.py", "BarrierTaskContext")}  # agreed() runs only in a barrier stage's task
 
 
 def test_no_assert_checks_a_type_at_run_time():

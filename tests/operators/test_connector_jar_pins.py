@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark import session
-from airflow_eo.spark.session import JAR_SHA256, connector_cache_dir, maven_jars
+from airflow_eo.spark import jars
+from airflow_eo.spark.jars import JAR_SHA256, connector_cache_dir, maven_jars
 
 
 def _cached(cache: Path, name: str, jars: dict[str, bytes]) -> None:
@@ -38,5 +38,5 @@ def test_the_jars_resolved_on_this_machine_match_the_pins(monkeypatch):
     monkeypatch.delenv("EO_CACHE_DIR", raising=False)
     if not (connector_cache_dir() / "spark-sql-kafka-0-10_2.13-4.0.0" / ".complete").exists():
         pytest.skip("Spark's Kafka connector is not resolved here yet (make up resolves it)")
-    assert len(session.kafka_connector_jars(resolve=False) or []) == len(JAR_SHA256["spark-sql-kafka-0-10_2.13-4.0.0"])
-    assert session.format_jars(resolve=False) is not None
+    assert len(jars.kafka_connector_jars(resolve=False) or []) == len(JAR_SHA256["spark-sql-kafka-0-10_2.13-4.0.0"])
+    assert jars.format_jars(resolve=False) is not None

@@ -10,8 +10,8 @@ from airflow_eo.core.config import BadRecordPolicy, Mode, ParseConfig, check_pip
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.sinks import DeltaTableSink, spec_from_record
-from airflow_eo.spark import session
-from airflow_eo.spark.session import JAR_SHA256
+from airflow_eo.spark import jars, session
+from airflow_eo.spark.jars import JAR_SHA256
 
 
 def test_options_are_checked_when_the_dag_is_parsed():
@@ -65,13 +65,13 @@ def test_deltas_jars_are_refused_unless_they_match_their_pins(tmp_path, monkeypa
         (folder / jar).write_bytes(b"not the jar")
     (tmp_path / name / ".complete").touch()
     with pytest.raises(ConfigurationError, match="delta-spark_2.13-4.0.0.jar has SHA-256"):
-        session.pinned_package_jars("io.delta:delta-spark_2.13:4.0.0")
-    assert session.pinned_package_jars("org.example:unpinned:1") is None  # left to Spark's Ivy
+        jars.pinned_package_jars("io.delta:delta-spark_2.13:4.0.0")
+    assert jars.pinned_package_jars("org.example:unpinned:1") is None  # left to Spark's Ivy
 
 
 def test_deltas_jars_resolved_here_join_spark_jars(monkeypatch):
     monkeypatch.delenv("EO_CACHE_DIR", raising=False)
-    if not (session.connector_cache_dir() / "delta-spark_2.13-4.0.0" / ".complete").exists():
+    if not (jars.connector_cache_dir() / "delta-spark_2.13-4.0.0" / ".complete").exists():
         pytest.skip("Delta's jars are not resolved here yet (a Delta sink's first run resolves them)")
     conf = session.session_conf({"spark.jars.packages": "io.delta:delta-spark_2.13:4.0.0,org.example:other:1"})
     delta = {Path(j).name for j in conf["spark.jars"].split(",") if Path(j).parent.parent.name.startswith("delta")}

@@ -3,6 +3,7 @@ sink for the facts only when the choice needs them. No Spark: the engine's passe
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -52,13 +53,12 @@ def run(monkeypatch, *, visible: bool, policy: BadRecordPolicy = BadRecordPolicy
     monkeypatch.setattr(engine, "parse_records", lambda spark, raw: (FakeParsed(), ["value"]))
     monkeypatch.setattr(engine, "_barrier_possible", lambda spark: calls.append("barrier") or barrier)
     passes = {
-        "_write_then_validate": lambda parsed, payload, batch, sink, vote: "vote" if vote else "one pass",
-        "_transform_then_validate": lambda spark, parsed, payload, batch, sink: "one pass, transformed",
-        "_validate_then_write": lambda spark, parsed, payload, batch, sink: "two passes",
-        "_write_failing_on_bad_records": lambda parsed, payload, batch, sink: "one pass, failing on a bad record",
+        "write_then_validate": lambda parsed, payload, batch, sink, vote: "vote" if vote else "one pass",
+        "transform_then_validate": lambda spark, parsed, payload, batch, sink: "one pass, transformed",
+        "validate_then_write": lambda spark, parsed, payload, batch, sink: "two passes",
+        "write_failing_on_bad_records": lambda parsed, payload, batch, sink: "one pass, failing on a bad record",
     }
-    for name, stand_in in passes.items():
-        monkeypatch.setattr(engine, name, stand_in)
+    monkeypatch.setattr(engine, "passes", SimpleNamespace(**passes))  # stands in for spark/write_passes.py
     sink = FakeSink(visible, hold, commits_after_job)
     done = engine.execute(BATCH, sink)  # type: ignore[arg-type]
     return done, calls, sink  # type: ignore[return-value]

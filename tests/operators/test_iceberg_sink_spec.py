@@ -14,8 +14,8 @@ from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.iceberg.catalog import catalog_properties
 from airflow_eo.iceberg.specs import ICEBERG_PACKAGE, POSTGRES_JDBC_PACKAGE
 from airflow_eo.sinks import IcebergTableSink, spec_from_record
-from airflow_eo.spark import session
-from airflow_eo.spark.session import JAR_SHA256
+from airflow_eo.spark import jars, session
+from airflow_eo.spark.jars import JAR_SHA256
 
 RUNTIME = "iceberg-spark-runtime-4.0_2.13-1.10.0"
 
@@ -105,12 +105,12 @@ def test_icebergs_runtime_is_refused_unless_it_matches_its_pin(tmp_path, monkeyp
         (folder / jar).write_bytes(b"not the jar")
     (tmp_path / RUNTIME / ".complete").touch()
     with pytest.raises(ConfigurationError, match=f"{RUNTIME}.jar has SHA-256"):
-        session.pinned_package_jars("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0")
+        jars.pinned_package_jars("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0")
 
 
 def test_icebergs_runtime_resolved_here_joins_spark_jars(monkeypatch):
     monkeypatch.delenv("EO_CACHE_DIR", raising=False)
-    if not (session.connector_cache_dir() / RUNTIME / ".complete").exists():
+    if not (jars.connector_cache_dir() / RUNTIME / ".complete").exists():
         pytest.skip("Iceberg's runtime is not resolved here yet (an Iceberg sink's first run resolves it)")
     conf = session.session_conf({"spark.jars.packages": "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"})
     assert {Path(j).name for j in conf["spark.jars"].split(",") if "iceberg" in j} == {f"{RUNTIME}.jar"}

@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 
 from airflow_eo.spark.class_archive import archive_path, usable, with_class_archive
-from airflow_eo.spark.session import connector_cache_dir, get_session
+from airflow_eo.spark.jars import connector_cache_dir
+from airflow_eo.spark.session import get_session
 
 
 def driver_jvm() -> psutil.Process:

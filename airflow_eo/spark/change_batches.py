@@ -1,0 +1,125 @@
+"""A change stream's batch (``changes="debezium"``): per key, the newest change newer than the sink's row is written
+(an upsert of its row, or a delete), then the positions of what was written; a table format does all of it in its
+own commit. With a transform, the transform's output is applied by an engine without it.
+
+Separate from the engine because it routes a batch its own way (positions, truncates, delete markers) before and
+after the write pass, with the write passes, the refusal rounds and the partition runner given to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from airflow_eo.core.abilities import ChangeMerges, ChangePositions, has_role, role
+from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, WritePlan
+from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN, TruncatePolicy
+from airflow_eo.core.config import ParseConfig
+from airflow_eo.core.dedup import PURGE_LIMIT
+from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.protocol import Sink
+from airflow_eo.spark.changes import (
+    SKIP,
+    PositionPartitions,
+    newest_changes,
+    position_rows,
+    purge_delete_markers,
+    transform_changes,
+    truncate_position,
+    with_key_ids,
+)
+from airflow_eo.spark.parsing import metadata_columns
+from airflow_eo.spark.partition_runner import default_parallelism
+from airflow_eo.spark.record_counts import count_records, observed_counts, record_counts
+from airflow_eo.spark.refusal_rounds import RefusalRounds
+from airflow_eo.spark.transforms import ApplyTransform
+from airflow_eo.spark.write_passes import WritePasses
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChangeBatches:
+    """A change stream's batches.
+
+    :param parse: the change options (``on_truncate``), the writer tasks.
+    :param runner: runs the change-position writers.
+    :param passes: the write that fails on a bad record (a table format's MERGE of the changes).
+    :param rounds: the write around refused rows (the changes' rows into a SQL table).
+    :param apply_transform: the pipeline's transform ``(spark, records, batch) -> output``.
+    """
+
+    parse: ParseConfig
+    runner: PartitionRunner
+    passes: WritePasses
+    rounds: RefusalRounds
+    apply_transform: ApplyTransform
+
+    def apply(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+              sink: Sink) -> ExecutionResult:
+        """A change stream's batch (:mod:`airflow_eo.core.changes`): per key, the newest change by source position,
+        when newer than the position the sink recorded for the key, is written (an upsert of its row, or a delete);
+        then the positions of what was written, in the sink's change-position table (each task its own branch /
+        fenced transaction, after the output's: a position is never recorded without its write). Kept by Spark
+        between the two jobs, so the records are read and decided once. A table format (``merges_changes``) does all
+        of it in its own commit (``airflow_eo/lakehouse/changes.py``): one job reads, checks and hands it the rows."""
+        from pyspark import StorageLevel
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        if has_role(sink, ChangeMerges):  # a table format: positions and deletes go with its own commit
+            merges = role(sink, ChangeMerges, "changes")
+            return self.passes.write_failing_on_bad_records(parsed, [*payload, POSITION_COLUMN, CHANGED_AT], batch,
+                                                            sink, keep=~F.col(SKIP), write=merges.write_changes)
+        changes = role(sink, ChangePositions, "changes")
+        t0 = time.monotonic()
+        writer = changes.position_writer(batch)  # creates the table first: the look-ups read it
+        if self.parse.on_truncate is TruncatePolicy.TRUNCATE:  # before the look-ups: they read its floor
+            truncated = truncate_position(parsed)
+            if truncated is not None and changes.truncate_target(batch, truncated):
+                log.warning("changes: the source table was truncated (at position %s): the target's rows were "
+                            "deleted; only changes newer than the truncate apply", truncated.hex())
+        # Every record read counts (skipped ones and changes a newer one replaced too), counted by the job that
+        # reads them.
+        observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
+        rows = parsed.observe(observation, *record_counts()).where(~F.col(SKIP)).drop(SKIP)
+        newest = newest_changes(with_key_ids(rows, changes.key_columns), changes.position_lookup(batch),
+                                self.parse.write_partitions or default_parallelism(spark))
+        newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            result = self.rounds.write(spark, newest, payload, batch, sink)
+            t1 = time.monotonic()
+            written = self.runner.run_partitions(
+                WritePlan(position_rows(newest, batch.pipeline_id, batch.batch_id), self.runner),
+                PositionPartitions(writer))
+            failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
+            log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
+            purge_delete_markers(changes, batch.pipeline_id, PURGE_LIMIT)
+            read = observed_counts(observation)
+            return ExecutionResult(records_in=result.records_in if read is None else read[0], rows_out=result.rows_out,
+                                   dead_letters=result.dead_letters, duplicates=result.duplicates,
+                                   xids=[*result.xids, *written.xids],
+                                   seconds={**result.seconds, "changes": round(t1 - t0, 3),
+                                            "change_positions": round(time.monotonic() - t1, 3)})
+        finally:
+            newest.unpersist()
+
+    def apply_transformed(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                          sink: Sink, untransformed: ChangeBatches) -> ExecutionResult:
+        """:meth:`apply` of the transform's output (:func:`~airflow_eo.spark.changes.transform_changes`), by
+        ``untransformed`` (an engine's without the transform): a row the table refuses then fails the batch (a
+        transformed row is not one record). Every record read counts, those the transform dropped too (a job of
+        its own)."""
+        keys = (role(sink, ChangeMerges, "changes") if has_role(sink, ChangeMerges)
+                else role(sink, ChangePositions, "changes")).key_columns
+        changes, columns = transform_changes(parsed, payload, keys,
+                                             lambda seen: self.apply_transform(spark, seen, batch),
+                                             metadata_columns(self.parse))
+        result = untransformed.apply(spark, changes, columns, batch, sink)
+        return replace(result, records_in=count_records(parsed)[0])

@@ -1,0 +1,88 @@
+"""Rounds of a batch's write around the rows a table refuses only at the write (a constraint, a trigger): the
+records it refuses are found by probes (:mod:`airflow_eo.spark.refused_rows`), become bad records, and the batch is
+written again, a bounded number of rounds.
+
+Separate from the engine and from the write passes because it wraps whichever pass the core chose, the same way for
+a plain batch, a deduplicated one and a change stream's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_eo.core.abilities import RowRefusals, has_role, role
+from airflow_eo.core.batch import BatchContext, ExecutionResult
+from airflow_eo.core.config import BadRecordPolicy, ParseConfig
+from airflow_eo.core.errors import BadRecordError
+from airflow_eo.core.protocol import Sink
+from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
+from airflow_eo.spark.partition_runner import default_parallelism
+from airflow_eo.spark.refused_rows import WriteRefused, find_refused, mark_refused
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+#: One write of the batch (the engine's: the pass the core chose) ``(spark, parsed, payload, batch, sink)``.
+WriteOnce = Callable[["SparkSession", "DataFrame", list[str], BatchContext, Sink], ExecutionResult]
+
+
+@dataclass(frozen=True)
+class RefusalRounds:
+    """A batch's write, again without the records the table refused.
+
+    :param parse: the bad-record policy and the writer tasks.
+    :param transformed: the rows are a transform's output (a row the table refuses is no record: the batch fails).
+    :param write_once: one write of the batch.
+    """
+
+    parse: ParseConfig
+    transformed: bool
+    write_once: WriteOnce
+
+    def write(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+              sink: Sink) -> ExecutionResult:
+        """``write_once``; when the table refused a row that no rule could tell before (a constraint, a trigger:
+        :mod:`airflow_eo.core.refused_rows`), the records it refuses are found by probes and become bad records, and
+        the batch is written again (what the failed write left prepared is rolled back by the probes and the new
+        write's tasks; an upsert sink's rows are written again, the same). Under ``on_bad_record="fail"`` the batch
+        fails naming the first. A transform's output row cannot be traced to a record: the batch fails."""
+        for _ in range(REFUSAL_ROUNDS):
+            try:
+                return self.write_once(spark, parsed, payload, batch, sink)
+            except WriteRefused as refused:
+                if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
+                    raise  # the dead-letter or seen-id table: no record of the batch to blame
+                table = role(sink, RowRefusals).output_table
+                if self.transformed:
+                    raise BadRecordError(
+                        f"table {table} refused a row of the transform's output: {refused.error}. A transformed row "
+                        "is not one record, so it cannot become a dead letter: nothing was committed. Change the "
+                        "transform (filter what the table refuses) or the table.") from refused
+                found, more = find_refused(parsed, refused.writer,
+                                           self.parse.write_partitions or default_parallelism(spark))
+                if not found:
+                    raise BadRecordError(
+                        f"table {table} refused a row of this batch ({refused.error}), but no record alone: rows "
+                        "refused only together (two records of one unique value?). Nothing was committed.") from refused
+                first = found[0]
+                where = f"{first.topic}[{first.partition}] offset {first.offset}"
+                if more:
+                    raise BadRecordError(
+                        f"table {table} refuses more than {MAX_REFUSED_PER_TASK} records of one write task; the "
+                        f"first: {where}: {first.error}. Nothing was committed. Fix the table or the producer."
+                    ) from refused
+                if self.parse.on_bad_record is BadRecordPolicy.FAIL:
+                    raise BadRecordError(
+                        f"table {table} refused {len(found)} record(s) of this batch; the first: {where}: "
+                        f"{first.error}. Nothing was committed. Fix the producer or the table, or set "
+                        "on_bad_record='dead_letter' to divert them to the dead-letter table.") from refused
+                log.warning("table %s refused %s record(s) (the first: %s: %s): they become dead letters and the "
+                            "batch is written again without them", table, len(found), where, first.error)
+                parsed = mark_refused(parsed, found, table)
+        raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
+                             f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")
