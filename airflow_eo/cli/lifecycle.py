@@ -1,5 +1,5 @@
-"""``airflow eo retire`` and ``airflow eo rename``: arguments in, one :class:`~airflow_eo.ops.lifecycle.PipelineLifecycle`
-call, output out (as ``airflow_eo/cli/commands.py``'s commands)."""
+"""``airflow eo retire`` and ``airflow eo rename``: arguments in, one
+:class:`~airflow_eo.ops.lifecycle.PipelineLifecycle` call, output out (as ``airflow_eo/cli/commands.py``'s)."""
 
 from __future__ import annotations
 
