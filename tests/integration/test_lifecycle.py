@@ -27,7 +27,6 @@ import pytest
 
 from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.core.errors import OperationError, RetiredPipelineError
-from airflow_eo.examples.page_views import APPS
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.mysql.xa import xa_session
@@ -41,7 +40,7 @@ from tests.integration.page_views import run_child, start_held
 from tests.support.children import why
 from tests.support.cli import eo
 from tests.support.kafka import create_topic
-from tests.support.postgres import COUNTS_DDL, pg_rows
+from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, pg_rows
 
 PG_STORE = "eo_lifecycle_pg_store"
 COUNT = "airflow_eo.examples.page_views.count_per_app"
@@ -55,14 +54,22 @@ def nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {table: n for table, n in counts.items() if n}
 
 
-def mysql_update_waits(mysql_kwargs: dict[str, Any], table: str) -> bool:
-    """Whether another session's UPDATE of the counted rows waits on a lock (1 s) rather than succeeding."""
+def ids_of(events: list[dict[str, Any]]) -> list[str]:
+    return sorted(e["event_id"] for e in events)
+
+
+def ids_in(mysql_kwargs: dict[str, Any], table: str) -> list[str]:
+    return sorted(r[0] for r in rows(mysql_kwargs, f"SELECT event_id FROM {table}"))
+
+
+def mysql_update_waits(mysql_kwargs: dict[str, Any], table: str, events: list[dict[str, Any]]) -> bool:
+    """Whether another session's write of the events' rows waits on a lock (1 s) rather than succeeding."""
     conn = pymysql.connect(**mysql_kwargs, autocommit=False)
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
             try:
-                cur.execute(f"UPDATE {table} SET pv = pv WHERE app_id IN ({', '.join(['%s'] * len(APPS))})", APPS)
+                cur.execute(f"DELETE FROM {table} WHERE event_id = %s", (events[0]["event_id"],))
             except pymysql.err.OperationalError as exc:
                 assert exc.args[0] == 1205, exc
                 return True
@@ -97,9 +104,10 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
     pipeline, table = f"retire_{suffix}", f"retire_pv_{suffix}"
     cleanup["pipelines"].append(pipeline)
     cleanup["mysql"].append(table)
-    rows(mysql_kwargs, COUNTS_DDL.format(name=table))
-    sink = {"table": table, "key_columns": ["app_id"], "updates": {"pv": "add"}}
-    options: dict[str, Any] = {"dedup_key": ["event_id"], "on_bad_record": "dead_letter", "transform": COUNT}
+    rows(mysql_kwargs, EVENTS_DDL.format(name=table))
+    sink = {"table": table, "key_columns": ["event_id"]}
+    # No transform: the write tasks mark the copies themselves (no Spark job of its own).
+    options: dict[str, Any] = {"dedup_key": ["event_id"], "on_bad_record": "dead_letter"}
     first = produce_page_views(bootstrap, 200, topic=topic, raw_values=[b"not json", b"{"])
     one = run(operator(topic, MySqlXaSink(**sink), pipeline, **options))
     assert (one["batch_id"], one["dead_letters"]) == (0, 2), one
@@ -125,7 +133,7 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
         held.communicate()
     assert held.returncode == -signal.SIGKILL
     held_done = time.monotonic()
-    assert mysql_update_waits(mysql_kwargs, table), "the killed run's prepared branch holds the counted rows"
+    assert mysql_update_waits(mysql_kwargs, table, second), "the killed run's prepared branch holds its rows"
     with xa_session(mysql_kwargs) as xa:
         assert xa.recover(pipeline), "the killed run left its branches prepared"
 
@@ -141,12 +149,12 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
         {b["action"] for b in report["recovery"]["branches"]} == {"rollback"}, report
     with xa_session(mysql_kwargs) as xa:
         assert not xa.recover(pipeline), "the branch is rolled back"
-    assert not mysql_update_waits(mysql_kwargs, table)
+    assert not mysql_update_waits(mysql_kwargs, table, second)
     assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s",
                 (seen_pipeline_key(pipeline),)) == [(0,)]
     assert rows(mysql_kwargs, "SELECT COUNT(*) FROM eo_dead_letter WHERE pipeline_id = %s", (pipeline,)) == [(0,)]
     assert kafka.group_offsets(pipeline, partitions) == {}, "the consumer group is deleted"
-    assert dict(rows(mysql_kwargs, f"SELECT app_id, pv FROM {table} WHERE pv > 0")) == pv_of(first)
+    assert ids_in(mysql_kwargs, table) == ids_of(first), "the rolled back batch wrote nothing"
     audit = [(a.action, a.reason, a.details.get("completed")) for a in ops.store.audit_log(pipeline, 10)]
     assert audit[:2] == [("retire", "DAG deleted", True), ("recover", "DAG deleted", True)], audit
 
@@ -160,7 +168,7 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
     # Brought back, it continues from its committed offsets.
     three = run(operator(topic, MySqlXaSink(**sink), pipeline, **options))
     assert (three["batch_id"], three["records_in"], three["dead_letters"]) == (2, 100, 0), three
-    assert dict(rows(mysql_kwargs, f"SELECT app_id, pv FROM {table} WHERE pv > 0")) == pv_of(first + second)
+    assert ids_in(mysql_kwargs, table) == ids_of(first + second)
     print(f"first run {first_done - started:.1f}s, held and killed run {held_done - first_done:.1f}s, "
           f"retire and the runs after {time.monotonic() - held_done:.1f}s")
 
@@ -189,18 +197,19 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
     job = {"topic": topic, "pipeline_id": old, "run_id": f"manual__{uuid.uuid4().hex}",
            "offset_store_conn_id": pg_store, "transform": COUNT, "options": {"dedup_key": ["event_id"]},
            "sink": {"kind": "PostgresTwoPhaseSink", **sink}}
-    crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_prepare")
-    assert crashed.returncode == -signal.SIGKILL, f"not killed after prepare: {why(crashed)}"
+    # Killed once its batch is planned (before Spark starts: a cheap child), the batch stays in doubt.
+    crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_plan")
+    assert crashed.returncode == -signal.SIGKILL, f"not killed after planning: {why(crashed)}"
     killed_done = time.monotonic()
 
     ops = pipeline_operations(pg_store)
     lifecycle = PipelineLifecycle(ops)
-    with pytest.raises(OperationError, match="may have a run going on: batch 1 is prepared"):
+    with pytest.raises(OperationError, match="may have a run going on: batch 1 is planned"):
         lifecycle.rename(old, new, apply=True, reason="DAG renamed")  # killed seconds ago: could be running
-    with pytest.raises(OperationError, match=f"has work in doubt .*batch 1 is prepared.*airflow eo recover {old}"):
+    with pytest.raises(OperationError, match=f"has work in doubt .*batch 1 is planned.*airflow eo recover {old}"):
         lifecycle.rename(old, new, apply=True, reason="DAG renamed", idle_s=0)
     recovered = ops.recover(old, apply=True, reason="before its rename")
-    assert recovered.branches and {b.decision.action.value for b in recovered.branches} == {"rollback"}
+    assert [(b.record.batch_id, b.action.value) for b in recovered.batches] == [(1, "abort")]
     assert lifecycle.rename(old, new).refusal is None  # the recover's epoch is nobody's run
 
     done = eo("rename", old, new, "--apply", "--reason", "DAG renamed", "--offset-store-conn-id", pg_store,
