@@ -91,6 +91,9 @@ ARG_DEAD_LETTERS = Arg(("--dead-letters",), action="store_true",
 ARG_UNDO = Arg(("--undo",), action="store_true",
                help="Bring a retired pipeline back: its next run continues from its committed offsets (a dry run "
                     "unless --apply --reason)")
+ARG_SEED_OFFSETS = Arg(("--to-offsets",), required=True, metavar="JSON",
+                       help="The next offset to read of every partition of its topics: "
+                            '\'{"topic": {"0": 42, "1": 7}}\'')
 ARG_NEW_PIPELINE = Arg(("new_pipeline_id",), help="The pipeline's new id (none in the store may have it)")
 ARG_LIFECYCLE_APPLY = Arg(("--apply",), action="store_true",
                           help="Do it. Without it the command is a dry run: it shows what it would do and whether "
@@ -194,6 +197,18 @@ EO_COMMANDS = (
                     "(`airflow eo recover OLD --apply` first) and when NEW exists.",
         func=lazy_load_command("airflow_eo.cli.lifecycle.rename"),
         args=(ARG_PIPELINE, ARG_NEW_PIPELINE, ARG_IDLE_FOR, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
+              *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="seed",
+        help="Give a pipeline that has not run in this store its starting offsets (a dry run unless --apply)",
+        description="For a pipeline moved from another offset store (see the documentation, 'Moving a pipeline to "
+                    "another store'): makes its row in this store and writes the next offset to read of every "
+                    "partition of its topics (all of them must be named, within what the broker holds), audited as a "
+                    "rewind of partitions never committed. Refused when the pipeline has run in this store (use "
+                    "`rewind`) or is retired here.",
+        func=lazy_load_command("airflow_eo.cli.lifecycle.seed"),
+        args=(ARG_PIPELINE, ARG_SEED_OFFSETS, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
               *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(

@@ -8,6 +8,7 @@ from typing import Any
 from airflow.utils.cli import suppress_logs_and_warning
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 
+from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.commands import IN_DOUBT_TITLE, _branches, _check_apply, _operation, _show
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.lifecycle import DEFAULT_IDLE_S
@@ -99,3 +100,28 @@ def rename(args: Any, ops: PipelineOperations) -> None:
                      f"to {report.new!r}: its next batch continues where {report.old!r} stopped")
     _show(args.output, doc, [(f"the sink's rows of {report.old} {'to move' if report.dry_run else 'moved'}", rows)],
           notes)
+
+
+def _check_seed_args(args: Any) -> None:
+    _check_apply(args, "seed")
+    parse_offsets(args.to_offsets)
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation(check=_check_seed_args)
+def seed(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo seed PIPELINE --to-offsets JSON [--apply --reason TEXT]``."""
+    report = PipelineLifecycle(ops).seed(args.pipeline_id, parse_offsets(args.to_offsets), apply=args.apply,
+                                         reason=args.reason)
+    doc = report.to_dict()
+    rows = [{"topic": c.topic, "partition": c.partition, "starts at": c.new} for c in report.plan.changes]
+    notes = list(report.notes)
+    if report.dry_run:
+        if report.refusal:
+            notes.append(f"--apply would be refused: {report.refusal}")
+        notes.append("dry run: nothing was changed; add --apply --reason TEXT to write the starting offsets")
+    else:
+        notes.append(f"written under epoch {report.epoch}; recorded in the audit log. Its first run reads from "
+                     "these offsets")
+    _show(args.output, doc, [(f"starting offsets of {args.pipeline_id}", rows)], notes)

@@ -164,6 +164,34 @@ def retire_plan(info: PipelineInfo, group: str | None, keeps_rows: bool, rows: M
     return RetirePlan(info.pipeline_id, group, dict(rows), dead_letters and keeps_rows, notes)
 
 
+def seed_refusal(pipeline_id: str, existing: PipelineInfo | None, has_run: bool,
+                 offsets: Mapping[tuple[str, int], int], partitions: Sequence[tuple[str, int]]) -> str | None:
+    """Why ``airflow eo seed`` (the starting offsets of a pipeline that has not run in this store: a pipeline moved
+    from another store) must not go on (None: it may).
+
+    :param pipeline_id: the pipeline.
+    :param existing: its row in this store, if any.
+    :param has_run: whether this store holds a batch or a committed offset of it.
+    :param offsets: the starting offsets given, per (topic, partition).
+    :param partitions: every partition of the topics named, as the broker lists them.
+    """
+    if existing is not None and existing.retired_at is not None:
+        return (f"pipeline {pipeline_id!r} is retired in this store: seed a new id (or bring it back: airflow eo "
+                f"retire {pipeline_id} --undo)")
+    if has_run:
+        return (f"pipeline {pipeline_id!r} has run in this store already: `airflow eo rewind {pipeline_id} "
+                "--to-offsets` moves its offsets")
+    if not offsets:
+        return "no starting offset given"
+    missing = sorted(set(partitions) - set(offsets))
+    if missing:
+        return ("name every partition of the topics (not named: "
+                + ", ".join(f"{t}[{p}]" for t, p in missing)
+                + "): a partition not named would start at the operator's starting_offsets, not where the pipeline "
+                  "stopped")
+    return None
+
+
 def retired_message(pipeline_id: str, retired_at: datetime | None) -> str:
     """What a run of a retired pipeline id is told."""
     when = retired_at.isoformat(timespec="seconds") if retired_at else "earlier"

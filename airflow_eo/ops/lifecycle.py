@@ -28,7 +28,10 @@ from airflow_eo.core.lifecycle import (
     rename_refusal,
     retire_plan,
     retire_refusal,
+    seed_refusal,
 )
+from airflow_eo.core.ranges import TopicPartition
+from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, plan_rewind
 from airflow_eo.core.states import UNFINISHED
 from airflow_eo.core.status import PipelineInfo
 from airflow_eo.kafka.offsets import group_id
@@ -78,6 +81,21 @@ class RenameReport:
     def to_dict(self) -> dict[str, Any]:
         return {"from": self.old, "to": self.new, "dry_run": self.dry_run, "refused": self.refusal,
                 "sink_rows": dict(self.sink_rows), "epoch": self.epoch, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class SeedReport:
+    """What ``seed`` did (or would do): the starting offsets of a pipeline that has not run in this store."""
+
+    plan: RewindPlan
+    dry_run: bool
+    refusal: str | None = None
+    epoch: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), "dry_run": self.dry_run, "refused": self.refusal, "epoch": self.epoch,
+                "notes": list(self.notes)}
 
 
 class PipelineLifecycle:
@@ -245,6 +263,50 @@ class PipelineLifecycle:
             notes.append(f"the consumer group {group_id(info.pipeline_id)} was not moved to {group_id(new)} "
                          f"({self.ops._said(exc, 'group')}); the next run of {new} writes its group")
         return notes
+
+    # ------------------------------------------------------------------ seed (a pipeline moved from another store)
+
+    def seed(self, pipeline_id: str, offsets: dict[TopicPartition, int], *, apply: bool = False,
+             reason: str | None = None) -> SeedReport:
+        """Give a pipeline that has not run in this store its starting offsets (``apply``), or show them: the
+        pipeline's row is made (its first run records its owner, mode and sink) and the offsets are written as a
+        rewind of partitions never committed, audited (``verify`` then explains where its batches start).
+
+        :param pipeline_id: the pipeline (a new id: see docs/how-to/retire-and-rename.md, "Moving a pipeline").
+        :param offsets: the next offset to read of every partition of its topics.
+        :param apply: write them (else a dry run).
+        :param reason: why (required to apply).
+        """
+        if apply and not (reason or "").strip():
+            raise OperationError("seed --apply needs --reason TEXT (recorded in the audit log)")
+        check_new_pipeline_id(pipeline_id)
+        found = self.store.pipelines(pipeline_id)
+        has_run = bool(found) and bool(self.store.committed_offsets(pipeline_id)
+                                       or self.store.batch_history(pipeline_id, 1))
+        topics = sorted({t for t, _ in offsets})
+        broker = self.ops.source().partition_offsets(topics, "earliest") if topics else []
+        target = RewindTarget(RewindKind.OFFSETS, offsets=offsets)
+        refusal = seed_refusal(pipeline_id, found[0] if found else None, has_run, offsets, [p.key for p in broker])
+        plan = plan_rewind(pipeline_id, target, broker, {}) if refusal is None else RewindPlan(pipeline_id, target, ())
+        if not apply:
+            return SeedReport(plan, True, refusal)
+        if refusal is not None:
+            raise OperationError(refusal)
+        assert reason is not None
+
+        def nothing_since(found_now: PipelineInfo, unfinished: list[Any]) -> None:
+            if unfinished or found_now.retired_at is not None or found_now.mode is not None:
+                raise OperationError(f"pipeline {pipeline_id!r} ran meanwhile; nothing was changed")
+
+        self.store.create_pipeline(pipeline_id)
+        epoch = self.store.rewind(plan, self.ops.actor, reason.strip(), check=nothing_since)
+        notes = []
+        try:
+            self.ops.source().mirror_group_offsets(pipeline_id, self.store.committed_offsets(pipeline_id))
+        except Exception as exc:
+            notes.append(f"the consumer group {group_id(pipeline_id)} was not written ({self.ops._said(exc, 'group')})"
+                         "; the first run writes it")
+        return SeedReport(plan, False, None, epoch, notes)
 
     # ------------------------------------------------------------------ facts
 

@@ -92,6 +92,13 @@ class StoreLifecycle:
                          {"retired_at": str(row["retired_at"])})
             return epoch
 
+    def create_pipeline(self, pipeline_id: str) -> None:
+        """The pipeline's row, without owner, mode or sink (its first take records them), when it has none."""
+        self.migrate()
+        with self.transaction() as cur:
+            cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
+                                                     ("%s", "0")), (pipeline_id,))
+
     def rename(self, old: str, new: str, actor: str, reason: str, expected_epoch: int,
                check: Callable[[bool], None], before_commit: Callable[[], Any] | None = None) -> int:
         """Give every row of ``old`` (pipeline, offsets, batches, intervals, audit) the id ``new``, take the epoch
