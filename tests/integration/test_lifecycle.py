@@ -8,7 +8,9 @@
   ground truth).
 - Rename: a two-phase pipeline commits a batch, a run of it is SIGKILLed after prepare; ``rename`` is refused (in
   doubt), ``recover`` resolves it, ``airflow eo rename --apply`` moves it; the next run under the new id continues
-  exactly where the old one stopped: the sink equals the ground truth, no record lost or doubled.
+  exactly where the old one stopped: the sink equals the ground truth, no record lost or doubled. It is then moved to
+  the MariaDB store (retired in PostgreSQL's, ``airflow eo seed`` with its committed offsets under a new id in
+  MariaDB's), and its first batch there reads exactly the records after them.
 """
 
 from __future__ import annotations
@@ -230,5 +232,27 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
     assert kafka.group_offsets(new, [(topic, p) for p in range(3)]) == ops.store.committed_offsets(new)
     audit = [a.action for a in ops.store.audit_log(new, 10)]
     assert audit[:2] == ["rename", "recover"], audit
+    renamed_done = time.monotonic()
+
+    # Moved to another store (MariaDB's, the default): retired here, seeded there with its committed offsets under a
+    # new id, as docs/how-to/retire-and-rename.md shows; its first batch there reads exactly the records after them.
+    retired = lifecycle.retire(new, apply=True, reason="moved to the MariaDB store")
+    assert retired.epoch is not None and nonzero(retired.removed) == {SEEN_ID_TABLE: 300}, retired
+    offsets = ops.store.committed_offsets(new)
+    moved = f"rename_moved_{suffix}"
+    cleanup["pipelines"].append(moved)
+    partial = PipelineLifecycle(pipeline_operations()).seed(moved, {(topic, 0): offsets[(topic, 0)]})
+    assert partial.refusal is not None and f"{topic}[1], {topic}[2]" in partial.refusal
+    spelled = {topic: {str(p): o for (_, p), o in sorted(offsets.items())}}
+    done = eo("seed", moved, "--to-offsets", json.dumps(spelled), "--apply", "--reason", "moved from the PG store",
+              "-o", "json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    third = produce_page_views(bootstrap, 50, topic=topic)
+    options.pop("offset_store_conn_id")
+    four = run(operator(topic, PostgresTwoPhaseSink(**sink), moved, **options))
+    assert (four["batch_id"], four["records_in"]) == (0, 50), four
+    assert dict(pg_rows(postgres_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_of(first + second + third)
+    with pytest.raises(RetiredPipelineError):
+        run(operator(topic, PostgresTwoPhaseSink(**sink), new, **{**options, "offset_store_conn_id": pg_store}))
     print(f"two runs of the old id {killed_done - started:.1f}s, recover, rename and the new id's run "
-          f"{time.monotonic() - killed_done:.1f}s")
+          f"{renamed_done - killed_done:.1f}s, the move {time.monotonic() - renamed_done:.1f}s")
