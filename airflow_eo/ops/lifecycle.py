@@ -9,7 +9,7 @@ does the I/O in order and imports nothing of Airflow.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -129,10 +129,17 @@ class PipelineLifecycle:
         if apply and not (reason or "").strip():
             raise OperationError("retire --apply needs --reason TEXT (recorded in the audit log)")
         info = self.store.pipeline(pipeline_id)
-        rows_sink = self._rows_sink(info)
-        rows = rows_sink.pipeline_rows(pipeline_id, dead_letters) if rows_sink is not None else {}
+        unreadable: list[str] = []
+        try:
+            rows_sink = self._rows_sink(info)
+            rows = rows_sink.pipeline_rows(pipeline_id, dead_letters) if rows_sink is not None else {}
+        except Exception as exc:  # its database gone with its DAG: the retire still ends the pipeline
+            rows_sink, rows = None, {}
+            unreadable.append(f"the sink's rows of the pipeline cannot be read ({self.ops._said(exc, 'sink rows')}): "
+                              "they are not removed")
         group = None if info.mode is Mode.INTERVAL else group_id(pipeline_id)
         plan = retire_plan(info, group, rows_sink is not None, rows, dead_letters)
+        plan = replace(plan, notes=[*plan.notes, *unreadable])
         if info.retired_at is not None:  # retired already: what may be left to remove
             if not apply:
                 return RetireReport(pipeline_id, True, plan, retired_at=info.retired_at,
