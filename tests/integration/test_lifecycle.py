@@ -252,6 +252,8 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
     four = run(operator(topic, PostgresTwoPhaseSink(**sink), moved, **options))
     assert (four["batch_id"], four["records_in"]) == (0, 50), four
     assert dict(pg_rows(postgres_kwargs, f"SELECT app_id, pv FROM {table}")) == pv_of(first + second + third)
+    checked = pipeline_operations().verify(moved)  # the seed is an audited start: its batches tile from there
+    assert [f for f in checked.findings if f.check.value in ("tiling", "mirror")] == [], checked.findings
     with pytest.raises(RetiredPipelineError):
         run(operator(topic, PostgresTwoPhaseSink(**sink), new, **{**options, "offset_store_conn_id": pg_store}))
     print(f"two runs of the old id {killed_done - started:.1f}s, recover, rename and the new id's run "
