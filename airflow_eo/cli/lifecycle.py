@@ -60,7 +60,8 @@ def retire(args: Any, ops: PipelineOperations) -> None:
     rows = [{"what": f"rows of table {table}", "count": count} for table, count in sorted(removed.items())]
     if plan["consumer_group"]:
         rows.append({"what": f"consumer group {plan['consumer_group']}",
-                     "count": {None: "-", True: "deleted", False: "none"}[report.group_deleted]})
+                     "count": "to delete" if report.dry_run else
+                     {None: "not deleted (see the notes)", True: "deleted", False: "none"}[report.group_deleted]})
     sections = [(f"{'to remove' if report.dry_run else 'removed'} of {args.pipeline_id}", rows)]
     recovery = doc["recovery"]
     if recovery and (recovery["branches"] or recovery["batches"]):
