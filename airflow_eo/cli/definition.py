@@ -82,6 +82,23 @@ ARG_DOUBLE_COUNT = Arg((DOUBLE_COUNT_FLAG,), action="store_true", dest="allow_do
                        help="Rewind a pipeline whose sink accumulates (XA or two-phase sink with 'add' updates, "
                             "Kafka sink) although reprocessing counts the rewound records twice")
 
+ARG_IDLE_FOR = Arg(("--idle-for",), default=None, metavar="DURATION",
+                   help="How long the pipeline must have been quiet (no epoch taken, no batch written) to count as not "
+                        "running: seconds, or a number with a unit s, m, h, d (default: 10m). A run whose Spark job "
+                        "takes longer between two writes of the store needs more")
+ARG_DEAD_LETTERS = Arg(("--dead-letters",), action="store_true",
+                       help="Remove the pipeline's dead letters too (kept by default)")
+ARG_UNDO = Arg(("--undo",), action="store_true",
+               help="Bring a retired pipeline back: its next run continues from its committed offsets (a dry run "
+                    "unless --apply --reason)")
+ARG_SEED_OFFSETS = Arg(("--to-offsets",), required=True, metavar="JSON",
+                       help="The next offset to read of every partition of its topics: "
+                            '\'{"topic": {"0": 42, "1": 7}}\'')
+ARG_NEW_PIPELINE = Arg(("new_pipeline_id",), help="The pipeline's new id (none in the store may have it)")
+ARG_LIFECYCLE_APPLY = Arg(("--apply",), action="store_true",
+                          help="Do it. Without it the command is a dry run: it shows what it would do and whether "
+                               "it would be refused, and changes nothing")
+
 CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_SINK_CONN, ARG_MYSQL_CONN)
 COMMANDS_PATH = "airflow_eo.cli.commands"
 
@@ -156,6 +173,43 @@ EO_COMMANDS = (
                     "(exit code 1 when one is older than --older-than).",
         func=lazy_load_command(f"{COMMANDS_PATH}.verify"),
         args=(ARG_PIPELINE_OR_ALL, ARG_VERIFY_ALL, ARG_OLDER_THAN, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="retire",
+        help="Retire a pipeline that never runs again (a dry run unless --apply)",
+        description="Refused while a run may be going on (a batch planned or prepared, or the epoch taken, less "
+                    "than --idle-for ago). --apply (with --reason) resolves its in-doubt work as `recover` does, marks "
+                    "it retired (its row stays as a tombstone: a later run of the same pipeline id is refused until "
+                    "`airflow eo retire PIPELINE --undo --apply --reason TEXT`), deletes its consumer group "
+                    "airflow_eo.<pipeline>, removes the seen ids and change positions its sink keeps and, with "
+                    "--dead-letters, its dead letters. Its offsets, batch history and audit log are kept. Audited.",
+        func=lazy_load_command("airflow_eo.cli.lifecycle.retire"),
+        args=(ARG_PIPELINE, ARG_DEAD_LETTERS, ARG_UNDO, ARG_IDLE_FOR, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN,
+              ARG_REASON, *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="rename",
+        help="Give a pipeline a new id, keeping its offsets and history (a dry run unless --apply)",
+        description="Moves the pipeline's offsets, batch history, audit log, its sink's seen ids, change positions "
+                    "and dead letters, and its consumer group's offsets to NEW, in one store transaction under the "
+                    "pipeline's lock (audited): the next batch of NEW continues exactly where OLD stopped. Set the "
+                    "task's pipeline_id= to NEW. Refused while a run may be going on, while OLD has in-doubt work "
+                    "(`airflow eo recover OLD --apply` first) and when NEW exists.",
+        func=lazy_load_command("airflow_eo.cli.lifecycle.rename"),
+        args=(ARG_PIPELINE, ARG_NEW_PIPELINE, ARG_IDLE_FOR, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
+              *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="seed",
+        help="Give a pipeline that has not run in this store its starting offsets (a dry run unless --apply)",
+        description="For a pipeline moved from another offset store (see the documentation, 'Moving a pipeline to "
+                    "another store'): makes its row in this store and writes the next offset to read of every "
+                    "partition of its topics (all of them must be named, within what the broker holds), audited as a "
+                    "rewind of partitions never committed. Refused when the pipeline has run in this store (use "
+                    "`rewind`) or is retired here.",
+        func=lazy_load_command("airflow_eo.cli.lifecycle.seed"),
+        args=(ARG_PIPELINE, ARG_SEED_OFFSETS, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
+              *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(
         name="dead-letters",

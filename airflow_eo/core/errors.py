@@ -50,6 +50,10 @@ class PipelineConflictError(ConfigurationError):
     """A pipeline id is declared by two DAGs/tasks (or in two modes); refused before any side effect."""
 
 
+class RetiredPipelineError(PipelineConflictError):
+    """The pipeline id was retired (``airflow eo retire``); its run is refused before any side effect."""
+
+
 class OperationError(AirflowEoError):
     """An operations command (``airflow eo ...``) refused or failed before changing anything."""
 

@@ -30,6 +30,7 @@ class PipelineInfo:
     taken_at: datetime | None
     sink: SinkRecord | None  # None: its last take predates sink recording
     owned_by: Owner | None = None  # None: no owner, or recorded before the store kept the ids apart (see owner)
+    retired_at: datetime | None = None  # set: retired (``airflow eo retire``), its takes are refused
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,24 @@ class KafkaOffsetSource:
                         lambda: alter_group_offsets(self._admin, group_id(pipeline_id), positions),
                         refresh=self._new_client)
 
+    def delete_group(self, pipeline_id: str) -> bool:
+        """Delete the pipeline's group :func:`group_id` (``airflow eo retire``, ``rename``); False when the broker has
+        no such group. A group with members (a consumer someone runs under our name) is refused by the broker."""
+        group = group_id(pipeline_id)
+
+        def delete() -> bool:
+            try:
+                for future in self._admin.delete_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S).values():
+                    future.result()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                    return False
+                raise
+            return True
+
+        return retry_transient(f"deleting group {group}", delete, refresh=self._new_client)
+
     def first_timestamps(self, positions: Mapping[tuple[str, int], int],
                          timeout_s: float = ADMIN_TIMEOUT_S) -> dict[tuple[str, int], int]:
         """The timestamp (ms) of the first committed record at or after each position, read with a

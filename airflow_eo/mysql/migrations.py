@@ -92,4 +92,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         *[f"ALTER TABLE {table} CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
           for table in ("eo_pipeline", "eo_batch", "eo_offset", "eo_interval", "eo_audit")],
     ]),
+    (5, [
+        # A retired pipeline (``airflow eo retire``): its row stays as the tombstone that refuses its id's next take.
+        "ALTER TABLE eo_pipeline ADD COLUMN retired_at TIMESTAMP(3) NULL",
+    ]),
 ]

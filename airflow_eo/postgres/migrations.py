@@ -81,4 +81,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS owner_dag_id VARCHAR(250) NULL",
         "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS owner_task_id VARCHAR(250) NULL",
     ]),
+    (3, [
+        # A retired pipeline (``airflow eo retire``): its row stays as the tombstone that refuses its id's next take.
+        "ALTER TABLE eo_pipeline ADD COLUMN IF NOT EXISTS retired_at TIMESTAMPTZ(3) NULL",
+    ]),
 ]

@@ -22,12 +22,13 @@ from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, row_owner, utc
 
-PIPELINE_COLUMNS = "pipeline_id, epoch, owner, owner_dag_id, owner_task_id, mode, taken_at, sink"
+PIPELINE_COLUMNS = "pipeline_id, epoch, owner, owner_dag_id, owner_task_id, mode, taken_at, sink, retired_at"
 
 
 def pipeline_info(row: dict[str, Any], taken_at: datetime | None) -> PipelineInfo:
     return PipelineInfo(row["pipeline_id"], int(row["epoch"]), row["owner"], Mode(row["mode"]) if row["mode"] else None,
-                        taken_at, SinkRecord.from_json(row["sink"]) if row["sink"] else None, row_owner(row))
+                        taken_at, SinkRecord.from_json(row["sink"]) if row["sink"] else None, row_owner(row),
+                        utc(row.get("retired_at")))
 
 
 class StoreReads:

@@ -26,13 +26,16 @@ from airflow_eo.core.errors import (
     CommitConflictError,
     OperationError,
     PipelineConflictError,
+    RetiredPipelineError,
 )
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.core.lifecycle import retired_message
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
 from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
+from airflow_eo.sqlstore.lifecycle import StoreLifecycle
 from airflow_eo.sqlstore.reads import StoreReads
 from airflow_eo.sqlstore.rows import batch_record, row_owner
 
@@ -66,7 +69,7 @@ class StoreDatabase(Protocol):
     def already_applied(self, exc: BaseException) -> bool: ...
 
 
-class SqlOffsetStore(StoreReads):
+class SqlOffsetStore(StoreLifecycle, StoreReads):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
     :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it naming its
     :attr:`database`.
@@ -177,9 +180,11 @@ class SqlOffsetStore(StoreReads):
         if cur.fetchone() is None:
             cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
                                                      ("%s", "0")), (pipeline_id,))
-        cur.execute("SELECT owner, owner_dag_id, owner_task_id, mode FROM eo_pipeline WHERE pipeline_id = %s "
-                    f"{self.dialect.exclusive_lock}", (pipeline_id,))
+        cur.execute("SELECT owner, owner_dag_id, owner_task_id, mode, retired_at FROM eo_pipeline "
+                    f"WHERE pipeline_id = %s {self.dialect.exclusive_lock}", (pipeline_id,))
         row = cur.fetchone()
+        if row["retired_at"] is not None:  # the tombstone of `airflow eo retire`: its id runs again only after --undo
+            raise RetiredPipelineError(retired_message(pipeline_id, row["retired_at"]))
         recorded = row_owner(row)
         if owner and (recorded != owner if recorded else row["owner"] and row["owner"] != str(owner)):
             theirs = _described(recorded) if recorded else row["owner"]

@@ -18,6 +18,7 @@ from airflow_eo.core.errors import (
     FencedError,
     OperationError,
     PipelineConflictError,
+    RetiredPipelineError,
     UnknownPipelineError,
 )
 from airflow_eo.core.planning import Interval
@@ -59,6 +60,57 @@ def test_a_fenced_attempt_can_neither_plan_nor_commit(store, pipeline):
         store.insert_batch(pipeline, old, "run-2", [OffsetRange("t", 0, 0, 10)], [])
     assert store.committed_offsets(pipeline) == {}
     assert store.get_batch(pipeline, batch.batch_id).state == BatchState.PLANNED
+
+
+def test_a_retired_pipeline_refuses_its_takes_until_brought_back(store, pipeline):
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange("t", 0, 0, 10)], [])
+    with pytest.raises(OperationError, match=r"unfinished batches \(0 \(planned\)\).*airflow eo recover"):
+        store.retire(pipeline, "ops", "gone", epoch, {})
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    with pytest.raises(OperationError, match="was taken since this command looked"):
+        store.retire(pipeline, "ops", "gone", epoch - 1, {})
+    retired = store.retire(pipeline, "ops", "gone", epoch, {"consumer_group": "g"})
+    assert retired == epoch + 1 and store.pipeline(pipeline).retired_at is not None
+    with pytest.raises(RetiredPipelineError, match=f"retire {pipeline} --undo --apply --reason TEXT"):
+        store.take_pipeline(pipeline)
+    assert store.pipeline(pipeline).epoch == retired  # the refused take moved nothing
+    assert store.unretire(pipeline, "ops", "back") == retired + 1
+    assert store.pipeline(pipeline).retired_at is None and store.take_pipeline(pipeline) == retired + 2
+    assert store.committed_offsets(pipeline) == {("t", 0): 10}  # kept throughout
+    assert [(a.action, a.reason, a.epoch) for a in store.audit_log(pipeline, 5)] == [
+        ("unretire", "back", retired + 1), ("retire", "gone", retired)]
+
+
+def test_a_rename_moves_every_row_and_the_next_batch_continues_where_the_old_id_stopped(store, pipeline):
+    new, other = f"{pipeline}_new", f"{pipeline}_other"
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange("t", 0, 0, 10)], [])
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    store.take_pipeline(other)
+
+    def refuse(exists: bool) -> None:
+        if exists:
+            raise OperationError("exists")
+
+    with pytest.raises(OperationError, match="exists"):
+        store.rename(pipeline, other, "ops", "x", epoch, refuse)
+
+    def fails() -> None:
+        raise RuntimeError("the sink's rows could not move")
+
+    with pytest.raises(RuntimeError):
+        store.rename(pipeline, new, "ops", "x", epoch, refuse, before_commit=fails)
+    assert store.pipelines(new) == [] and store.committed_offsets(pipeline) == {("t", 0): 10}  # all rolled back
+    assert store.rename(pipeline, new, "ops", "renamed", epoch, refuse) == epoch + 1
+    assert store.pipelines(pipeline) == [] and store.committed_offsets(pipeline) == {}
+    assert store.committed_offsets(new) == {("t", 0): 10}
+    assert [b.record.batch_id for b in store.batch_history(new, 5)] == [0]
+    assert [(a.action, a.details) for a in store.audit_log(new, 5)] == [("rename", {"from": pipeline, "to": new})]
+    with pytest.raises(FencedError):  # the old id's attempts are fenced: their rows are gone
+        store.insert_batch(pipeline, epoch, "run-2", [OffsetRange("t", 0, 10, 20)], [])
+    taken = store.take_pipeline(new)
+    assert store.insert_batch(new, taken, "run-2", [OffsetRange("t", 0, 10, 20)], []).batch_id == 1
 
 
 def test_commit_moves_offsets_and_batch_state_together(store, pipeline):

@@ -1,0 +1,79 @@
+"""The rows a SQL sink keeps of a pipeline beside its output, for ``airflow eo retire`` (removed) and ``rename``
+(moved to the new id): the seen ids of ``dedup_key`` and the change positions of ``changes=`` (keyed by the
+pipeline's 8-byte key), and the dead letters (keyed by its id). The :class:`~airflow_eo.core.lifecycle.PipelineRows`
+role of the SQL table sinks; each operation is one transaction on the sink's database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+from airflow_eo.core.dedup import seen_pipeline_key
+from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
+from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
+
+#: The tables keyed by the pipeline's key (``pipeline_key``), in the sink's database.
+KEYED_TABLES = (SEEN_ID_TABLE, CHANGE_POSITION_TABLE)
+
+
+class SqlPipelineRows:
+    """:class:`~airflow_eo.core.lifecycle.PipelineRows` of a SQL table sink (a mixin of
+    :class:`~airflow_eo.sqlsink.sink.SqlTableSink`: its ``database``, ``connect_kwargs``, ``dead_letter_table``)."""
+
+    database: ClassVar[SqlDatabase]
+    connect_kwargs: dict[str, Any]
+    dead_letter_table: str
+
+    @contextmanager
+    def _rows_transaction(self) -> Iterator[Any]:
+        conn = self.database.connect(self.connect_kwargs, autocommit=False)
+        try:
+            with conn.cursor() as cur:
+                yield cur
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def _tables(self, cur: Any, pipeline_id: str, dead_letters: bool) -> Iterator[tuple[str, str, Any]]:
+        """(table, the column naming the pipeline, its value) of every such table that exists."""
+        found: list[tuple[str, str, Any]] = [(t, "pipeline_key", seen_pipeline_key(pipeline_id)) for t in KEYED_TABLES]
+        if dead_letters:
+            found.append((self.dead_letter_table, "pipeline_id", pipeline_id))
+        for table, column, value in found:
+            if self.database.table_columns(cur, table):
+                yield table, column, value
+
+    def pipeline_rows(self, pipeline_id: str, dead_letters: bool) -> dict[str, int]:
+        counted: dict[str, int] = {}
+        with self._rows_transaction() as cur:
+            for table, column, value in self._tables(cur, pipeline_id, dead_letters):
+                cur.execute(f"SELECT COUNT(*) FROM {self.database.quote_table(table)} WHERE {column} = %s", (value,))
+                counted[table] = int(_first(cur.fetchone()))
+        return counted
+
+    def remove_pipeline_rows(self, pipeline_id: str, dead_letters: bool) -> dict[str, int]:
+        removed: dict[str, int] = {}
+        with self._rows_transaction() as cur:
+            for table, column, value in self._tables(cur, pipeline_id, dead_letters):
+                cur.execute(f"DELETE FROM {self.database.quote_table(table)} WHERE {column} = %s", (value,))
+                removed[table] = max(cur.rowcount, 0)
+        return removed
+
+    def move_pipeline_rows(self, old: str, new: str) -> dict[str, int]:
+        moved: dict[str, int] = {}
+        new_values = {"pipeline_key": seen_pipeline_key(new), "pipeline_id": new}
+        with self._rows_transaction() as cur:
+            for table, column, value in self._tables(cur, old, dead_letters=True):
+                cur.execute(f"UPDATE {self.database.quote_table(table)} SET {column} = %s WHERE {column} = %s",
+                            (new_values[column], value))
+                moved[table] = max(cur.rowcount, 0)
+        return moved
+
+
+def _first(row: Any) -> Any:
+    return next(iter(row.values())) if isinstance(row, Mapping) else row[0]
