@@ -97,7 +97,7 @@ chromium:
 TEST_LANES ?= $(if $(EO_KAFKA_BOOTSTRAP)$(EO_MYSQL_HOST)$(EO_PG_HOST),1,2)
 LANE_2 = EO_STACK_DIR=$(CURDIR)/.stack/lane-2 EO_STACK_KAFKA_PORT=29492 EO_STACK_MYSQL_PORT=23506 \
   EO_STACK_PG_PORT=25632 EO_STACK_CONNECT_PORT=28283 EO_STACK_KAFKA_CLUSTER_PORT=29592
-LANES_ARGS = $(if $(filter 1,$(TEST_LANES)),,-n $(TEST_LANES) --dist loadgroup)
+LANES_ARGS = $(if $(filter 1,$(TEST_LANES)),,-n $(TEST_LANES))
 
 test: up postgres chromium
 	. .stack/env && $(PY) -m ruff check airflow_eo dags tests scripts examples

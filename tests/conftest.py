@@ -81,13 +81,18 @@ def airflow_db() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` each test file runs whole on one worker, and the files of a shared group
-    (:data:`tests.support.lanes.SHARED_GROUPS`) on one worker one after the other."""
-    for item in items:
-        if not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid.split("::")[0])))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The lanes' scheduling (``make test``'s ``-n 2``): a test file runs whole on one worker, and the files of a
+    shared group (:data:`tests.support.lanes.SHARED_GROUPS`) on one worker one after the other. (xdist's own
+    ``--dist loadgroup`` renames each test's node id, which pytest 9.2 no longer lets it do: its groups were
+    ignored.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid.split("::")[0])
+
+    return LaneScheduling(config, log)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

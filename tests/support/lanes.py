@@ -7,9 +7,9 @@ they never do. Worker ``gw0`` uses the stack of ``make up`` (``.stack``); worker
 environment before anything reads it (Airflow reads ``AIRFLOW_HOME`` once, at import). Nothing here imports
 Airflow.
 
-Within a lane, a test file runs whole on one worker (its module fixtures start once); files that need a resource
-only one lane can hold at a time (the Spark cluster's and the Airflow deployment's fixed ports) share an
-``xdist_group`` (:data:`SHARED_GROUPS`), so they run one after the other on one worker.
+A test file runs whole on one worker (its module fixtures start once); files that need a resource only one lane can
+hold at a time (the Spark cluster's and the Airflow deployment's fixed ports) share a group (:data:`SHARED_GROUPS`),
+so they run one after the other on one worker (tests/conftest.py's ``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def use_this_workers_lane() -> None:
 
 
 def group_of(test_path: str) -> str:
-    """The ``xdist_group`` of a test file (a path relative to the repository): its shared group, else itself."""
+    """The scheduling group of a test file (a path relative to the repository): its shared group, else itself."""
     for folder, group in SHARED_GROUPS.items():
         if test_path.startswith(folder + "/"):
             return group
