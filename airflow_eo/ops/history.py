@@ -103,6 +103,7 @@ class HistoryPruner:
         if below is not None:
             in_doubt = self._in_doubt(info)  # before anything goes: a sink that cannot be read stops here
             after = -1
+            first_kept = below
             positions = dict(known)
             through = previous_through
             while True:
@@ -111,13 +112,14 @@ class HistoryPruner:
                     break
                 after = rows[-1][0].batch_id
                 ids = prunable([b for b, _ in rows], {b.batch_id: at for b, at in rows}, below, cutoff, in_doubt)
+                first_kept = min([first_kept, *(b.batch_id for b, _ in rows if b.batch_id not in set(ids))])
                 if ids:
                     gone = set(ids)
                     positions = positions_left([b for b, _ in rows if b.batch_id in gone], positions)
                     through = max(ids) if through is None else max(through, max(ids))
                     result.batches += self.store.delete_batches(p, ids, below, cutoff) if apply else len(ids)
             result.positions, result.pruned_through = positions, through
-        oldest_kept = self.store.oldest_batch_time(p) if apply else None
+        oldest_kept = self.store.oldest_batch_time(p, first_kept if below is not None else 0)
         before = audit_cutoff(cutoff, oldest_kept)
         keep = {prunes[0].audit_id} if prunes else set()
         after_id = -1

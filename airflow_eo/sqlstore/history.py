@@ -75,12 +75,12 @@ class StoreHistory:
                         (pipeline_id, *batch_ids, below, *[s.value for s in PRUNABLE_STATES], _naive_utc(cutoff)))
             return int(cur.rowcount)
 
-    def oldest_batch_time(self, pipeline_id: str) -> datetime | None:
-        """When the pipeline's oldest batch row was created (UTC)."""
+    def oldest_batch_time(self, pipeline_id: str, from_batch: int) -> datetime | None:
+        """When the pipeline's oldest batch row from ``from_batch`` on was created (UTC)."""
         with self.transaction() as cur:
             cur.execute(self.dialect.utc_session)
-            cur.execute("SELECT created_at FROM eo_batch WHERE pipeline_id = %s ORDER BY batch_id "
-                        + self.dialect.limit.format(n="1"), (pipeline_id,))
+            cur.execute("SELECT created_at FROM eo_batch WHERE pipeline_id = %s AND batch_id >= %s ORDER BY batch_id "
+                        + self.dialect.limit.format(n="1"), (pipeline_id, from_batch))
             row = cur.fetchone()
             return None if row is None else utc(row["created_at"])
 

@@ -113,8 +113,8 @@ class MemoryStore:
             del self.batches[i]
         return len(ids)
 
-    def oldest_batch_time(self, pipeline_id: str) -> datetime | None:
-        return min((at for _, at in self.batches.values()), default=None)
+    def oldest_batch_time(self, pipeline_id: str, from_batch: int) -> datetime | None:
+        return min((at for i, (_, at) in self.batches.items() if i >= from_batch), default=None)
 
     def audit_log(self, pipeline_id: str, limit: int) -> list[AuditEntry]:
         return sorted(self.audit.values(), key=lambda a: -a.audit_id)[:limit]
