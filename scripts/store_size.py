@@ -10,7 +10,8 @@ pipeline with a short history of real batches (``take_pipeline``, ``insert_batch
 pipelines of one batch each are measured (the "empty" store: the same pipelines, no history); then those 100
 pipelines get N/100 committed batches each (one
 ``INSERT .. SELECT`` from a generator per pipeline: ``seq_0_to_<n>`` on MariaDB, ``generate_series`` on PostgreSQL;
-then ``ANALYZE``, as the databases' own statistics would be after months of runs), and the probe is measured again.
+then ``ANALYZE``, and on PostgreSQL ``VACUUM``, as the databases' own maintenance leaves a store filled over
+months), and the probe is measured again.
 Each time is the median of ``--repeat`` calls of the operations in-process (``PipelineOperations``: the functions
 ``airflow eo`` runs). ``verify`` of one of the filled pipelines is printed too: ``verify`` reads a pipeline's whole
 history, so its cost follows that pipeline's own batch count (``airflow eo prune`` bounds it), not the store's.
@@ -63,7 +64,7 @@ def _admin_connect(kind: str) -> Any:
 
 
 @contextmanager
-def throwaway_store(kind: str) -> Iterator[str]:
+def throwaway_store(kind: str) -> Iterator[tuple[str, str]]:
     """A fresh database on the stack's server and an Airflow connection id naming it; dropped at the end."""
     database = f"eo_store_size_{uuid.uuid4().hex[:10]}"
     admin = _admin_connect(kind)
@@ -72,7 +73,7 @@ def throwaway_store(kind: str) -> Iterator[str]:
         url = urlsplit(os.environ[KINDS[kind]])
         conn_id = f"eo_store_size_{kind}"
         os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = urlunsplit(url._replace(path=f"/{database}"))
-        yield conn_id
+        yield conn_id, database
     finally:
         if kind == "postgres":  # the store's connections are closed; make sure nothing holds the database
             admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
@@ -129,10 +130,15 @@ def fill(store: SqlOffsetStore, kind: str, first: int, last: int, topic_name: st
                 f"{empty}, 10, 10, 0, CURRENT_TIMESTAMP(3) FROM {source}", (pipeline_id, "[]"))
             cur.execute("UPDATE eo_offset SET next_offset = %s, batch_id = %s WHERE pipeline_id = %s",
                         (last * 10, last - 1, pipeline_id))
-    with store.transaction() as cur:
-        cur.execute("ANALYZE TABLE eo_batch" if kind == "mariadb" else "ANALYZE eo_batch")
-        if kind == "mariadb":
+    if kind == "mariadb":
+        with store.transaction() as cur:
+            cur.execute("ANALYZE TABLE eo_batch")
             cur.fetchall()
+    else:  # VACUUM runs outside a transaction; what autovacuum does to a store filled over months
+        import psycopg
+
+        with psycopg.connect(**store._connect_kwargs, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE eo_batch")
     return time.monotonic() - started
 
 
@@ -158,7 +164,7 @@ def measure(ops: PipelineOperations, store: SqlOffsetStore, probe: str, epoch: i
 
 
 def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
-    with throwaway_store(kind) as conn_id, topic() as topic_name:
+    with throwaway_store(kind) as (conn_id, database), topic() as topic_name:
         ops = pipeline_operations(conn_id, actor="store_size")
         store = ops.store
         assert isinstance(store, SqlOffsetStore)
@@ -172,7 +178,8 @@ def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
         fill_s = fill(store, kind, 1, per, topic_name)
         filled = measure(ops, store, probe, epoch, topic_name, repeat)
         big = timed(lambda: ops.verify("fill_000"), 1)
-        return {"store": kind, "rows": rows, "fill_s": fill_s, "empty": empty, "filled": filled,
+        return {"store": kind, "database": database, "topic": topic_name, "rows": rows, "fill_s": fill_s,
+                "empty": empty, "filled": filled,
                 "ratio": {k: filled[k] / empty[k] for k in empty}, "verify_filled_pipeline": big,
                 "filled_pipeline_batches": per}
 
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help="20,000 rows, 3 repeats (the suite's setting)")
     parser.add_argument("--repeat", type=int, default=7, help="calls per measurement (the median is printed)")
     parser.add_argument("--store", choices=[*KINDS, "both"], default="both")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results as JSON too")
     args = parser.parse_args(argv)
     rows, repeat = (20_000, 3) if args.short else (args.rows, args.repeat)
     results = [run_store(kind, rows, repeat) for kind in (KINDS if args.store == "both" else [args.store])]
@@ -198,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<16}{r['empty'][name] * 1000:>10.1f}{r['filled'][name] * 1000:>11.1f}{ratio:>7.2f}x{flag}")
         print(f"  verify of a filled pipeline ({r['filled_pipeline_batches']:,} batches): "
               f"{r['verify_filled_pipeline'] * 1000:.0f} ms")
-    if args.json:
-        print(json.dumps(results, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 

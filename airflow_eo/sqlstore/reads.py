@@ -89,10 +89,11 @@ class StoreReads:
             return found
 
     def latest_batches(self) -> dict[str, BatchInfo]:
-        """Each pipeline's newest batch, in one query."""
+        """Each pipeline's newest batch, in one query: one primary-key lookup per pipeline (a GROUP BY over the
+        batch log read every row of it: its time grew with the history, scripts/store_size.py)."""
         with self._utc_reads() as cur:
-            cur.execute("SELECT b.* FROM eo_batch b JOIN (SELECT pipeline_id, MAX(batch_id) AS batch_id FROM eo_batch "
-                        "GROUP BY pipeline_id) newest USING (pipeline_id, batch_id)")
+            cur.execute("SELECT b.* FROM eo_pipeline p JOIN eo_batch b ON b.pipeline_id = p.pipeline_id "
+                        "AND b.batch_id = (SELECT MAX(m.batch_id) FROM eo_batch m WHERE m.pipeline_id = p.pipeline_id)")
             return {r["pipeline_id"]: batch_info(r) for r in cur.fetchall()}
 
     def batch_history(self, pipeline_id: str, limit: int, batch_ids: list[int] | None = None) -> list[BatchInfo]:
