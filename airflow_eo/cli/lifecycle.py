@@ -11,7 +11,7 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.commands import IN_DOUBT_TITLE, _branches, _check_apply, _operation, _show
 from airflow_eo.core.errors import OperationError
-from airflow_eo.core.history import check_retention
+from airflow_eo.core.history import DEFAULT_CHUNK, check_retention
 from airflow_eo.core.lifecycle import DEFAULT_IDLE_S
 from airflow_eo.core.orphans import parse_duration
 from airflow_eo.ops.history import HistoryPruner
@@ -161,5 +161,6 @@ def prune(args: Any, ops: PipelineOperations) -> None:
     if report.dry_run:
         notes.append("dry run: nothing was changed; add --apply --reason TEXT to remove them")
     else:
-        notes.append("removed in statements of at most 500 rows; each pipeline pruned is recorded in the audit log")
+        notes.append(f"removed in statements of at most {DEFAULT_CHUNK} rows; each pipeline pruned is recorded in the "
+                     "audit log")
     _show(args.output, report.to_dict(), [("to remove" if report.dry_run else "removed", rows)], notes)
