@@ -109,3 +109,49 @@ def test_prune_keeps_the_in_doubt_batch_and_the_last_committed_one_and_the_next_
     batches = [b.record for b in store.batch_history(pipeline, 100)]
     assert check_tiling(batches, store.committed_offsets(pipeline), audited_moves(store.audit_log(pipeline, 100))) \
         == []
+
+
+def test_prune_keeps_a_committed_batch_whose_xa_branch_is_still_prepared(mysql_kwargs):
+    """A committed batch whose XA branch is still prepared (its run died between the store's commit point and the
+    branch's commit): ``recover`` commits that branch because the store records the batch committed, so prune keeps
+    the row while the branch is in doubt; it goes once the branch is resolved."""
+    import pymysql
+
+    from airflow_eo.core.xid import Xid, pipeline_key
+    from airflow_eo.sinks import MySqlXaSink
+
+    store = OffsetStoreHook("eo_offset_store").get_store()
+    pipeline, table = f"prune_xa_{uuid.uuid4().hex[:10]}", f"prune_xa_{uuid.uuid4().hex[:8]}"
+    admin = pymysql.connect(**mysql_kwargs, autocommit=True)
+    admin.cursor().execute(f"CREATE TABLE {table} (k INT PRIMARY KEY)")
+    xid = None
+    try:
+        epoch = store.take_pipeline(pipeline, sink=MySqlXaSink(table=table, key_columns=["k"]).record())
+        for _ in range(5):  # batches 0..4 committed; 4 is the last
+            run_batch(store, pipeline, epoch, 10)
+        xid = Xid(pipeline_key(pipeline), 1, epoch, 0)
+        holder = pymysql.connect(**mysql_kwargs)
+        with holder.cursor() as cur:  # batch 1's branch, prepared and left (its connection closes)
+            cur.execute(f"XA START {xid.sql()}")
+            cur.execute(f"INSERT INTO {table} (k) VALUES (1)")
+            cur.execute(f"XA END {xid.sql()}")
+            cur.execute(f"XA PREPARE {xid.sql()}")
+        holder.close()
+        age(store, pipeline, 5, days=200)
+        pruner = HistoryPruner(pipeline_operations("eo_offset_store"))
+        done = pruner.prune(DAYS_90, pipeline_id=pipeline, apply=True, reason="retention")
+        assert [(p.batches, p.kept_below) for p in done.pipelines] == [(3, 4)], done.to_dict()
+        assert sorted(b.record.batch_id for b in store.batch_history(pipeline, 100)) == [1, 4]
+        admin.cursor().execute(f"XA COMMIT {xid.sql()}")  # resolved (as recover would: the batch is committed)
+        xid = None
+        again = pruner.prune(DAYS_90, pipeline_id=pipeline, apply=True, reason="retention")
+        assert [p.batches for p in again.pipelines] == [1]
+        assert [b.record.batch_id for b in store.batch_history(pipeline, 100)] == [4]
+    finally:
+        if xid is not None:
+            admin.cursor().execute(f"XA ROLLBACK {xid.sql()}")
+        admin.cursor().execute(f"DROP TABLE IF EXISTS {table}")
+        admin.close()
+        with store.transaction() as cur:
+            for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
+                cur.execute(f"DELETE FROM {t} WHERE pipeline_id = %s", (pipeline,))
