@@ -153,9 +153,10 @@ def prune(args: Any, ops: PipelineOperations) -> None:
     report = HistoryPruner(ops).prune(_retention_s(args), pipeline_id=args.pipeline_id, apply=args.apply,
                                       reason=args.reason)
     rows = [{"pipeline": p.pipeline_id, "batches": p.batches, "audit rows": p.audit_rows,
+             "dead letters": p.dead_letters,
              "kept from batch": "-" if p.kept_below is None else p.kept_below, "why kept": p.skipped or ""}
             for p in report.pipelines]
-    notes = list(report.notes)
+    notes = [*report.notes, *(f"{p.pipeline_id}: {note}" for p in report.pipelines for note in p.notes)]
     notes.append(f"history last written before {report.cutoff.isoformat(timespec='seconds')}; the last committed "
                  "batch, unfinished batches and those after them, and batches in-doubt branches name are kept")
     if report.dry_run:

@@ -12,18 +12,19 @@ nothing can need it any more:
   branch is still prepared would otherwise be rolled back);
 - only committed or aborted batches last written before the cutoff.
 
-Audit rows go when older than the cutoff and older than the oldest batch kept (a rewind or a recovery between two
-kept batches is what ``verify`` explains them with), never the newest ``prune`` row: it records where the pruned
-history left each partition (:func:`positions_left`), which ``verify``'s tiling reads as the start of what it checks
-(:func:`airflow_eo.core.verify.audited_moves`): pruned batches are not gaps.
+The dead letters of the batches pruned go with them (:class:`DeadLetterRetention`, the sinks' side), never those of
+a batch kept. Audit rows go when older than the cutoff and older than the oldest batch kept (a rewind or a recovery
+between two kept batches is what ``verify`` explains them with), never the newest ``prune`` row: it records where
+the pruned history left each partition (:func:`positions_left`), which ``verify``'s tiling reads as the start of
+what it checks (:func:`airflow_eo.core.verify.audited_moves`): pruned batches are not gaps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.config import Mode
@@ -125,6 +126,17 @@ def positions_from_json(rows: Sequence[Mapping[str, Any]]) -> dict[TopicPartitio
     return {(str(r["topic"]), int(r["partition"])): int(r["offset"]) for r in rows}
 
 
+@runtime_checkable
+class DeadLetterRetention(Protocol):
+    """A sink whose dead letters (in its database, keyed by the pipeline and the batch) a prune removes with their
+    batches: the dead letters of batches pruned go too."""
+
+    def prune_dead_letters(self, pipeline_id: str, through_batch: int, keep: Collection[int], apply: bool,
+                           chunk: int) -> int:
+        """Remove (``apply``) or count the pipeline's dead letters of batches up to ``through_batch`` but ``keep``,
+        in statements of ``chunk`` rows (each its own transaction, waiting briefly on a row lock); how many."""
+
+
 @dataclass
 class PipelinePrune:
     """What a prune removes (or would remove) of one pipeline."""
@@ -132,12 +144,16 @@ class PipelinePrune:
     pipeline_id: str
     batches: int = 0
     audit_rows: int = 0
+    dead_letters: int = 0
     kept_below: int | None = None  # batches from this id on are kept
     pruned_through: int | None = None  # the newest batch id pruned (now or before)
     positions: dict[TopicPartition, int] = field(default_factory=dict)
     skipped: str | None = None  # why nothing of its batches goes
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pipeline_id": self.pipeline_id, "batches": self.batches, "audit_rows": self.audit_rows,
+                "dead_letters": self.dead_letters,
                 "kept_from_batch": self.kept_below, "pruned_through": self.pruned_through,
-                "positions": positions_to_json(self.positions), "skipped": self.skipped}
+                "positions": positions_to_json(self.positions), "skipped": self.skipped,
+                "notes": list(self.notes)}

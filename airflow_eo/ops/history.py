@@ -2,9 +2,9 @@
 
 The decisions are :mod:`airflow_eo.core.history`'s (what may go); the reads and deletes are the store's
 (:mod:`airflow_eo.sqlstore.history`), one chunk per statement and transaction; the in-doubt branches that keep
-their batches are the ones ``recover`` (dry run) finds. This module does the I/O in order and imports nothing of
-Airflow. Dead letters live in the sinks' databases and are left to ``airflow eo retire --dead-letters`` (not pruned
-by age here).
+their batches are the ones ``recover`` (dry run) finds. The dead letters of the batches pruned go too, in the sink's
+database (:class:`~airflow_eo.core.history.DeadLetterRetention`). This module does the I/O in order and imports
+nothing of Airflow.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from airflow_eo.core.errors import OperationError
 from airflow_eo.core.history import (
     DEFAULT_CHUNK,
     PRUNE_ACTION,
+    DeadLetterRetention,
     PipelinePrune,
     PruneBounds,
     audit_cutoff,
@@ -90,6 +91,16 @@ class HistoryPruner:
         recovery = self.ops.recover(info.pipeline_id, apply=False)
         return frozenset(b.decision.batch_id for b in recovery.branches)
 
+    def _dead_letters(self, info: PipelineInfo, through: int, kept: set[int], apply: bool) -> int:
+        """The dead letters of the batches pruned (up to ``through`` but ``kept``), in the sink's database."""
+        if info.sink is None:
+            return 0
+        sink = self.ops.connections.sink(info.pipeline_id, info.sink)
+        if not isinstance(sink, DeadLetterRetention):
+            return 0
+        return sink.prune_dead_letters(info.pipeline_id, through, sorted(k for k in kept if k <= through), apply,
+                                       self.chunk)
+
     def _pipeline(self, info: PipelineInfo, cutoff: datetime, apply: bool, reason: str) -> PipelinePrune:
         p = info.pipeline_id
         last, oldest_unfinished = self.store.prune_facts(p)
@@ -104,6 +115,7 @@ class HistoryPruner:
             in_doubt = self._in_doubt(info)  # before anything goes: a sink that cannot be read stops here
             after = -1
             first_kept = below
+            kept_ids: set[int] = set(in_doubt)
             positions = dict(known)
             through = previous_through
             while True:
@@ -113,12 +125,19 @@ class HistoryPruner:
                 after = rows[-1][0].batch_id
                 ids = prunable([b for b, _ in rows], {b.batch_id: at for b, at in rows}, below, cutoff, in_doubt)
                 first_kept = min([first_kept, *(b.batch_id for b, _ in rows if b.batch_id not in set(ids))])
+                kept_ids.update(b.batch_id for b, _ in rows if b.batch_id not in set(ids))
                 if ids:
                     gone = set(ids)
                     positions = positions_left([b for b, _ in rows if b.batch_id in gone], positions)
                     through = max(ids) if through is None else max(through, max(ids))
                     result.batches += self.store.delete_batches(p, ids, below, cutoff) if apply else len(ids)
             result.positions, result.pruned_through = positions, through
+            if through is not None:
+                try:
+                    result.dead_letters = self._dead_letters(info, through, kept_ids, apply)
+                except Exception as exc:  # the batches' prune stands (and is audited below); the next prune retries
+                    result.notes.append(f"its dead letters were not (all) removed "
+                                        f"({self.ops._said(exc, 'dead letters')}); the next prune removes the rest")
         oldest_kept = self.store.oldest_batch_time(p, first_kept if below is not None else 0)
         before = audit_cutoff(cutoff, oldest_kept)
         keep = {prunes[0].audit_id} if prunes else set()
@@ -130,8 +149,9 @@ class HistoryPruner:
             after_id = ids[-1]
             ids = [i for i in ids if i not in keep]
             result.audit_rows += self.store.delete_audit(p, ids, before) if apply else len(ids)
-        if apply and (result.batches or result.audit_rows):
+        if apply and (result.batches or result.audit_rows or result.dead_letters):
             self.store.record_audit(p, self.ops.actor, PRUNE_ACTION, reason, {**result.to_dict(),
                                                                                 "cutoff": cutoff.isoformat()})
-            log.info("pruned %d batches and %d audit rows of %s", result.batches, result.audit_rows, p)
+            log.info("pruned %d batches, %d audit rows and %d dead letters of %s", result.batches, result.audit_rows,
+                     result.dead_letters, p)
         return result

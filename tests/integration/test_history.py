@@ -114,7 +114,8 @@ def test_prune_keeps_the_in_doubt_batch_and_the_last_committed_one_and_the_next_
 def test_prune_keeps_a_committed_batch_whose_xa_branch_is_still_prepared(mysql_kwargs):
     """A committed batch whose XA branch is still prepared (its run died between the store's commit point and the
     branch's commit): ``recover`` commits that branch because the store records the batch committed, so prune keeps
-    the row while the branch is in doubt; it goes once the branch is resolved."""
+    the row (and its dead letters) while the branch is in doubt; it goes once the branch is resolved. The dead letters
+    of the batches pruned go with them, in the sink's database."""
     import pymysql
 
     from airflow_eo.core.xid import Xid, pipeline_key
@@ -123,12 +124,22 @@ def test_prune_keeps_a_committed_batch_whose_xa_branch_is_still_prepared(mysql_k
     store = OffsetStoreHook("eo_offset_store").get_store()
     pipeline, table = f"prune_xa_{uuid.uuid4().hex[:10]}", f"prune_xa_{uuid.uuid4().hex[:8]}"
     admin = pymysql.connect(**mysql_kwargs, autocommit=True)
+    dead_letters = f"{table}_dl"
     admin.cursor().execute(f"CREATE TABLE {table} (k INT PRIMARY KEY)")
+    admin.cursor().execute(f"CREATE TABLE {dead_letters} (pipeline_id VARCHAR(190) NOT NULL, "
+                           "topic VARCHAR(249) NOT NULL, kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, "
+                           "batch_id BIGINT NOT NULL, error TEXT NOT NULL, "
+                           "PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))")
     xid = None
     try:
-        epoch = store.take_pipeline(pipeline, sink=MySqlXaSink(table=table, key_columns=["k"]).record())
-        for _ in range(5):  # batches 0..4 committed; 4 is the last
+        spec = MySqlXaSink(table=table, key_columns=["k"], dead_letter_table=dead_letters)
+        epoch = store.take_pipeline(pipeline, sink=spec.record())
+        for batch_id in range(5):  # batches 0..4 committed (4 is the last), each with a dead letter
             run_batch(store, pipeline, epoch, 10)
+            admin.cursor().execute(f"INSERT INTO {dead_letters} VALUES (%s, 't', 0, %s, %s, 'bad')",
+                                   (pipeline, batch_id * 10, batch_id))
+        # another pipeline's dead letter of the same batch id in the same table stays
+        admin.cursor().execute(f"INSERT INTO {dead_letters} VALUES ('other', 't', 0, 0, 0, 'bad')")
         xid = Xid(pipeline_key(pipeline), 1, epoch, 0)
         holder = pymysql.connect(**mysql_kwargs)
         with holder.cursor() as cur:  # batch 1's branch, prepared and left (its connection closes)
@@ -140,17 +151,20 @@ def test_prune_keeps_a_committed_batch_whose_xa_branch_is_still_prepared(mysql_k
         age(store, pipeline, 5, days=200)
         pruner = HistoryPruner(pipeline_operations("eo_offset_store"))
         done = pruner.prune(DAYS_90, pipeline_id=pipeline, apply=True, reason="retention")
-        assert [(p.batches, p.kept_below) for p in done.pipelines] == [(3, 4)], done.to_dict()
+        assert [(p.batches, p.kept_below, p.dead_letters) for p in done.pipelines] == [(3, 4, 3)], done.to_dict()
         assert sorted(b.record.batch_id for b in store.batch_history(pipeline, 100)) == [1, 4]
+        cur = admin.cursor()
+        cur.execute(f"SELECT pipeline_id, batch_id FROM {dead_letters} ORDER BY pipeline_id, batch_id")
+        assert cur.fetchall() == (("other", 0), (pipeline, 1), (pipeline, 4))
         admin.cursor().execute(f"XA COMMIT {xid.sql()}")  # resolved (as recover would: the batch is committed)
         xid = None
         again = pruner.prune(DAYS_90, pipeline_id=pipeline, apply=True, reason="retention")
-        assert [p.batches for p in again.pipelines] == [1]
+        assert [(p.batches, p.dead_letters) for p in again.pipelines] == [(1, 1)]
         assert [b.record.batch_id for b in store.batch_history(pipeline, 100)] == [4]
     finally:
         if xid is not None:
             admin.cursor().execute(f"XA ROLLBACK {xid.sql()}")
-        admin.cursor().execute(f"DROP TABLE IF EXISTS {table}")
+        admin.cursor().execute(f"DROP TABLE IF EXISTS {table}, {dead_letters}")
         admin.close()
         with store.transaction() as cur:
             for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
