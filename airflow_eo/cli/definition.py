@@ -217,13 +217,14 @@ EO_COMMANDS = (
     ActionCommand(
         name="prune",
         help="Remove the store's history beyond retention (a dry run unless --apply)",
-        description="Removes committed and aborted batch-log rows and audit rows last written before --older-than "
-                    "(at least 1d), of every pipeline or the one named, in statements of at most 500 rows (each its "
+        description="Removes committed and aborted batch-log rows, their dead letters and audit rows last written "
+                    "before --older-than (at least 1d), of every pipeline or the one named, in statements of at most "
+                    "500 rows (each its "
                     "own transaction). Never removed: a pipeline's last committed batch and every batch after it, "
                     "unfinished batches, batches an in-doubt branch names, interval-mode batches, audit rows newer "
                     "than the oldest batch kept, the newest prune's audit row. Each pipeline pruned is audited "
                     "(--apply needs --reason) with where its pruned batches left each partition (verify's tiling "
-                    "starts there). Dead letters are not pruned by age (retire --dead-letters removes them).",
+                    "starts there).",
         func=lazy_load_command("airflow_eo.cli.lifecycle.prune"),
         args=(ARG_PIPELINE_OR_ALL, ARG_RETENTION, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
               *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),

@@ -169,3 +169,38 @@ def test_prune_keeps_a_committed_batch_whose_xa_branch_is_still_prepared(mysql_k
         with store.transaction() as cur:
             for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
                 cur.execute(f"DELETE FROM {t} WHERE pipeline_id = %s", (pipeline,))
+
+
+def test_prune_removes_the_dead_letters_of_pruned_batches_on_postgresql(postgres_kwargs):
+    """The same removal with the sink's dead letters on PostgreSQL (an upsert sink: nothing in doubt)."""
+    import psycopg
+
+    from airflow_eo.sinks import PostgresUpsertSink
+
+    store = OffsetStoreHook("eo_offset_store").get_store()
+    pipeline, dead_letters = f"prune_pg_{uuid.uuid4().hex[:10]}", f"prune_dl_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {dead_letters} (pipeline_id VARCHAR(190) NOT NULL, topic VARCHAR(249) NOT NULL, "
+                     "kafka_partition INT NOT NULL, kafka_offset BIGINT NOT NULL, batch_id BIGINT NOT NULL, "
+                     "error TEXT NOT NULL, PRIMARY KEY (pipeline_id, topic, kafka_partition, kafka_offset))")
+    try:
+        spec = PostgresUpsertSink(table=f"{dead_letters}_out", key_columns=["k"], dead_letter_table=dead_letters)
+        epoch = store.take_pipeline(pipeline, sink=spec.record())
+        with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+            for batch_id in range(4):  # batches 0..3 committed, each with two dead letters
+                run_batch(store, pipeline, epoch, 10)
+                for offset in (batch_id * 10, batch_id * 10 + 1):
+                    conn.execute(f"INSERT INTO {dead_letters} VALUES (%s, 't', 0, %s, %s, 'bad')",
+                                 (pipeline, offset, batch_id))
+        age(store, pipeline, 4, days=200)
+        done = HistoryPruner(pipeline_operations("eo_offset_store"), chunk=3).prune(
+            DAYS_90, pipeline_id=pipeline, apply=True, reason="retention")
+        assert [(p.batches, p.dead_letters, p.notes) for p in done.pipelines] == [(3, 6, [])], done.to_dict()
+        with psycopg.connect(**postgres_kwargs) as conn:
+            assert conn.execute(f"SELECT batch_id FROM {dead_letters}").fetchall() == [(3,), (3,)]
+    finally:
+        with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {dead_letters}")
+        with store.transaction() as cur:
+            for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
+                cur.execute(f"DELETE FROM {t} WHERE pipeline_id = %s", (pipeline,))
