@@ -99,6 +99,9 @@ ARG_LIFECYCLE_APPLY = Arg(("--apply",), action="store_true",
                           help="Do it. Without it the command is a dry run: it shows what it would do and whether "
                                "it would be refused, and changes nothing")
 
+ARG_RETENTION = Arg(("--older-than",), required=True, metavar="DURATION",
+                    help="The retention: history last written longer ago goes (a number with a unit s, m, h, d, "
+                         "e.g. 90d; at least 1d)")
 CONNECTION_ARGS = (ARG_OFFSET_STORE_CONN, ARG_KAFKA_CONN, ARG_SINK_CONN, ARG_MYSQL_CONN)
 COMMANDS_PATH = "airflow_eo.cli.commands"
 
@@ -209,6 +212,21 @@ EO_COMMANDS = (
                     "`rewind`) or is retired here.",
         func=lazy_load_command("airflow_eo.cli.lifecycle.seed"),
         args=(ARG_PIPELINE, ARG_SEED_OFFSETS, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
+              *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
+    ),
+    ActionCommand(
+        name="prune",
+        help="Remove the store's history beyond retention (a dry run unless --apply)",
+        description="Removes committed and aborted batch-log rows, their dead letters and audit rows last written "
+                    "before --older-than (at least 1d), of every pipeline or the one named, in statements of at most "
+                    "500 rows (each its "
+                    "own transaction). Never removed: a pipeline's last committed batch and every batch after it, "
+                    "unfinished batches, batches an in-doubt branch names, interval-mode batches, audit rows newer "
+                    "than the oldest batch kept, the newest prune's audit row. Each pipeline pruned is audited "
+                    "(--apply needs --reason) with where its pruned batches left each partition (verify's tiling "
+                    "starts there).",
+        func=lazy_load_command("airflow_eo.cli.lifecycle.prune"),
+        args=(ARG_PIPELINE_OR_ALL, ARG_RETENTION, ARG_LIFECYCLE_APPLY, ARG_RECOVER_DRY_RUN, ARG_REASON,
               *CONNECTION_ARGS, ARG_OUTPUT, ARG_VERBOSE),
     ),
     ActionCommand(

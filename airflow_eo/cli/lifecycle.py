@@ -1,4 +1,4 @@
-"""``airflow eo retire`` and ``airflow eo rename``: arguments in, one
+"""``airflow eo retire``, ``rename``, ``seed`` and ``prune``: arguments in, one
 :class:`~airflow_eo.ops.lifecycle.PipelineLifecycle` call, output out (as ``airflow_eo/cli/commands.py``'s)."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.cli.commands import IN_DOUBT_TITLE, _branches, _check_apply, _operation, _show
 from airflow_eo.core.errors import OperationError
+from airflow_eo.core.history import DEFAULT_CHUNK, check_retention
 from airflow_eo.core.lifecycle import DEFAULT_IDLE_S
 from airflow_eo.core.orphans import parse_duration
+from airflow_eo.ops.history import HistoryPruner
 from airflow_eo.ops.lifecycle import PipelineLifecycle
 from airflow_eo.ops.service import PipelineOperations
 
@@ -126,3 +128,40 @@ def seed(args: Any, ops: PipelineOperations) -> None:
         notes.append(f"written under epoch {report.epoch}; recorded in the audit log. Its first run reads from "
                      "these offsets")
     _show(args.output, doc, [(f"starting offsets of {args.pipeline_id}", rows)], notes)
+
+
+def _retention_s(args: Any) -> float:
+    try:
+        seconds = parse_duration(args.older_than)
+    except OperationError:
+        raise OperationError(f"--older-than {args.older_than!r} is not a duration: give seconds or a number with a "
+                             "unit s, m, h or d (90d)") from None
+    check_retention(seconds)
+    return seconds
+
+
+def _check_prune_args(args: Any) -> None:
+    _check_apply(args, "prune")
+    _retention_s(args)
+
+
+@suppress_logs_and_warning
+@providers_configuration_loaded
+@_operation(check=_check_prune_args)
+def prune(args: Any, ops: PipelineOperations) -> None:
+    """``airflow eo prune [PIPELINE] --older-than 90d [--apply --reason TEXT]``."""
+    report = HistoryPruner(ops).prune(_retention_s(args), pipeline_id=args.pipeline_id, apply=args.apply,
+                                      reason=args.reason)
+    rows = [{"pipeline": p.pipeline_id, "batches": p.batches, "audit rows": p.audit_rows,
+             "dead letters": p.dead_letters,
+             "kept from batch": "-" if p.kept_below is None else p.kept_below, "why kept": p.skipped or ""}
+            for p in report.pipelines]
+    notes = [*report.notes, *(f"{p.pipeline_id}: {note}" for p in report.pipelines for note in p.notes)]
+    notes.append(f"history last written before {report.cutoff.isoformat(timespec='seconds')}; the last committed "
+                 "batch, unfinished batches and those after them, and batches in-doubt branches name are kept")
+    if report.dry_run:
+        notes.append("dry run: nothing was changed; add --apply --reason TEXT to remove them")
+    else:
+        notes.append(f"removed in statements of at most {DEFAULT_CHUNK} rows; each pipeline pruned is recorded in the "
+                     "audit log")
+    _show(args.output, report.to_dict(), [("to remove" if report.dry_run else "removed", rows)], notes)

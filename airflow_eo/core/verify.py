@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.history import PRUNE_ACTION, positions_from_json
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
 from airflow_eo.core.recovery import BranchAction, decide_branch
@@ -71,9 +72,15 @@ class RewindMove:
 
 
 def audited_moves(audit: Iterable[AuditEntry]) -> list[RewindMove]:
-    """Every partition an audited rewind moved, oldest first."""
-    moves = []
+    """Every partition an audited rewind moved, oldest first; and every partition a ``prune`` left somewhere (the
+    batches that read it are gone: its committed offset is explained by where they left it, and the first kept batch
+    has no predecessor to tile with)."""
+    moves: list[RewindMove] = []
     for entry in sorted(audit, key=lambda e: e.audit_id):
+        if entry.action == PRUNE_ACTION:  # where the pruned batches left each partition: not a gap, not unexplained
+            moves.extend(RewindMove(key, None, offset, entry.audit_id)
+                         for key, offset in positions_from_json(entry.details.get("positions", [])).items())
+            continue
         if entry.action != "rewind":
             continue
         for p in entry.details.get("partitions", []):

@@ -5,7 +5,7 @@ role of the SQL table sinks; each operation is one transaction on the sink's dat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -14,6 +14,9 @@ from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
 
+#: Seconds a prune's DELETE of dead letters waits on a row lock (a prepared branch's) before it fails, and with it the
+#: prune of that pipeline (a note; its batches are gone, the dead letters left go at the next prune).
+PRUNE_LOCK_WAIT_S = 2
 #: The tables keyed by the pipeline's key (``pipeline_key``), in the sink's database.
 KEYED_TABLES = (SEEN_ID_TABLE, CHANGE_POSITION_TABLE)
 
@@ -63,6 +66,40 @@ class SqlPipelineRows:
                 cur.execute(f"DELETE FROM {self.database.quote_table(table)} WHERE {column} = %s", (value,))
                 removed[table] = max(cur.rowcount, 0)
         return removed
+
+    def prune_dead_letters(self, pipeline_id: str, through_batch: int, keep: Collection[int], apply: bool,
+                           chunk: int) -> int:
+        """:class:`~airflow_eo.core.history.DeadLetterRetention`: the keys are read without locking (a prepared
+        branch's rows are not seen and not waited for), then deleted by key, ``chunk`` at a time, each DELETE its own
+        transaction waiting at most :data:`PRUNE_LOCK_WAIT_S` on a row lock."""
+        table = self.dead_letter_table
+        where = "pipeline_id = %s AND batch_id <= %s" + (
+            f" AND batch_id NOT IN ({', '.join(['%s'] * len(keep))})" if keep else "")
+        args = (pipeline_id, through_batch, *keep)
+        done = 0
+        after: tuple[Any, ...] | None = None
+        while True:
+            with self._rows_transaction() as cur:
+                if not self.database.table_columns(cur, table):
+                    return 0
+                quoted = self.database.quote_table(table)
+                if not apply:
+                    cur.execute(f"SELECT COUNT(*) FROM {quoted} WHERE {where}", args)
+                    return int(_first(cur.fetchone()))
+                page = "" if after is None else " AND (topic, kafka_partition, kafka_offset) > (%s, %s, %s)"
+                cur.execute(f"SELECT topic, kafka_partition, kafka_offset FROM {quoted} WHERE {where}{page} "
+                            f"ORDER BY topic, kafka_partition, kafka_offset LIMIT {int(chunk)}",
+                            (*args, *(after or ())))
+                keys = [tuple(r.values()) if isinstance(r, Mapping) else tuple(r) for r in cur.fetchall()]
+            if not keys:
+                return done
+            after = keys[-1]
+            with self._rows_transaction() as cur:
+                cur.execute(self.database.row_lock_wait(PRUNE_LOCK_WAIT_S))
+                cur.execute(f"DELETE FROM {quoted} WHERE pipeline_id = %s AND batch_id <= %s AND ("
+                            + " OR ".join(["(topic = %s AND kafka_partition = %s AND kafka_offset = %s)"] * len(keys))
+                            + ")", (pipeline_id, through_batch, *[v for key in keys for v in key]))
+                done += max(cur.rowcount, 0)
 
     def move_pipeline_rows(self, old: str, new: str) -> dict[str, int]:
         moved: dict[str, int] = {}

@@ -83,14 +83,16 @@ def test_the_provider_registers_the_eo_command_group():
     module, _, name = path.rpartition(".")
     [group] = getattr(importlib.import_module(module), name)()
     assert group.name == "eo"
-    assert sorted(c.name for c in group.subcommands) == ["dead-letters", "history", "pipelines", "recover", "rename",
-                                                         "retire", "rewind", "seed", "status", "verify"]
+    assert sorted(c.name for c in group.subcommands) == ["dead-letters", "history", "pipelines", "prune", "recover",
+                                                         "rename", "retire", "rewind", "seed", "status", "verify"]
     parser = argparse.ArgumentParser()
     _add_command(parser.add_subparsers(dest="subcommand"), group)
     args = parser.parse_args(["eo", "rewind", "p", "--to-earliest", "--i-understand-reprocessing-double-counts"])
     assert args.to_earliest and args.allow_double_count and not args.apply and args.output == "table"
     # No connection given: the command leaves the choice to [eo] in airflow.cfg, else the operator's defaults.
     assert args.offset_store_conn_id is None and args.kafka_conn_id is None
+    args = parser.parse_args(["eo", "prune", "--older-than", "90d"])
+    assert (args.pipeline_id, args.older_than, args.apply, args.reason) == (None, "90d", False, None)
     args = parser.parse_args(["eo", "retire", "p", "--dead-letters", "--idle-for", "1m"])
     assert (args.pipeline_id, args.dead_letters, args.idle_for, args.undo, args.apply) == (
         "p", True, "1m", False, False)
