@@ -81,7 +81,7 @@ class HistoryPruner:
             try:
                 report.pipelines.append(self._pipeline(info, cutoff, apply, (reason or "").strip()))
             except Exception as exc:  # one pipeline's sink down must not stop the others'
-                report.notes.append(f"{info.pipeline_id}: not pruned ({self.ops._said(exc, 'prune')})")
+                report.notes.append(f"{info.pipeline_id}: not pruned ({self.ops.context.said(exc, 'prune')})")
         return report
 
     def _in_doubt(self, info: PipelineInfo) -> frozenset[int]:
@@ -136,8 +136,9 @@ class HistoryPruner:
                 try:
                     result.dead_letters = self._dead_letters(info, through, kept_ids, apply)
                 except Exception as exc:  # the batches' prune stands (and is audited below); the next prune retries
-                    result.notes.append(f"its dead letters were not (all) removed "
-                                        f"({self.ops._said(exc, 'dead letters')}); the next prune removes the rest")
+                    said = self.ops.context.said(exc, "dead letters")
+                    result.notes.append(f"its dead letters were not (all) removed ({said}); the next prune removes "
+                                        "the rest")
         oldest_kept = self.store.oldest_batch_time(p, first_kept if below is not None else 0)
         before = audit_cutoff(cutoff, oldest_kept)
         keep = {prunes[0].audit_id} if prunes else set()
