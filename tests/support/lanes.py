@@ -42,10 +42,13 @@ def lane_number() -> int:
     return int(worker.removeprefix("gw")) + 1
 
 
+#: Lane 1's stack folder, as the environment said before a lane's ``env`` (which names its own) was loaded.
+FIRST_STACK = Path(os.environ.get("EO_STACK_DIR") or REPO / ".stack")
+
+
 def lane_env_file(lane: int) -> Path:
     """Where lane ``lane``'s stack (``lane >= 2``) writes its ``env``: beside lane 1's own ``.stack`` files."""
-    first = Path(os.environ.get("EO_STACK_DIR") or REPO / ".stack")
-    return first / f"lane-{lane}" / "env"
+    return FIRST_STACK / f"lane-{lane}" / "env"
 
 
 def use_this_workers_lane() -> None:
