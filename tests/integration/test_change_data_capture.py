@@ -263,9 +263,11 @@ def stack(*args: str) -> None:
 
 # --------------------------------------------------------------------------- table formats (Delta, Iceberg)
 
-#: A table format's protocol steps, in order: the first batch is SIGKILLed at each in turn (each attempt meets what
-#: the last one left), then runs to its end.
-LAKE_STEPS = ["after_plan", "before_table_commit", "after_table_commit", "after_commit_point"]
+#: A table format's protocol steps: the first batch is SIGKILLed at each of the first in turn (each attempt meets what
+#: the last one left), then runs to its end; the second at the last. (An attempt after a kill past the table's commit
+#: rolls the store forward: it never reaches the store's commit point, the other step past it.)
+LAKE_STEPS = ["after_plan", "before_table_commit", "after_table_commit"]
+LAKE_LAST_STEP = "after_commit_point"
 
 
 def lake_sink(kind: str, folder: Path) -> tuple[dict[str, Any], Callable[[], list[tuple]]]:
@@ -310,7 +312,7 @@ def resend(bootstrap: str, topic: str, records: list[Record]) -> None:
 def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_changes(
         kind, source, debezium, bootstrap, postgres_kwargs, mysql_kwargs, tmp_path):
     """Debezium's changes MERGEd into a Delta / Iceberg table created by the sink (it adds the position column):
-    the first batch SIGKILLed at every protocol step in turn, then run to its end; then real change events re-sent
+    the first batches SIGKILLed at every protocol step in turn, then run to their end; then real change events re-sent
     after the rows' deletes (a create older than the delete) do not bring the rows back (the delete markers); the
     target equals the source after every batch, and no row's position goes back."""
     spec, target = lake_sink(kind, tmp_path)
@@ -353,7 +355,7 @@ def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_ch
     source_sql(postgres_kwargs, f"UPDATE {source} SET qty = 7 WHERE id = 4", f"DELETE FROM {source} WHERE id = 9",
                f"UPDATE {source} SET name = 'm2' WHERE id = 1")
     delivered(bootstrap, connector, "m2")
-    run_to_end("r2")
+    run_to_end("r2", [LAKE_LAST_STEP])
     second = target()
     assert [r[:3] for r in second] == expected()
     before = {r[0]: r[3] for r in first}
