@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -306,6 +307,26 @@ class TaskRun:
     state: str | None  # the task instance's state (Airflow's TaskInstanceState value); None: not scheduled
     interval: Interval | None = None  # the run's data interval (interval mode's batch identity)
     pipeline_id: str | None = None  # the task's rendered pipeline_id in that run, where Airflow kept it
+    started: datetime | None = None  # when the task instance started (None: not known)
+
+
+def runs_the_history_answers_for(runs: Sequence[TaskRun], batches: Sequence[BatchRecord],
+                                 audit: Iterable[AuditEntry]) -> list[TaskRun]:
+    """``runs`` less those whose batches an ``airflow eo prune`` may have removed: a run that started before the
+    newest prune's cutoff and has no batch left (a batch is written after its run starts, and a prune removes only
+    batches last written before its cutoff, so a run started since keeps its batch). Its batch cannot be asked any
+    more, so it is no finding (nor is a run marked success by hand that long ago)."""
+    cutoffs = [_aware(datetime.fromisoformat(a.details["cutoff"])) for a in audit
+               if a.action == PRUNE_ACTION and a.details.get("cutoff")]
+    if not cutoffs:
+        return list(runs)
+    before = max(cutoffs)
+    recorded = {b.run_id for b in batches}
+    return [r for r in runs if r.run_id in recorded or r.started is None or _aware(r.started) >= before]
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
 
 
 def runs_in_question(runs: Sequence[TaskRun], batches: Sequence[BatchRecord], pipeline_id: str | None) -> list[str]:

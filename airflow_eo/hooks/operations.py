@@ -83,7 +83,7 @@ class AirflowTaskRuns:
         # The rendered pipeline_id of each run, where Airflow kept it (the newest runs' only): a run of the task
         # whose pipeline_id was another then is that pipeline's.
         query = (select(TaskInstance.run_id, TaskInstance.state, DagRun.data_interval_start, DagRun.data_interval_end,
-                        Rendered.rendered_fields)
+                        Rendered.rendered_fields, TaskInstance.start_date)
                  .join(DagRun, (DagRun.dag_id == TaskInstance.dag_id) & (DagRun.run_id == TaskInstance.run_id))
                  .outerjoin(Rendered, (Rendered.dag_id == TaskInstance.dag_id)
                             & (Rendered.task_id == TaskInstance.task_id) & (Rendered.run_id == TaskInstance.run_id)
@@ -93,8 +93,8 @@ class AirflowTaskRuns:
             found = session.execute(query).all()
         return [TaskRun(run_id, None if state is None else str(getattr(state, "value", state)),
                         Interval(start, end) if start is not None and end is not None and start < end else None,
-                        _rendered_pipeline_id(rendered))
-                for run_id, state, start, end, rendered in found]
+                        _rendered_pipeline_id(rendered), started)
+                for run_id, state, start, end, rendered, started in found]
 
 
 def _rendered_pipeline_id(rendered: object) -> str | None:

@@ -28,6 +28,7 @@ from airflow_eo.core.verify import (
     check_sink_commits,
     check_tiling,
     runs_in_question,
+    runs_the_history_answers_for,
 )
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.ops.context import OperationsContext, TaskRuns
@@ -135,6 +136,7 @@ class PipelineVerification:
         except Exception as exc:
             return _Verified(unchecked="runs: Airflow's runs could not be read "
                                        f"({self.context.said(exc, 'Airflow runs')})")
+        runs = runs_the_history_answers_for(runs, batches, audit)
         questioned = runs_in_question(runs, batches, info.pipeline_id)
         elsewhere: dict[str, str] = {}
         if questioned:  # the task's other pipeline ids (edited, templated, renamed): their runs are theirs

@@ -24,7 +24,7 @@ from airflow_eo.core.history import (
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import AuditEntry, PipelineInfo
-from airflow_eo.core.verify import audited_moves, check_tiling
+from airflow_eo.core.verify import TaskRun, audited_moves, check_runs, check_tiling, runs_the_history_answers_for
 from airflow_eo.ops.history import HistoryPruner
 
 NOW = datetime(2026, 11, 28, tzinfo=timezone.utc)
@@ -82,6 +82,22 @@ def test_verify_tiling_reads_a_prunes_positions_instead_of_reporting_gaps():
     # a real gap between kept batches is still found
     gap = [batch(7, spans={0: (70, 80)}), batch(8, spans={0: (85, 90)})]
     assert [f.subject for f in check_tiling(gap, committed, audited_moves([prune_row]))] == ["t[0]"]
+
+
+def test_verify_does_not_ask_a_pruned_history_for_the_batches_of_runs_older_than_the_prune():
+    cutoff = NOW - timedelta(days=90)
+    kept = [batch(7), batch(8)]  # batches 0..6 (runs run-0 .. run-6) were pruned
+    runs = [TaskRun(f"run-{i}", "success", started=cutoff - timedelta(days=10 - i)) for i in range(7)]
+    runs += [TaskRun("run-7", "success", started=cutoff - timedelta(hours=1)),  # its batch written after the cutoff
+             TaskRun("run-8", "success", started=cutoff + timedelta(days=1)),
+             TaskRun("by-hand", "success", started=cutoff + timedelta(days=2)),  # a finding still
+             TaskRun("unknown-start", "success")]  # no start known: still asked
+    assert len(check_runs(runs, kept, pipeline_id="p")) == 9  # without the prune's row, every pruned run is one
+    prune_row = AuditEntry(3, "p", NOW, "me", PRUNE_ACTION, "why", None, {"cutoff": cutoff.isoformat()})
+    asked = runs_the_history_answers_for(runs, kept, [prune_row])
+    assert [r.run_id for r in asked] == ["run-7", "run-8", "by-hand", "unknown-start"]
+    assert sorted(f.subject for f in check_runs(asked, kept, pipeline_id="p")) == ["run by-hand", "run unknown-start"]
+    assert runs_the_history_answers_for(runs, kept, []) == runs  # never pruned: every run is asked
 
 
 class MemoryStore:
