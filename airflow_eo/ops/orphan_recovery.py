@@ -56,7 +56,6 @@ class OrphanRecovery:
     def __init__(self, context: OperationsContext, repairs: PipelineRepairs, actor: str) -> None:
         self.context = context
         self.store = context.store
-        self.connections = context.connections
         self.repairs = repairs
         self.actor = actor
 
@@ -106,7 +105,7 @@ class OrphanRecovery:
             if info.sink is None or capabilities is None or not capabilities.consumer_group:
                 continue
             try:
-                sink = self.connections.sink(info.pipeline_id, info.sink)
+                sink = self.context.connections.sink(info.pipeline_id, info.sink)
                 if not isinstance(sink, OpenTransactionServer):
                     continue
                 label = sink.in_doubt_server()
@@ -265,7 +264,7 @@ class OrphanRecovery:
             if where not in built:
                 built[where] = None
                 try:
-                    sink = self.connections.sink(info.pipeline_id, info.sink)
+                    sink = self.context.connections.sink(info.pipeline_id, info.sink)
                 except Exception as exc:
                     unchecked.append(f"{info.sink.kind} on connection {info.sink.conn_id}: could not be reached "
                                      f"({self.context.said(exc, 'sink of ' + info.pipeline_id)})")

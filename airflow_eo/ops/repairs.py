@@ -38,7 +38,6 @@ class PipelineRepairs:
     def __init__(self, context: OperationsContext, actor: str) -> None:
         self.context = context
         self.store = context.store
-        self.connections = context.connections
         self.actor = actor
 
     # ------------------------------------------------------------------ repairs
@@ -80,7 +79,7 @@ class PipelineRepairs:
         _check_approved(approved_plan, before, "since the dry run that was approved")
         if not before.branches and not before.batches:  # nothing to do: fence no running attempt for nothing
             return replace(before, dry_run=False)
-        sink = self.connections.sink(pipeline_id, info.sink)
+        sink = self.context.connections.sink(pipeline_id, info.sink)
         # Fences every running attempt (owner and sink unchanged); on record before anything changes.
         epoch = self.store.take_audited(pipeline_id, self.actor, "recover", reason.strip(),
                                         {**_recovery_details(before), "completed": False})

@@ -64,7 +64,6 @@ class PipelineOperations:
 
     def __init__(self, connections: Connections, actor: str, error_details: bool = True,
                  runs: TaskRuns | None = None) -> None:
-        self.connections = connections
         self.runs = runs
         self.actor = actor
         self.error_details = error_details
@@ -73,6 +72,15 @@ class PipelineOperations:
         self.verification = PipelineVerification(self.context, runs)
         self.repairs = PipelineRepairs(self.context, actor)
         self.orphans = OrphanRecovery(self.context, self.repairs, actor)
+
+    @property
+    def connections(self) -> Connections:
+        """The connections every operation reads through (one place: the context its collaborators share)."""
+        return self.context.connections
+
+    @connections.setter
+    def connections(self, connections: Connections) -> None:
+        self.context.connections = connections
 
     def source(self) -> KafkaOffsetSource:
         """The source cluster's offsets (connected on first use: not every command needs Kafka)."""

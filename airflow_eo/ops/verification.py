@@ -59,7 +59,6 @@ class PipelineVerification:
     def __init__(self, context: OperationsContext, runs: TaskRuns | None = None) -> None:
         self.context = context
         self.store = context.store
-        self.connections = context.connections
         self.runs = runs
 
     def verify(self, pipeline_id: str) -> VerifyReport:
@@ -111,7 +110,7 @@ class PipelineVerification:
             return _Verified(checked=f"in-doubt: {info.sink.kind} leaves nothing in doubt")
         try:
             if capabilities.in_doubt_branches:
-                sink = role(self.connections.sink(info.pipeline_id, info.sink), InDoubtSink)
+                sink = role(self.context.connections.sink(info.pipeline_id, info.sink), InDoubtSink)
                 return _Verified(check_branches(sink.in_doubt(info.pipeline_id), {b.batch_id: b for b in batches}),
                                  f"in-doubt: prepared branches on {info.sink.kind}'s server")
             group = self.context.kafka_group(info.pipeline_id, info)

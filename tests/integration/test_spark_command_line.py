@@ -20,7 +20,16 @@ spark = get_session(conf={"spark.hadoop.fs.s3a.secret.key": secret, "spark.hadoo
                           "spark.sql.catalog.lake.credential": "client:" + secret, "spark.hadoop.fs.s3a.endpoint":
                           "http://127.0.0.1:1"})
 driver = psutil.Process(spark.sparkContext._gateway.proc.pid)
-command_lines = [" ".join(p.cmdline()) for p in [driver, *driver.children(recursive=True)]]
+
+
+def command_line(process):
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):  # a child that ended meanwhile has no command line to show
+        return ""
+
+
+command_lines = [command_line(p) for p in [driver, *driver.children(recursive=True)]]
 hadoop = spark._jsparkSession.sessionState().newHadoopConf()  # what a file system of a query is made with
 print(json.dumps({"command_lines": command_lines, "secret_key": hadoop.get("fs.s3a.secret.key"),
                   "access_key": hadoop.get("fs.s3a.access.key"), "endpoint": hadoop.get("fs.s3a.endpoint"),
