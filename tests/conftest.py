@@ -16,7 +16,7 @@ import pytest
 # (registered before anything imports them).
 pytest.register_assert_rewrite("tests.support")
 
-from tests.support.lanes import group_of, run_order, use_this_workers_lane  # noqa: E402
+from tests.support.lanes import group_of, use_this_workers_lane  # noqa: E402
 
 # Before anything imports Airflow (which reads AIRFLOW_HOME once): a pytest-xdist worker's own stack.
 use_this_workers_lane()
@@ -92,14 +92,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid.split("::")[0])
 
-    config.option.loadscopereorder = False  # the files in the order pytest_collection_modifyitems chose: long first
     return LaneScheduling(config, log)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long test files first, the fast unit tests last (:func:`tests.support.lanes.run_order`); a file's tests keep
-    their order. Every worker orders its collection the same way (xdist checks that they agree)."""
-    items.sort(key=lambda item: run_order(item.nodeid.split("::")[0]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -63,25 +63,6 @@ def use_this_workers_lane() -> None:
     os.environ.update(read_env_file(env_file))
 
 
-#: Test files (or folders) that take minutes, longest first: run first, so that the last minutes of the suite are
-#: spent on short files on both workers instead of one long group on one worker while the other has nothing left.
-#: Everything else follows in collection order, the fast unit tests (core, operators, docs) last.
-LONG_FIRST = ("tests/scheduler/", "tests/ui/", "tests/cluster/", "tests/faults/test_soak_short.py",
-              "tests/integration/test_sink_crash_chains.py", "tests/integration/test_change_data_capture.py",
-              "tests/bench/", "tests/integration/test_kafka_sink.py", "tests/integration/test_example_dags.py",
-              "tests/faults/", "tests/integration/test_deletes.py", "tests/integration/test_delta_sink.py",
-              "tests/integration/test_iceberg_sink.py")
-FAST_LAST = ("tests/core/", "tests/operators/", "tests/docs/")
-
-
-def run_order(test_path: str) -> int:
-    """Where a test file's tests go in the run (lower first; ties keep collection order): see :data:`LONG_FIRST`."""
-    for rank, prefix in enumerate(LONG_FIRST):
-        if test_path.startswith(prefix):
-            return rank
-    return len(LONG_FIRST) + (1 if test_path.startswith(FAST_LAST) else 0)
-
-
 def group_of(test_path: str) -> str:
     """The scheduling group of a test file (a path relative to the repository): its shared group, else itself."""
     for folder, group in SHARED_GROUPS.items():
