@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -93,6 +94,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return group_of(nodeid.split("::")[0])
 
     return LaneScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``EO_TEST_TIMELINE=<file>``, one line per test: worker, start and end (epoch seconds), node id. The suite's
+    wall time is set by how the files share the two lanes; this shows where a lane waited or ran alone."""
+    timeline = os.environ.get("EO_TEST_TIMELINE")
+    started = time.time()
+    try:
+        return (yield)
+    finally:
+        if timeline:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            with open(timeline, "a") as out:
+                out.write(f"{worker}\t{started:.1f}\t{time.time():.1f}\t{item.nodeid}\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -779,6 +779,23 @@ class AirflowServices:
 
         return self._poll(completed, timeout, lambda: f"backfill {backfill_id} not completed: {last}", last["dag_id"])
 
+    def wait_for_the_executor_event(self, dag_id: str, run_id: str, task_id: str, try_number: int,
+                                    timeout: float = 120) -> None:
+        """Until the scheduler has taken the executor's event for this attempt's worker exit (its log says so).
+
+        A human-in-the-loop answer that arrives before that event re-queues the task, and Airflow 3.3.2's scheduler
+        then reads the stale "success" of the paused worker as a queued task that finished: it fails the task. A person
+        answers seconds later; a test answering at once must wait for the same thing a person's delay gives."""
+        key = f"TaskInstanceKey(dag_id='{dag_id}', task_id='{task_id}', run_id='{run_id}', try_number={try_number},"
+        scheduler_log = self.log_dir / "scheduler.log"
+
+        def taken() -> bool | None:
+            text = scheduler_log.read_text(errors="replace") if scheduler_log.exists() else ""
+            said = any("Received executor event" in line and key in line for line in text.splitlines())
+            return True if said else None
+
+        self._poll(taken, timeout, lambda: f"the scheduler took no executor event for {key}", dag_id)
+
     # ------------------------------------------------------------------ assets
 
     def asset_events(self, **filters: Any) -> list[dict[str, Any]]:

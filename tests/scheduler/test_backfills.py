@@ -292,11 +292,11 @@ def test_an_in_doubt_batch_is_recovered_after_a_human_approves_it_as_that_approv
         body = json.dumps(detail)
         assert "dry run" in body and "commit" in body  # the dry run's plan is what the approver reads
         assert our_prepared_branches(mysql_kwargs, XA_PIPELINE), "nothing may change before the approval"
-        # Answer as a person would, not within the second the task pauses: a response that raced the worker's exit
-        # had Airflow 3.3.2's scheduler take the executor's "failed" event for the resumed task (seen once here).
-        waiting = [ti["state"] for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == "approve"]
-        assert waiting in (["awaiting_input"], ["deferred"]), waiting
-        time.sleep(5)
+        # Answer as a person would, after the scheduler has seen the paused worker exit: a response that raced it had
+        # Airflow 3.3.2's scheduler fail the resumed task (seen in CI, where a busy scheduler took 5 s to look).
+        waiting = [ti for ti in airflow.task_instances(dag_id, run_id) if ti["task_id"] == "approve"]
+        assert [ti["state"] for ti in waiting] in (["awaiting_input"], ["deferred"]), waiting
+        airflow.wait_for_the_executor_event(dag_id, run_id, "approve", waiting[0]["try_number"])
         answer = airflow.api("PATCH", path, {"chosen_options": ["Approve"]})
         return run_id, answer["responded_by"]["name"]
 
