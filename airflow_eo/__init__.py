@@ -54,6 +54,10 @@ def get_provider_info() -> dict[str, Any]:
                         "this.", "300", "float"),
                     "ui_batch_limit": _option("Batches, audit rows and dead letters the tab shows per pipeline.",
                                               "20", "integer"),
+                    "history_retention": _option(
+                        "After each batch, history older than this goes (`airflow eo prune`'s rules, bounded per "
+                        "batch): seconds or e.g. 90d, at least a day; empty: kept. An operator's history_retention "
+                        "wins.", ""),
                     "ui_timeout_seconds": _option(
                         "The tab answers within this, saying so when the offset store or Kafka did not.", "30",
                         "float"),

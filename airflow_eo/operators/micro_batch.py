@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.log import mask_secret
 
-from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
-from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
+from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
+from airflow_eo.core.batch import Owner, RunRequest
 from airflow_eo.core.changes import ChangeFormat, TruncatePolicy, check_changes
 from airflow_eo.core.config import (
     BadRecordPolicy,
@@ -28,16 +28,14 @@ from airflow_eo.core.identifiers import validate_pipeline_id, validate_topic
 from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_batch
-from airflow_eo.core.sinks import capabilities_of
 from airflow_eo.core.spark_conf import with_sink_spark_conf
-from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.sinks import build_sink, sink_lineage
 from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
-from airflow_eo.kafka.offsets import group_id, parse_starting_offsets
-from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
+from airflow_eo.kafka.offsets import parse_starting_offsets
+from airflow_eo.operators.after_commit import emit_metrics, keep_history, mirror_group, retention_seconds
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.changes import envelope_row
 from airflow_eo.spark.engine import SparkBatchEngine
@@ -148,6 +146,9 @@ class KafkaMicroBatchOperator(BaseOperator):
         choose the cluster)
     :param spark_conf: extra Spark conf.
     :param write_partitions: Spark tasks (connections, XA branches or prepared transactions) writing the output.
+    :param history_retention: after each committed batch, a bounded share of the pipeline's history older than this
+        goes (``airflow eo prune``'s rules, audited): ``timedelta``, seconds or ``"90d"``, at least a day. None (the
+        default): ``[eo] history_retention``; empty there too: kept (docs/how-to/history.md).
 
     In continuous mode ``max_active_tis_per_dag`` defaults to 1: the scheduler then never runs
     two instances of the task at once, whatever their run types (``max_active_runs`` counts
@@ -195,6 +196,7 @@ class KafkaMicroBatchOperator(BaseOperator):
         dedup_retention: timedelta = DEFAULT_RETENTION,
         changes: ChangeFormat | str | None = None,
         on_truncate: TruncatePolicy | str = TruncatePolicy.FAIL,
+        history_retention: timedelta | float | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -265,6 +267,8 @@ class KafkaMicroBatchOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.spark_conf = dict(spark_conf or {})
         self.write_partitions = write_partitions
+        retention_seconds(history_retention)  # a bad value is refused at parse time
+        self.history_retention = history_retention
         self.kafka_options = dict(kafka_options or {})
         spark_kafka_options({}, self.kafka_options)  # a secret in DAG code is refused at parse time
         self._engine: SparkBatchEngine | None = None
@@ -323,8 +327,10 @@ class KafkaMicroBatchOperator(BaseOperator):
             engine=self._engine,
             sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
         )
-        self._emit_metrics(summary, store, kafka_hook)
-        self._mirror_group(summary, store, kafka_hook)
+        emit_metrics(summary, store, kafka_hook, self.mode, self.topics, self.starting_offsets)
+        mirror_group(summary, store, kafka_hook, self.mode, self.sink.record())
+        keep_history(summary, self._history_retention_s(), self.offset_store_conn_id, self.kafka_conn_id,
+                     actor=f"{self.dag_id}.{self.task_id} (history_retention)")
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters, %s duplicates%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
@@ -351,32 +357,12 @@ class KafkaMicroBatchOperator(BaseOperator):
                            change_keys=self.sink.row_key if self.changes is not None else (),
                            on_truncate=self.on_truncate)
 
-    def _emit_metrics(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
-        """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``); never fails the task."""
-        try:
-            lag = None
-            if self.mode is Mode.CONTINUOUS and not summary.already_committed:
-                # Committed offsets first: a last stable offset read after them is never below them.
-                lag = kafka_hook.backlog(self.topics, store.committed_offsets(summary.pipeline_id),
-                                         self.starting_offsets)
-            emit_batch_metrics(summary, lag)
-        except Exception:  # the batch is committed: a metrics hiccup must not turn it into a failed task
-            self.log.warning("could not emit the batch's metrics", exc_info=True)
+    def _history_retention_s(self) -> float | None:
+        if self.history_retention is not None:
+            return retention_seconds(self.history_retention)
+        from airflow.configuration import conf
 
-    def _mirror_group(self, summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook) -> None:
-        """The store's committed offsets into the consumer group ``airflow_eo.<pipeline_id>``, where lag tools
-        (kafka-consumer-groups, Burrow, exporters) look; never read back, and never fails a committed batch."""
-        capabilities = capabilities_of(self.sink.record())
-        if self.mode is Mode.INTERVAL or (capabilities is not None and capabilities.consumer_group):
-            return  # an interval has no position to show; the Kafka sink commits the group in its own transaction
-        try:
-            kafka_hook.get_offset_source().mirror_group_offsets(summary.pipeline_id,
-                                                                store.committed_offsets(summary.pipeline_id))
-        except Exception:
-            self.log.warning("the consumer group %s still shows the offsets before this batch (lag tools read it; the "
-                             "offset store, which is the truth, has the batch): the next run moves it",
-                             group_id(summary.pipeline_id), exc_info=True)
-            emit_group_mirror_failure(summary.pipeline_id)
+        return retention_seconds(conf.get(CONFIG_SECTION, "history_retention", fallback=""), "[eo] history_retention")
 
     def _data_interval(self, context: Context) -> Interval:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")

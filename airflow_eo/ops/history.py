@@ -59,12 +59,15 @@ class HistoryPruner:
 
     :param ops: the operations (store, sinks, actor) this runs over.
     :param chunk: rows per statement.
+    :param max_chunks: at most this many chunks of batches and of audit rows per pipeline and call (None: all):
+        the retention run after every batch (:func:`prune_after_batch`) removes a bounded share each time.
     """
 
-    def __init__(self, ops: PipelineOperations, chunk: int = DEFAULT_CHUNK) -> None:
+    def __init__(self, ops: PipelineOperations, chunk: int = DEFAULT_CHUNK, max_chunks: int | None = None) -> None:
         self.ops = ops
         self.store = ops.store
         self.chunk = chunk
+        self.max_chunks = max_chunks
 
     def prune(self, older_than_s: float, *, pipeline_id: str | None = None, apply: bool = False,
               reason: str | None = None, now: datetime | None = None) -> PruneReport:
@@ -111,17 +114,18 @@ class HistoryPruner:
         prunes = [a for a in self.store.audit_log(p, RECENT_AUDIT) if a.action == PRUNE_ACTION]
         known = positions_from_json(prunes[0].details.get("positions", [])) if prunes else {}
         previous_through = prunes[0].details.get("pruned_through") if prunes else None
-        if below is not None:
+        first_kept = below if below is not None else 0
+        # The first chunk before the in-doubt scan: with nothing old enough (every batch's retention run, mostly) the
+        # sink is not asked.
+        rows = self.store.prune_candidates(p, -1, below, cutoff, self.chunk) if below is not None else []
+        if below is not None and rows:
             in_doubt = self._in_doubt(info)  # before anything goes: a sink that cannot be read stops here
-            after = -1
-            first_kept = below
             kept_ids: set[int] = set(in_doubt)
             positions = dict(known)
             through = previous_through
-            while True:
-                rows = self.store.prune_candidates(p, after, below, cutoff, self.chunk)
-                if not rows:
-                    break
+            chunks = 0
+            while rows and (self.max_chunks is None or chunks < self.max_chunks):
+                chunks += 1
                 after = rows[-1][0].batch_id
                 ids = prunable([b for b, _ in rows], {b.batch_id: at for b, at in rows}, below, cutoff, in_doubt)
                 first_kept = min([first_kept, *(b.batch_id for b, _ in rows if b.batch_id not in set(ids))])
@@ -131,6 +135,9 @@ class HistoryPruner:
                     positions = positions_left([b for b, _ in rows if b.batch_id in gone], positions)
                     through = max(ids) if through is None else max(through, max(ids))
                     result.batches += self.store.delete_batches(p, ids, below, cutoff) if apply else len(ids)
+                rows = self.store.prune_candidates(p, after, below, cutoff, self.chunk)
+            if rows:  # stopped at max_chunks: the rest is kept until the next call
+                first_kept = min(first_kept, rows[0][0].batch_id)
             result.positions, result.pruned_through = positions, through
             if through is not None:
                 try:
@@ -139,11 +146,13 @@ class HistoryPruner:
                     said = self.ops.context.said(exc, "dead letters")
                     result.notes.append(f"its dead letters were not (all) removed ({said}); the next prune removes "
                                         "the rest")
-        oldest_kept = self.store.oldest_batch_time(p, first_kept if below is not None else 0)
+        oldest_kept = self.store.oldest_batch_time(p, first_kept)
         before = audit_cutoff(cutoff, oldest_kept)
         keep = {prunes[0].audit_id} if prunes else set()
         after_id = -1
-        while True:
+        chunks = 0
+        while self.max_chunks is None or chunks < self.max_chunks:
+            chunks += 1
             ids = self.store.audit_candidates(p, before, after_id, self.chunk)
             if not ids:
                 break
@@ -156,3 +165,23 @@ class HistoryPruner:
             log.info("pruned %d batches, %d audit rows and %d dead letters of %s", result.batches, result.audit_rows,
                      result.dead_letters, p)
         return result
+
+
+#: Chunks of batches (and of audit rows) the retention run after a batch removes at most: with
+#: :data:`~airflow_eo.core.history.DEFAULT_CHUNK` rows each, a year of hourly history is gone within a day of batches,
+#: and no batch waits long on it.
+CHUNKS_PER_BATCH = 1
+#: Rows per chunk of that run.
+RETENTION_CHUNK = DEFAULT_CHUNK
+
+
+def prune_after_batch(ops: PipelineOperations, pipeline_id: str, retention_s: float, batch_id: int) -> PipelinePrune:
+    """The operator's ``history_retention``: after batch ``batch_id`` committed, a bounded share of the pipeline's
+    history older than ``retention_s`` goes (what ``airflow eo prune --apply`` would remove, at most
+    :data:`CHUNKS_PER_BATCH` chunks of each kind), audited as a prune when anything went."""
+    report = HistoryPruner(ops, chunk=RETENTION_CHUNK, max_chunks=CHUNKS_PER_BATCH).prune(
+        retention_s, pipeline_id=pipeline_id, apply=True,
+        reason=f"history_retention of {retention_s:g}s, after batch {batch_id}")
+    if report.notes:
+        raise OperationError("; ".join(report.notes))
+    return report.pipelines[0]

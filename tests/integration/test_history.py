@@ -204,3 +204,64 @@ def test_prune_removes_the_dead_letters_of_pruned_batches_on_postgresql(postgres
         with store.transaction() as cur:
             for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
                 cur.execute(f"DELETE FROM {t} WHERE pipeline_id = %s", (pipeline,))
+
+
+def test_history_retention_prunes_a_bounded_share_after_each_batch(bootstrap, mysql_kwargs, topic_name, monkeypatch):
+    """The operator's ``history_retention``: after each committed batch a bounded share (here one chunk of 2 rows) of
+    the history older than it goes by ``prune``'s rules, audited; the batches go on where they left off, the last
+    committed one is never pruned, and the tiling ``verify`` reads finds no gap. A retention under a day is refused
+    when the DAG is parsed."""
+    import json
+
+    from confluent_kafka import Producer
+
+    from airflow_eo.core.errors import ConfigurationError
+    from airflow_eo.ops import history as history_ops
+    from airflow_eo.sinks import MySqlUpsertSink
+    from examples import page_views
+    from tests.integration.operator_harness import events_table, operator, run
+    from tests.integration.page_views import table_rows
+    from tests.support.kafka import create_topic
+
+    def produce(count: int) -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        for _ in range(count):
+            producer.produce(topic_name, json.dumps(page_views.page_view()).encode(), partition=0)
+        assert producer.flush(30) == 0
+
+    create_topic(bootstrap, topic_name, 1)
+    produce(80)
+    table = events_table(mysql_kwargs)
+    with pytest.raises(ConfigurationError, match="shorter than a day"):
+        operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), history_retention="2h")
+    op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), history_retention="90d")
+    store = OffsetStoreHook("eo_offset_store").get_store()
+    pipeline = op.pipeline_id
+    try:
+        epoch = store.take_pipeline(pipeline)
+        for start in range(0, 50, 10):  # a year ago, batches 0..4 read offsets 0..50 (their rows are not this test's)
+            batch = store.insert_batch(pipeline, epoch, f"old-{start}", [OffsetRange(topic_name, 0, start,
+                                                                                     start + 10)], [])
+            store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch))
+        age(store, pipeline, 5, days=200)
+        monkeypatch.setattr(history_ops, "RETENTION_CHUNK", 2)
+
+        first = run(op)
+        assert (first["batch_id"], first["ranges"][0]["from_offset"], first["records_in"]) == (5, 50, 30)
+        assert sorted(b.record.batch_id for b in store.batch_history(pipeline, 100)) == [2, 3, 4, 5]
+        prunes = [a for a in store.audit_log(pipeline, 100) if a.action == PRUNE_ACTION]
+        assert len(prunes) == 1 and "history_retention" in prunes[0].reason, prunes
+        assert len(table_rows(mysql_kwargs, table)) == 30
+
+        produce(10)
+        second = run(op)
+        assert (second["batch_id"], second["ranges"][0]["from_offset"], second["records_in"]) == (6, 80, 10)
+        assert sorted(b.record.batch_id for b in store.batch_history(pipeline, 100)) == [4, 5, 6]
+        batches = [b.record for b in store.batch_history(pipeline, 100)]
+        assert check_tiling(batches, store.committed_offsets(pipeline),
+                            audited_moves(store.audit_log(pipeline, 100))) == []
+        assert len(table_rows(mysql_kwargs, table)) == 40
+    finally:
+        with store.transaction() as cur:
+            for t in ("eo_batch", "eo_offset", "eo_audit", "eo_pipeline"):
+                cur.execute(f"DELETE FROM {t} WHERE pipeline_id = %s", (pipeline,))
