@@ -1,5 +1,5 @@
-"""What a big batch log costs: ``airflow eo pipelines``, ``status``, ``verify`` and a batch's planning + commit on an
-empty offset store and on one holding N batch-log rows across 100 pipelines (MariaDB and PostgreSQL).
+"""What a big batch log costs: ``airflow eo pipelines``, ``status``, ``verify``, a batch's planning + commit and what
+the DAG tab reads, on an empty offset store and on one holding N batch-log rows across 100 pipelines (MariaDB and PostgreSQL).
 
     make up && . .stack/env && .venv/bin/python scripts/store_size.py            # 1,000,000 rows
     .venv/bin/python scripts/store_size.py --short                                 # 20,000 rows (the suite's)
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from airflow_eo.core.batch import BatchSummary  # noqa: E402
+from airflow_eo.core.batch import BatchSummary, Owner  # noqa: E402
 from airflow_eo.core.ranges import OffsetRange  # noqa: E402
 from airflow_eo.hooks.operations import pipeline_operations  # noqa: E402
 from airflow_eo.ops.service import PipelineOperations  # noqa: E402
@@ -45,6 +45,8 @@ from airflow_eo.sqlstore.store import SqlOffsetStore  # noqa: E402
 PIPELINES = 100
 PROBE_BATCHES = 20
 TARGET_RATIO = 1.5
+PROBE_OWNER = Owner("store_size_dag", "probe_task")
+UI_BATCH_LIMIT = 20  # the tab's default ([eo] ui_batch_limit)
 KINDS = {"mariadb": "AIRFLOW_CONN_MYSQL_DEFAULT", "postgres": "AIRFLOW_CONN_POSTGRES_DEFAULT"}
 
 
@@ -160,7 +162,16 @@ def measure(ops: PipelineOperations, store: SqlOffsetStore, probe: str, epoch: i
         "status": timed(lambda: ops.status(probe), repeat),
         "verify": timed(lambda: ops.verify(probe), repeat),
         "plan + commit": timed(lambda: plan_and_commit(store, probe, epoch, topic_name), repeat),
+        "DAG tab": timed(lambda: dag_tab(ops), repeat),
     }
+
+
+def dag_tab(ops: PipelineOperations) -> list[Any]:
+    """What the Exactly-once tab reads for the probe's DAG (``plugins/exactly_once.py``'s ``_read_pages``): the DAG's
+    pipelines, then each one's page with ``verify``, as many batches as the tab's default ``ui_batch_limit``."""
+    owned = ops.pipelines_of_dag(PROBE_OWNER.dag_id, [PROBE_OWNER.task_id])
+    assert owned, "the probe pipeline is the probe DAG's"
+    return [ops.page(pipeline_id, UI_BATCH_LIMIT, task_id, verify=True) for pipeline_id, task_id in owned.items()]
 
 
 def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
@@ -169,7 +180,7 @@ def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
         store = ops.store
         assert isinstance(store, SqlOffsetStore)
         probe = "probe"
-        epoch = store.take_pipeline(probe)
+        epoch = store.take_pipeline(probe, owner=PROBE_OWNER)
         for _ in range(PROBE_BATCHES):
             plan_and_commit(store, probe, epoch, topic_name)
         per = max(2, rows // PIPELINES)

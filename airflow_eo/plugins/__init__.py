@@ -1,4 +1,5 @@
-"""The Airflow UI plugin of airflow_eo: the "Exactly-once" tab on the DAG page (read-only).
+"""The Airflow UI plugin of airflow_eo: the "Exactly-once" tab on the DAG page and the "In-doubt work" page of the
+Browse menu (read-only).
 
 Every Airflow process loads plugins (each task's too), so this module stays light: the tab's FastAPI app
 (:mod:`airflow_eo.plugins.exactly_once`, which imports Airflow's core API, ~0.8 s measured here) is built on the
@@ -13,6 +14,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/exactly-once"
 TAB_ROUTE = "exactly-once"
+IN_DOUBT_ROUTE = "exactly-once-in-doubt"
 
 
 class TabApp:
@@ -40,4 +42,11 @@ class ExactlyOncePlugin(AirflowPlugin):
         "href": URL_PREFIX + "/dags/{DAG_ID}",
         "destination": "dag",
         "url_route": TAB_ROUTE,
+    }, {
+        # `airflow eo verify --all` as a page: every in-doubt branch of ours, whatever its pipeline.
+        "name": "In-doubt work",
+        "href": URL_PREFIX + "/in-doubt",
+        "destination": "nav",
+        "category": "browse",
+        "url_route": IN_DOUBT_ROUTE,
     }]

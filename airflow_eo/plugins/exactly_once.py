@@ -1,9 +1,10 @@
-"""The "Exactly-once" tab on the DAG page of the Airflow 3 UI.
+"""The "Exactly-once" tab on the DAG page of the Airflow 3 UI, and the "In-doubt work" page of its Browse menu.
 
 A FastAPI app mounted by the api-server (``fastapi_apps``) renders, for one DAG, every pipeline its
 tasks own: ``airflow eo verify``'s findings, lag per partition, a chart of the recent batches, the batch history
 with ranges, in-doubt branches (XA, PostgreSQL prepared transactions) with their age, dead letters and the audit
-trail (rewinds, recoveries). An
+trail (rewinds, recoveries). The in-doubt page is ``airflow eo verify --all`` for every pipeline of the store (guarded
+by the custom view :data:`IN_DOUBT_VIEW`). An
 ``external_views`` entry with ``destination: "dag"`` shows it as a tab of every DAG page (Airflow has
 no per-DAG condition: a DAG without micro-batch tasks gets a page that says so). Every endpoint is
 guarded by Airflow's own ``requires_access_dag("GET")``: the browser's session cookie identifies the
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -35,9 +36,14 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow_eo import CONFIG_SECTION
-from airflow_eo.ops.reports import PipelinePage
+from airflow_eo.ops.reports import InDoubtReport, PipelinePage
+from airflow_eo.ops.service import PipelineOperations
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: The custom view a user needs for the in-doubt page (every pipeline's, so not one DAG's access): with the simple
+#: auth manager, viewers have it; with FAB or Keycloak, grant it as the roles that run ``airflow eo`` would have.
+IN_DOUBT_VIEW = "airflow_eo.in_doubt"
 
 # The phases of a batch as the protocol times them (BatchSummary.seconds), in the order they run; "execute"
 # holds read_transform and write, so the chart stacks only its rest ("spark_other": job set-up, counting,
@@ -62,37 +68,57 @@ def dag_task_ids(dag_id: str, session: Any) -> list[str]:
 _READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="eo-tab")
 
 
-def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int,
-              timeout_s: float | None = None) -> tuple[list[PipelinePage], str | None]:
-    """The pages of the DAG's pipelines, or an error that says what is wrong (the store is unreachable...), within
-    ``timeout_s`` (None: ``[eo] ui_timeout_seconds``)."""
+def _ui_operations() -> PipelineOperations:
+    """Operations over the connections of ``[eo]`` (the CLI's defaults); a GET never migrates the store (reads must
+    not write), and notes give a failed read's kind and a reference, never its text (hosts, users)."""
+    from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
+
+    return pipeline_operations(actor="airflow-ui", read_only=True, error_details=False)
+
+
+def read_within(read: Callable[[], T], what: str, timeout_s: float | None = None) -> tuple[T | None, str | None]:
+    """``read()``'s answer, or an error that says what is wrong (the store is unreachable...), within ``timeout_s``
+    (None: ``[eo] ui_timeout_seconds``). The full text of a failure (hosts, users, SQL) goes to the api-server's log
+    only, under a reference the page shows."""
     if timeout_s is None:
         timeout_s = conf.getfloat(CONFIG_SECTION, "ui_timeout_seconds", fallback=30.0)
-    future = _READERS.submit(_read_pages, dag_id, task_ids, limit)
+
+    def guarded() -> tuple[T | None, str | None]:
+        try:
+            return read(), None
+        except Exception as exc:
+            reference = uuid.uuid4().hex[:8]
+            log.exception("%s (reference %s)", what, reference)
+            return None, (f"{type(exc).__name__}: the offset store or Kafka could not be read; the details are in "
+                          f"the api-server's log (reference {reference})")
+
+    future = _READERS.submit(guarded)
     try:
         return future.result(timeout=timeout_s)
     except FutureTimeout:
         future.cancel()  # not started yet (the pool is busy with hung reads): never starts
-        log.error("exactly-once tab of %s: no answer within %.0f s", dag_id, timeout_s)
-        return [], (f"the offset store or Kafka did not answer within {timeout_s:.0f} s ([eo] ui_timeout_seconds); "
-                    "see the api-server's log")
+        log.error("%s: no answer within %.0f s", what, timeout_s)
+        return None, (f"the offset store or Kafka did not answer within {timeout_s:.0f} s ([eo] ui_timeout_seconds); "
+                      "see the api-server's log")
 
 
-def _read_pages(dag_id: str, task_ids: Sequence[str], limit: int) -> tuple[list[PipelinePage], str | None]:
-    try:
-        from airflow_eo.hooks.operations import pipeline_operations  # hooks import the Airflow SDK: at call time
+def dag_pages(dag_id: str, task_ids: Sequence[str], limit: int,
+              timeout_s: float | None = None) -> tuple[list[PipelinePage], str | None]:
+    """The pages of the DAG's pipelines, or an error that says what is wrong, within ``timeout_s``."""
 
-        # Connections from [eo], as the CLI's defaults; a GET never migrates the store (reads must not write).
-        # Notes give a failed read's kind and a reference, never its text (hosts, users): any DAG reader sees them.
-        ops = pipeline_operations(actor="airflow-ui", read_only=True, error_details=False)
+    def read() -> list[PipelinePage]:
+        ops = _ui_operations()
         owned = ops.pipelines_of_dag(dag_id, task_ids)
-        return [ops.page(pipeline_id, limit, task_id, verify=True) for pipeline_id, task_id in owned.items()], None
-    except Exception as exc:
-        # The full text (hosts, users, SQL) goes to the api-server's log only; any DAG reader sees the page.
-        reference = uuid.uuid4().hex[:8]
-        log.exception("exactly-once tab of %s (reference %s)", dag_id, reference)
-        return [], (f"{type(exc).__name__}: the offset store or Kafka could not be read; the details are in the "
-                    f"api-server's log (reference {reference})")
+        return [ops.page(pipeline_id, limit, task_id, verify=True) for pipeline_id, task_id in owned.items()]
+
+    pages, error = read_within(read, f"exactly-once tab of {dag_id}", timeout_s)
+    return pages or [], error
+
+
+def in_doubt_everywhere(timeout_s: float | None = None) -> tuple[InDoubtReport | None, str | None]:
+    """``airflow eo verify --all``'s report (every in-doubt branch of ours on every database the store's pipelines
+    recorded, and the Kafka-sink pipelines' open transactions), or an error, within ``timeout_s``."""
+    return read_within(lambda: _ui_operations().in_doubt_everywhere(), "in-doubt page", timeout_s)
 
 
 @dataclass(frozen=True)
@@ -185,6 +211,29 @@ def create_app() -> FastAPI:
                      for page in pages_as_shown(pages, may_read_records(dag_id, user))]
         html = _templates.get_template("exactly_once_tab.html").render(
             dag_id=dag_id, pipelines=pipelines, error=error, warn_after=warn_after, phases=PHASES)
+        return HTMLResponse(html, status_code=503 if error else 200)
+
+    def in_doubt_access(user: GetUserDep) -> None:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name=IN_DOUBT_VIEW, user=user):
+            raise HTTPException(403, f"Forbidden: this page needs the custom view {IN_DOUBT_VIEW!r}")
+
+    @app.get("/api/in-doubt", dependencies=[Depends(in_doubt_access)])
+    def in_doubt_json() -> dict[str, Any]:
+        """``airflow eo verify --all --output json --older-than 0`` (what the page shows)."""
+        report, error = in_doubt_everywhere()
+        if report is None:
+            raise HTTPException(503, error)
+        return report.to_dict(conf.getfloat(CONFIG_SECTION, "in_doubt_warning_seconds", fallback=300.0))
+
+    @app.get("/in-doubt", response_class=HTMLResponse, dependencies=[Depends(in_doubt_access)])
+    def in_doubt_page() -> HTMLResponse:
+        """Every in-doubt branch of ours, in every pipeline (a Browse menu page)."""
+        warn_after = conf.getfloat(CONFIG_SECTION, "in_doubt_warning_seconds", fallback=300.0)
+        report, error = in_doubt_everywhere()
+        doc = report.to_dict(warn_after) if report is not None else None
+        html = _templates.get_template("in_doubt.html").render(report=doc, error=error, warn_after=warn_after)
         return HTMLResponse(html, status_code=503 if error else 200)
 
     return app

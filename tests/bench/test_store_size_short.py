@@ -12,7 +12,7 @@ import psycopg
 import pymysql
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATIONS = ["pipelines", "status", "verify", "plan + commit"]
+OPERATIONS = ["pipelines", "status", "verify", "plan + commit", "DAG tab"]
 
 
 def test_store_size_short_prints_every_ratio_and_drops_its_databases(tmp_path, mysql_kwargs, postgres_kwargs):

@@ -216,12 +216,41 @@ def test_the_dag_page_tab_shows_lag_batches_in_doubt_dead_letters_and_rewinds(
         findings = counts.find_element(By.CSS_SELECTOR, "table.verify-findings").text
         assert all(xid in findings for xid in pipelines["in_doubt"]) and "in-doubt" in findings
         driver.switch_to.default_content()
+
+        # The Browse menu's "In-doubt work": every pipeline's in-doubt branches (verify --all), ours among them.
+        browse = wait.until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Browse'] | "
+                                                                  "//a[normalize-space()='Browse']")))
+        browse.click()
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//*[normalize-space()='In-doubt work']"))).click()
+        wait.until(lambda d: d.current_url.endswith("/plugin/exactly-once-in-doubt"))
+        frame = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "iframe")))
+        driver.switch_to.frame(frame)
+        table = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "table#eo-in-doubt")))
+        listed = {r.get_attribute("data-xid"): r for r in table.find_elements(By.CSS_SELECTOR, "tr[data-xid]")}
+        assert set(pipelines["in_doubt"]) <= set(listed), (pipelines["in_doubt"], list(listed))
+        for xid in pipelines["in_doubt"]:
+            assert pipelines["counts_pipeline"] in listed[xid].text and "commit" in listed[xid].text
+            assert "old" in (listed[xid].get_attribute("class") or "")
+        driver.switch_to.default_content()
     finally:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(screenshot))
         driver.quit()
     print(f"screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
+
+
+def test_the_in_doubt_page_api_is_protected_and_lists_the_xa_pipelines_branches_to_commit(airflow, pipelines):
+    """``/exactly-once/api/in-doubt`` is ``verify --all`` for every pipeline: the XA pipeline's branches (its batch
+    committed in the store) are listed, attributed, to be committed; no login, no answer."""
+    anonymous = httpx.get(airflow.base_url + "/exactly-once/api/in-doubt", timeout=30)
+    assert anonymous.status_code in (401, 403), anonymous.text
+    found = _get(airflow, "/exactly-once/api/in-doubt")
+    ours = {b["xid"]: b for b in found["in_doubt"] if b["pipeline_id"] == pipelines["counts_pipeline"]}
+    assert sorted(ours) == sorted(pipelines["in_doubt"]), found
+    assert {(b["action"], b["branch"]) for b in ours.values()} == {("commit", "prepared XA branch")}, ours
+    assert set(ours) <= set(found["overdue"])  # older than [eo] in_doubt_warning_seconds (0 in this deployment)
+    assert found["databases"] and not found["unchecked"], found
 
 
 def _get(airflow: AirflowServices, path: str) -> Any:
