@@ -57,20 +57,41 @@ def _status(pipeline_id: str, offset_store_conn_id: str | None, kafka_conn_id: s
     return {**status, "last_batch": committed[0] if committed else None}
 
 
+def pipeline_of_run(default: str, run: Any, conf_key: str | None) -> str:
+    """The pipeline a DAG run served: the run's conf ``conf_key`` when it names one (a DAG whose task takes its
+    ``pipeline_id`` from the run's conf, ``"{{ params.pipeline_id }}"``), else ``default`` (the DAG's own). A conf
+    value that is no valid pipeline id is not used (the default is named, and a warning says why)."""
+    from airflow_eo.core.errors import ConfigurationError
+    from airflow_eo.core.identifiers import validate_pipeline_id
+
+    conf = run.get("conf") if isinstance(run, dict) else getattr(run, "conf", None)
+    chosen = (conf or {}).get(conf_key) if conf_key else None
+    if chosen is None:
+        return default
+    try:
+        return validate_pipeline_id(str(chosen))
+    except ConfigurationError as exc:
+        log.warning("the run's conf %s=%r is no pipeline id (%s): the alert names %s", conf_key, chosen, exc, default)
+        return default
+
+
 async def pipeline_deadline_missed(pipeline_id: str, context: dict[str, Any] | None = None,
                                    offset_store_conn_id: str | None = None,
-                                   kafka_conn_id: str | None = None) -> str:
+                                   kafka_conn_id: str | None = None, conf_key: str | None = "pipeline_id") -> str:
     """Log (at error level) and count ``airflow_eo.deadline_missed`` for a run of the pipeline's DAG that missed
     its deadline, with where the pipeline stands; returns that line, which Airflow keeps with the callback (a
     string: Airflow 3.3.2's triggerer stores the result as text, and exits on a dict).
 
-    :param pipeline_id: the pipeline the DAG runs.
-    :param context: what Airflow passes (the DAG run, the deadline).
+    :param pipeline_id: the pipeline the DAG runs (the callback's kwargs are not templated).
+    :param context: what Airflow passes (the DAG run, with its conf, and the deadline).
     :param offset_store_conn_id: the offset store's connection (None: ``[eo] offset_store_conn_id``).
     :param kafka_conn_id: the Kafka connection (None: ``[eo] kafka_conn_id``).
+    :param conf_key: a run whose conf has this key served the pipeline it names, and the alert names that one
+        (:func:`pipeline_of_run`); None: always ``pipeline_id``.
     """
     run = (context or {}).get("dag_run") or {}
     run_id = run.get("dag_run_id") or run.get("run_id") if isinstance(run, dict) else getattr(run, "run_id", None)
+    pipeline_id = pipeline_of_run(pipeline_id, run, conf_key)
     try:
         status = await asyncio.to_thread(_status, pipeline_id, offset_store_conn_id, kafka_conn_id)
         said = where_it_stands(status)

@@ -163,3 +163,17 @@ def test_dedup_key_is_taken_by_the_sql_sinks_and_refused_where_it_cannot_commit_
         op(mode="interval", dedup_key=["event_id"])
     with pytest.raises(ConfigurationError, match="dedup_retention must be a positive timedelta"):
         op(dedup_key=["event_id"], dedup_retention=timedelta(0))
+
+
+def test_history_retention_is_a_duration_of_at_least_a_day():
+    from airflow_eo.operators.after_commit import retention_seconds
+
+    assert retention_seconds("90d") == 90 * 86400
+    assert retention_seconds(timedelta(days=2)) == 2 * 86400
+    assert retention_seconds(86400) == 86400
+    assert retention_seconds(None) is None and retention_seconds("") is None
+    assert op(history_retention="30d").history_retention == "30d"
+    for bad, said in (("2h", "shorter than a day"), ("soon", "not a duration"), (timedelta(minutes=5), "a day")):
+        with pytest.raises(ConfigurationError, match=said) as refused:
+            op(history_retention=bad)
+        assert "history_retention" in str(refused.value)

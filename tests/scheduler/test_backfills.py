@@ -244,9 +244,11 @@ def test_downstream_dag_runs_on_the_sink_asset_after_a_commit_not_after_a_failed
 
 
 def test_a_missed_deadline_tells_where_the_pipeline_stands(airflow):
-    """A ``DeadlineAlert`` with our callback, run by the real scheduler and triggerer."""
+    """A ``DeadlineAlert`` with our callback, run by the real scheduler and triggerer. The run's conf names another
+    pipeline than the callback's default (a DAG whose task takes ``pipeline_id`` from the conf): the alert names the
+    one the run served."""
     airflow.unpause("eo_deadline_probe")
-    run_id = airflow.trigger("eo_deadline_probe")["dag_run_id"]
+    run_id = airflow.trigger("eo_deadline_probe", conf={"pipeline_id": "page_views_xa"})["dag_run_id"]
     succeeded(airflow, "eo_deadline_probe", [run_id], timeout=300)
     log = airflow.log_dir / "triggerer.log"
     deadline = time.monotonic() + 60
@@ -256,7 +258,7 @@ def test_a_missed_deadline_tells_where_the_pipeline_stands(airflow):
         time.sleep(1)
     line = next((x for x in said.splitlines() if "missed its deadline" in x), None)
     assert line is not None, airflow.diagnostics("eo_deadline_probe")
-    assert f"run {run_id} of pipeline page_view_events_upsert" in line
+    assert f"run {run_id} of pipeline page_views_xa" in line
     assert "last committed batch" in line or "no committed batch yet" in line
     assert "lag " in line and "could not be read" not in line
     airflow.pause("eo_deadline_probe")
