@@ -10,12 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_eo.core.failpoints import running
 
 
-def die(message: str) -> None:
+def die(message: str) -> NoReturn:
     print(f"stack: {message}", file=sys.stderr)
     sys.exit(1)
 

@@ -6,12 +6,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from airflow_eo.core.batch import (
-    BatchContext,
-    ExecutionResult,
-    WritePlan,
-    WriteResult,
-)
+from airflow_eo.core.batch import BatchContext, ExecutionResult, WritePlan, WriteResult
 from tests.core.fakes.processes import Process
 from tests.core.fakes.source import FakeSource, Record
 

@@ -8,13 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_eo.core.abilities import SinkCapabilities
-from airflow_eo.core.batch import (
-    BatchContext,
-    BatchRecord,
-    DeadLetter,
-    WritePlan,
-    WriteResult,
-)
+from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.recovery import BranchAction, SinkRecovery, committed_by_kafka, decide_branch
 from airflow_eo.core.xid import Xid, pipeline_key

@@ -7,11 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_eo.core.batch import (
-    BatchRecord,
-    BatchSummary,
-    Owner,
-)
+from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import CommitConflictError, FencedError, PipelineConflictError
 from airflow_eo.core.planning import Interval

@@ -6,10 +6,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from airflow_eo.core.batch import (
-    BatchSummary,
-    RunRequest,
-)
+from airflow_eo.core.batch import BatchSummary, RunRequest
 from airflow_eo.core.protocol import run_batch
 from tests.core.fakes.engine import FakeEngine
 from tests.core.fakes.processes import RUNNING, Process, Stepped
