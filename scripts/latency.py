@@ -45,7 +45,8 @@ from airflow_eo.hooks.offset_store import OffsetStoreHook  # noqa: E402
 from airflow_eo.kafka.offsets import KafkaOffsetSource  # noqa: E402
 from examples import page_views  # noqa: E402
 from examples.topics import read_records  # noqa: E402
-from tests.scheduler.airflow_services import AirflowServices, from_iso  # noqa: E402
+from tests.scheduler.airflow_rest import from_iso  # noqa: E402
+from tests.scheduler.airflow_services import AirflowServices  # noqa: E402
 
 EXAMPLE = REPO / "dags" / "page_view_events_on_arrival.py"
 SEGMENTS = (  # (name, from, to): the timeline of one batch, from its oldest record

@@ -18,7 +18,7 @@ converter of Debezium 3.6.1 looks up ``JsonConverter.convertToConnect(Schema, Js
 4.1's JSON converter no longer has (it takes a third argument). Only that converter is unusable; the connector and
 the JSON converter are not affected.
 
-Loaded by scripts/stack.py, which passes itself (its folders, ports and process helpers) as ``stack``.
+Loaded by scripts/stack_services/connect.py, which passes the stack's folders and process helpers as ``stack``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The decisions behind ``airflow eo`` (``airflow_eo.core.recovery``, ``rewind``, ``status``) and the recovery it
 shares with a task attempt (``protocol.recover_pipeline``), as plain code against the fakes of
-``tests/core/fakes.py``."""
+``tests/core/fakes/``."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindTarget, 
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.status import PartitionStatus, partition_status
 from airflow_eo.core.xid import Xid, pipeline_key
-from tests.core import fakes
-from tests.core.fakes import Killed, Process, World
+from tests.core.fakes.processes import Killed, Process, failpoint
+from tests.core.fakes.source import Record
+from tests.core.fakes.world import World
 
 P, T = "p", "t"
 KEY = pipeline_key(P)
@@ -31,7 +32,7 @@ KEY = pipeline_key(P)
 
 @pytest.fixture(autouse=True)
 def _crash_points(monkeypatch):
-    monkeypatch.setattr(protocol, "failpoint", fakes.failpoint)
+    monkeypatch.setattr(protocol, "failpoint", failpoint)
 
 
 def batch(batch_id: int, state: BatchState, xids: list[str] = (), ranges: list[OffsetRange] = ()) -> BatchRecord:
@@ -95,7 +96,7 @@ def test_recovery_without_a_run_commits_the_branches_of_a_committed_batch_and_ab
     assert not summary.resumed and world.exactly_once_problems() == []
 
 
-def fakes_records(world: World, partition: int, count: int) -> list[fakes.Record]:
+def fakes_records(world: World, partition: int, count: int) -> list[Record]:
     return [r for r in world.source.records() if r.partition == partition][:count]
 
 

@@ -1,9 +1,9 @@
-"""The commit protocol (``airflow_eo.core.protocol``) against in-memory fakes (``tests/core/fakes.py``).
+"""The commit protocol (``airflow_eo.core.protocol``) against in-memory fakes (``tests/core/fakes/``).
 
 Every branch of ``run_batch`` / ``run_interval_batch`` in milliseconds, fencing at every store write, and
 random interleavings of crashes, failures, zombie attempts and clears checked for exactly-once.
 
-A crash is a :class:`~tests.core.fakes.Killed` raised at a step of the attempt's process (the protocol's own
+A crash is a :class:`~tests.core.fakes.processes.Killed` raised at a step of the attempt's process (the protocol's own
 failpoints via a patched ``protocol.failpoint``, the engine's and the sinks' steps, before and after every
 store write); nothing of a killed attempt runs afterwards, not even ``Sink.discard``.
 """
@@ -37,22 +37,12 @@ from airflow_eo.core.protocol import run_interval_batch
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
-from tests.core import fakes
-from tests.core.fakes import (
-    SINK_KINDS,
-    DuplicateKeyError,
-    FakeEngine,
-    FakeSource,
-    FakeStore,
-    FakeUpsertSink,
-    InjectedError,
-    Killed,
-    Process,
-    ProducerFencedError,
-    Record,
-    UpsertTable,
-    World,
-)
+from tests.core.fakes.engine import FakeEngine
+from tests.core.fakes.processes import RUNNING, InjectedError, Killed, Process, failpoint
+from tests.core.fakes.sinks import FakeUpsertSink, ProducerFencedError, UpsertTable
+from tests.core.fakes.source import FakeSource, Record
+from tests.core.fakes.store import DuplicateKeyError, FakeStore
+from tests.core.fakes.world import SINK_KINDS, World
 
 P, T = "p", "t"
 T0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
@@ -63,9 +53,9 @@ COMMITTED = BatchState.COMMITTED
 @pytest.fixture(autouse=True)
 def _crash_points(monkeypatch):
     """The protocol's failpoints (``failpoint``) become steps of the running attempt's fake process."""
-    monkeypatch.setattr(protocol, "failpoint", fakes.failpoint)
+    monkeypatch.setattr(protocol, "failpoint", failpoint)
     yield
-    assert not fakes.RUNNING
+    assert not RUNNING
 
 
 def R(partition: int, start: int, end: int) -> OffsetRange:

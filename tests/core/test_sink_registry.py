@@ -32,7 +32,11 @@ from airflow_eo.core.sinks import (
 from airflow_eo.core.states import BatchState
 from airflow_eo.core.stores import register_store, store_for
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
-from tests.core.fakes import FakeEngine, FakeSource, FakeStore, FakeXaSink, Process, XaServer
+from tests.core.fakes.engine import FakeEngine
+from tests.core.fakes.processes import Process
+from tests.core.fakes.sinks import FakeXaSink, XaServer
+from tests.core.fakes.source import FakeSource
+from tests.core.fakes.store import FakeStore
 
 SERVERS: dict[str, XaServer] = {}  # "the database" of the test kind, by its connection's host
 

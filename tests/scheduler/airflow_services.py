@@ -19,10 +19,7 @@ Choices, from the installed Airflow 3.3.2 sources:
   503 "Backfill creation is not supported on SQLite under concurrent access. Please use PostgreSQL or MySQL"
   (``api_fastapi/core_api/routes/public/backfills.py``), and once its clean-up deleted runs the scheduler had
   loaded, which killed the scheduler (``StaleDataError``).
-* Auth: ``SimpleAuthManager`` with ``[core] simple_auth_manager_all_admins`` makes ``GET /auth/token`` hand out an
-  admin JWT without credentials (``api_fastapi/auth/managers/simple/routes/login.py``). With ``all_admins=False``
-  an ``admin:ADMIN`` user whose password is in ``[core] simple_auth_manager_passwords_file`` logs in through
-  ``POST /auth/token``.
+* Auth: ``SimpleAuthManager`` (tests/scheduler/airflow_rest.py).
 * Everything binds 127.0.0.1: the api-server (``--host``, ``[api] host``), PostgreSQL (``listen_addresses``).
   Scheduler and triggerer run with ``--skip-serve-logs``: their log servers would bind ``0.0.0.0``
   (``utils/serve_logs/core.py``); task logs are local files that the api-server reads itself.
@@ -34,203 +31,48 @@ Choices, from the installed Airflow 3.3.2 sources:
   runs (``wait_for_runs``), and call ``wait_for_backfill`` only before the next backfill of the same DAG.
 """
 
+
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
-import psutil
 
-from tests.support.stack import server_folder
+from tests.scheduler.airflow_diagnostics import diagnostics, poll
+from tests.scheduler.airflow_rest import TERMINAL_RUN_STATES, AirflowRestApi, from_iso, iso
+from tests.scheduler.metadata_postgres import LocalPostgres
+from tests.scheduler.service_processes import (
+    AirflowServicesError,
+    ServiceProcess,
+    free_loopback_port,
+    raise_if_a_service_died,
+    spawn_service,
+    stop_services,
+)
 
 T = TypeVar("T")
 
-TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 AIRFLOW_CLI = [sys.executable, "-m", "airflow"]
 
 
-class AirflowServicesError(RuntimeError):
-    """A service failed to start, a request failed, or a wait timed out; the message carries log tails."""
+class AirflowServices(AirflowRestApi):
+    """A throwaway Airflow 3 deployment (LocalExecutor, PostgreSQL or SQLite) on 127.0.0.1, as a context manager.
 
-
-@dataclass
-class ServiceProcess:
-    """One long-running ``airflow <command>`` subprocess in its own process group."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    descendants: list[psutil.Process] = field(default_factory=list)
-
-    @property
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-
-def free_loopback_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def tail(path: Path, lines: int = 60) -> str:
-    """The last ``lines`` lines of a text file ('' if it does not exist)."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def from_iso(value: str) -> datetime:
-    """A datetime from the API's ISO-8601 strings (``...Z`` included, which Python 3.10 does not parse)."""
-    return datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
-
-
-def iso(moment: datetime | str) -> str:
-    """An ISO-8601 string for a timezone-aware datetime (strings pass through)."""
-    if isinstance(moment, str):
-        return moment
-    if moment.tzinfo is None:
-        raise ValueError(f"{moment!r} has no timezone; Airflow needs aware datetimes")
-    return moment.isoformat()
-
-
-def postgres_bin_dir() -> Path | None:
-    """The folder of PostgreSQL's server programs (``initdb``, ``postgres``), or None if not installed."""
-    on_path = shutil.which("initdb")
-    if on_path:
-        return Path(on_path).resolve().parent
-    installed = [p for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.parent.parent.name.isdigit()]
-    return max(installed, key=lambda p: int(p.parent.parent.name)).parent if installed else None
-
-
-class LocalPostgres:
-    """A throwaway PostgreSQL cluster on 127.0.0.1:<free port> (``trust`` auth, no fsync), database ``airflow``.
-
-    As root, the cluster runs as the ``postgres`` OS user (PostgreSQL refuses to run as root); its data lives in
-    its own temporary directory, which that user owns.
+    Its REST calls are :class:`~tests.scheduler.airflow_rest.AirflowRestApi`'s; here: the processes, the waits and
+    what a failed wait reports.
     """
-
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.port = 0
-        self.dir: Path | None = None
-        self.process: ServiceProcess | None = None
-        bin_dir = postgres_bin_dir()
-        missing = [m for m in ("psycopg2", "asyncpg") if importlib.util.find_spec(m) is None]
-        if bin_dir is None or missing:
-            raise AirflowServicesError(
-                f"PostgreSQL metadata database needs Debian's postgresql (initdb found: {bin_dir is not None}) and "
-                f"the Python drivers psycopg2-binary + asyncpg (missing: {missing}): apt-get install postgresql; "
-                "pip install psycopg2-binary asyncpg -- or use metadata_db='sqlite' (no backfills)"
-            )
-        self.bin_dir = bin_dir
-        self._user: dict[str, Any] = {}
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            import pwd
-
-            try:
-                entry = pwd.getpwnam("postgres")
-            except KeyError as error:
-                raise AirflowServicesError(
-                    "running as root needs the 'postgres' OS user (Debian's postgresql)"
-                ) from error
-            self._user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-
-    @property
-    def url(self) -> str:
-        """SQLAlchemy URL of the ``airflow`` database (psycopg2; Airflow derives ``postgresql+asyncpg`` from it)."""
-        return f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/airflow"
-
-    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.bin_dir / args[0]), *args[1:]],
-            cwd=self.dir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            **self._user,
-        )
-
-    def start(self, timeout: float = 60.0) -> None:
-        """initdb, start ``postgres`` in its own process group, create the ``airflow`` database."""
-        self.dir = server_folder("airflow-services-pg-", self._user)
-        data = self.dir / "data"
-        done = self._run(
-            "initdb", "-D", str(data), "-U", "airflow", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"
-        )
-        if done.returncode != 0:
-            raise AirflowServicesError(f"initdb failed:\n{done.stdout[-4000:]}")
-        self.port = free_loopback_port()
-        settings = {
-            "listen_addresses": "127.0.0.1",
-            "fsync": "off",  # a throwaway cluster: durability buys nothing
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
-            "max_connections": "200",
-        }
-        server_args = ["-D", str(data), "-p", str(self.port), "-k", str(self.dir)]
-        for name, value in settings.items():
-            server_args += ["-c", f"{name}={value}"]
-        with open(self.log_path, "ab") as log_file:
-            popen = subprocess.Popen(
-                [str(self.bin_dir / "postgres"), *server_args],
-                cwd=self.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                **self._user,
-            )
-        self.process = ServiceProcess(name="postgres", popen=popen, log_path=self.log_path)
-        deadline = time.monotonic() + timeout
-        while True:
-            created = self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "airflow", "airflow")
-            if created.returncode == 0:
-                return
-            if not self.process.running or time.monotonic() > deadline:
-                raise AirflowServicesError(
-                    f"postgres did not come up: {created.stdout}\n--- {self.log_path} ---\n{tail(self.log_path)}"
-                )
-            time.sleep(0.2)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Fast shutdown (SIGINT), SIGKILL of the process group after ``timeout``; removes the cluster."""
-        if self.process is not None:
-            _signal_group(self.process.popen.pid, signal.SIGINT)
-            try:
-                self.process.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.process.popen.pid, signal.SIGKILL)
-                self.process.popen.wait(timeout=5)
-            self.process = None
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
-
-
-class AirflowServices:
-    """A throwaway Airflow 3 deployment (LocalExecutor, PostgreSQL or SQLite) on 127.0.0.1, as a context manager."""
 
     def __init__(
         self,
@@ -262,6 +104,7 @@ class AirflowServices:
         """
         if metadata_db not in ("postgres", "sqlite"):
             raise ValueError(f"metadata_db must be 'postgres' or 'sqlite', not {metadata_db!r}")
+        super().__init__(all_admins)
         self.dags_folder = Path(dags_folder).resolve()
         self.extra_env = dict(env or {})
         self._owns_base_dir = base_dir is None
@@ -272,7 +115,6 @@ class AirflowServices:
         self.postgres: LocalPostgres | None = None
         self.with_triggerer = triggerer
         self.parallelism = parallelism
-        self.all_admins = all_admins
         self.dags_paused_at_creation = dags_paused_at_creation
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -281,10 +123,6 @@ class AirflowServices:
         self.env: dict[str, str] = {}
         self.processes: list[ServiceProcess] = []
         self.timings: dict[str, float] = {}
-        self._admin_password = secrets.token_urlsafe(12)
-        self._token: str | None = None
-        self._token_expires_at = 0.0
-        self._client: httpx.Client | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -411,28 +249,7 @@ class AirflowServices:
         if self._client is not None:
             self._client.close()
             self._client = None
-        for service in self.processes:
-            service.descendants = _descendants(service.popen.pid)
-            _signal_group(service.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        for service in self.processes:
-            try:
-                service.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for service in self.processes:
-            _signal_group(service.popen.pid, signal.SIGKILL)
-            alive = [p for p in service.descendants if p.is_running()]
-            for proc in alive:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(alive, timeout=5)
-            try:
-                service.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_services(self.processes, self.stop_timeout)
         self.processes = []
         if self.postgres is not None:
             self.postgres.stop()
@@ -441,18 +258,7 @@ class AirflowServices:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
     def _spawn(self, name: str, *args: str) -> ServiceProcess:
-        log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as log_file:
-            popen = subprocess.Popen(
-                [*AIRFLOW_CLI, *args],
-                env=self.env,
-                cwd=self.base_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        service = ServiceProcess(name=name, popen=popen, log_path=log_path)
+        service = spawn_service(name, [*AIRFLOW_CLI, *args], self.env, self.base_dir, self.log_dir)
         self.processes.append(service)
         return service
 
@@ -475,66 +281,7 @@ class AirflowServices:
             log_file.write(f"$ airflow {' '.join(args)}\n{done.stdout}\n[exit {done.returncode}]\n")
         return done
 
-    # ------------------------------------------------------------------ REST API
-
-    @property
-    def client(self) -> httpx.Client:
-        if self._client is None:
-            raise AirflowServicesError("services are not started")
-        return self._client
-
-    @property
-    def admin_password(self) -> str:
-        """The ``admin`` user's password (``all_admins=False``), for a browser's login form."""
-        return self._admin_password
-
-    def token(self) -> str:
-        """A JWT for the REST API, fetched again after 50 minutes (it lasts ``[api_auth] jwt_expiration_time``)."""
-        if self._token and time.monotonic() < self._token_expires_at:
-            return self._token
-        if self.all_admins:
-            response = self.client.get("/auth/token")
-        else:
-            response = self.client.post("/auth/token", json={"username": "admin", "password": self._admin_password})
-        if response.status_code != 201:
-            raise AirflowServicesError(f"token request failed: {response.status_code} {response.text}")
-        self._token = str(response.json()["access_token"])
-        self._token_expires_at = time.monotonic() + 3000  # the default expiration is 24 h
-        return self._token
-
-    def api(
-        self,
-        method: str,
-        path: str,
-        json: Any = None,
-        *,
-        params: Mapping[str, Any] | None = None,
-        ok: Iterable[int] = (200, 201, 204),
-        attempts: int = 10,
-    ) -> Any:
-        """Call ``/api/v2<path>`` with the bearer token; the decoded JSON body (``None`` if empty).
-
-        Retried (``attempts`` in all): 503 on any method -- SQLite ``database is locked``, which e.g.
-        ``POST /backfills`` maps to 503 after cleaning up (``api_fastapi/core_api/routes/public/backfills.py``) --
-        and 500 on GET: Airflow 3.3.2 fails to serialise an asset event whose created run is still queued
-        (``start_date`` NULL, apache/airflow#71360, fixed after 3.3.2 by #71379).
-        """
-        url = path if path.startswith("/api/") else f"/api/v2{path}"
-        retry_on = {503, 500} if method.upper() == "GET" else {503}
-        for attempt in range(1, attempts + 1):
-            response = self.client.request(
-                method, url, json=json, params=params, headers={"Authorization": f"Bearer {self.token()}"}
-            )
-            if response.status_code not in retry_on or attempt == attempts:
-                break
-            time.sleep(min(0.5 * attempt, 3.0))
-        if response.status_code not in set(ok):
-            raise AirflowServicesError(f"{method} {url} -> {response.status_code}: {response.text[:2000]}")
-        return response.json() if response.content else None
-
-    def health(self) -> dict[str, Any]:
-        """GET /api/v2/monitor/health (no auth needed)."""
-        return dict(self.client.get("/api/v2/monitor/health").json())
+    # ------------------------------------------------------------------ waits
 
     def wait_until_healthy(self, timeout: float) -> dict[str, Any]:
         """Until metadatabase, scheduler, dag-processor (and triggerer if started) report healthy."""
@@ -552,25 +299,11 @@ class AirflowServices:
 
         return self._poll(healthy, timeout, lambda: f"services not healthy; last health: {last}")
 
+    def _services(self) -> list[ServiceProcess]:
+        return self.processes + ([self.postgres.process] if self.postgres and self.postgres.process else [])
+
     def _raise_if_a_service_died(self) -> None:
-        services = self.processes + ([self.postgres.process] if self.postgres and self.postgres.process else [])
-        for service in services:
-            if not service.running:
-                raise AirflowServicesError(
-                    f"airflow {service.name} exited with {service.popen.returncode}\n"
-                    f"--- {service.log_path} ---\n{tail(service.log_path, 80)}"
-                )
-
-    # ------------------------------------------------------------------ DAGs and runs
-
-    def dag(self, dag_id: str) -> dict[str, Any] | None:
-        """GET /dags/{dag_id}, or None while the dag-processor has not serialised it."""
-        response = self.client.get(f"/api/v2/dags/{dag_id}", headers={"Authorization": f"Bearer {self.token()}"})
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise AirflowServicesError(f"GET dag {dag_id} -> {response.status_code}: {response.text[:2000]}")
-        return dict(response.json())
+        raise_if_a_service_died(self._services())
 
     def wait_for_dag(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:
         """Until the dag-processor has parsed ``dag_id``; fails fast on an import error of any DAG file."""
@@ -583,40 +316,6 @@ class AirflowServices:
             return dag
 
         return self._poll(parsed, timeout, lambda: f"DAG {dag_id} was not parsed from {self.dags_folder}")
-
-    def import_errors(self) -> list[dict[str, Any]]:
-        """GET /importErrors: DAG files that failed to parse."""
-        return list(self.api("GET", "/importErrors")["import_errors"])
-
-    def unpause(self, dag_id: str) -> dict[str, Any]:
-        """PATCH /dags/{dag_id} is_paused=False."""
-        return dict(self.api("PATCH", f"/dags/{dag_id}", {"is_paused": False}))
-
-    def pause(self, dag_id: str) -> dict[str, Any]:
-        """PATCH /dags/{dag_id} is_paused=True."""
-        return dict(self.api("PATCH", f"/dags/{dag_id}", {"is_paused": True}))
-
-    def trigger(
-        self, dag_id: str, conf: Mapping[str, Any] | None = None, logical_date: datetime | str | None = None
-    ) -> dict[str, Any]:
-        """POST /dags/{dag_id}/dagRuns: a manual run (``logical_date`` None = a run without one)."""
-        body = {"logical_date": None if logical_date is None else iso(logical_date), "conf": dict(conf or {})}
-        return dict(self.api("POST", f"/dags/{dag_id}/dagRuns", body))
-
-    def dag_runs(self, dag_id: str, run_type: str | None = None) -> list[dict[str, Any]]:
-        """All runs of ``dag_id`` (GET /dags/{dag_id}/dagRuns, paged), oldest first; optionally one run type
-        (``backfill``, ``scheduled``, ``manual``, ``asset_triggered``)."""
-        params = {"order_by": "id", **({"run_type": run_type} if run_type else {})}
-        return self.paged(f"/dags/{dag_id}/dagRuns", "dag_runs", params)
-
-    def paged(self, path: str, items_key: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Every item of a GET collection endpoint (``limit``/``offset`` pages of 100)."""
-        items: list[dict[str, Any]] = []
-        while True:
-            page = self.api("GET", path, params={**(params or {}), "limit": 100, "offset": len(items)})
-            items.extend(page[items_key])
-            if not page[items_key] or len(items) >= page["total_entries"]:
-                return items
 
     def wait_for_runs(
         self,
@@ -661,57 +360,6 @@ class AirflowServices:
 
         return self._poll(done, timeout, lambda: f"runs of {dag_id} not finished", dag_id=dag_id)
 
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """GET /dags/{dag_id}/dagRuns/{run_id}/taskInstances (paged)."""
-        return self.paged(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", "task_instances")
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        """A task attempt's log as text, via the REST API (what the UI shows)."""
-        body = self.api(
-            "GET",
-            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-            params={"full_content": "true"},
-        )
-        lines = []
-        for entry in body.get("content", []):
-            if isinstance(entry, str):
-                lines.append(entry)
-                continue
-            extra = {k: v for k, v in entry.items() if k not in ("timestamp", "event", "level", "logger")}
-            lines.append(
-                f"{entry.get('timestamp', '')} {entry.get('level', '')} {entry.get('event', '')}"
-                + (f" {extra}" if extra else "")
-            )
-        return "\n".join(lines)
-
-    # ------------------------------------------------------------------ backfills
-
-    def create_backfill(
-        self,
-        dag_id: str,
-        from_date: datetime | str,
-        to_date: datetime | str,
-        reprocess_behavior: str = "none",
-        max_active_runs: int = 10,
-        dag_run_conf: Mapping[str, Any] | None = None,
-        run_backwards: bool = False,
-    ) -> dict[str, Any]:
-        """POST /backfills, the request the UI's Trigger -> Backfill dialog sends (``BackfillPostBody``).
-
-        ``from_date``/``to_date`` are both inclusive logical dates; ``reprocess_behavior`` is ``none``,
-        ``failed`` or ``completed``.
-        """
-        body = {
-            "dag_id": dag_id,
-            "from_date": iso(from_date),
-            "to_date": iso(to_date),
-            "run_backwards": run_backwards,
-            "dag_run_conf": dict(dag_run_conf) if dag_run_conf is not None else None,
-            "reprocess_behavior": reprocess_behavior,
-            "max_active_runs": max_active_runs,
-        }
-        return dict(self.api("POST", "/backfills", body))
-
     def cli_backfill(
         self,
         dag_id: str,
@@ -746,23 +394,6 @@ class AirflowServices:
             raise AirflowServicesError(f"airflow backfill create made no backfill:\n{done.stdout[-4000:]}")
         return max(created, key=lambda b: b["id"])
 
-    def backfills(self, dag_id: str) -> list[dict[str, Any]]:
-        """GET /backfills?dag_id=..., oldest first."""
-        return self.paged("/backfills", "backfills", {"dag_id": dag_id})
-
-    def backfill_runs(self, backfill: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Backfill-type runs whose logical date is in the backfill's (inclusive) range, oldest first.
-
-        The REST API does not expose ``dag_run.backfill_id``; a run cleared by a later backfill becomes that
-        backfill's run (same run id, ``run_type`` stays ``backfill``).
-        """
-        start, end = from_iso(backfill["from_date"]), from_iso(backfill["to_date"])
-        return [
-            r
-            for r in self.dag_runs(backfill["dag_id"], run_type="backfill")
-            if r["logical_date"] and start <= from_iso(r["logical_date"]) <= end
-        ]
-
     def wait_for_backfill(self, backfill_id: int, timeout: float = 120.0) -> dict[str, Any]:
         """Until the scheduler marks the backfill completed; returns the backfill.
 
@@ -796,69 +427,13 @@ class AirflowServices:
 
         self._poll(taken, timeout, lambda: f"the scheduler took no executor event for {key}", dag_id)
 
-    # ------------------------------------------------------------------ assets
-
-    def asset_events(self, **filters: Any) -> list[dict[str, Any]]:
-        """GET /assets/events with filters such as ``source_dag_id``, ``source_run_id``, ``asset_id``."""
-        return self.paged("/assets/events", "asset_events", {"order_by": "timestamp", **filters})
-
-    def upstream_asset_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """The asset events that triggered an asset-triggered run."""
-        return list(self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/upstreamAssetEvents")["asset_events"])
-
     # ------------------------------------------------------------------ diagnostics
 
     def diagnostics(self, dag_id: str | None = None, log_lines: int = 60) -> str:
         """Service log tails, and for ``dag_id`` its runs, task states and the logs of unsuccessful tasks."""
-        parts = [f"AIRFLOW_HOME={self.home} service logs in {self.log_dir}"]
-        services = self.processes + ([self.postgres.process] if self.postgres and self.postgres.process else [])
-        for service in services:
-            state = "running" if service.running else f"exited {service.popen.returncode}"
-            parts.append(f"--- {service.name} ({state}) {service.log_path} ---\n{tail(service.log_path, log_lines)}")
-        if dag_id:
-            try:
-                for run in self.dag_runs(dag_id)[-10:]:
-                    parts.append(
-                        f"run {run['dag_run_id']} type={run['run_type']} state={run['state']} "
-                        f"logical_date={run['logical_date']} end={run['end_date']}"
-                    )
-                    for ti in self.task_instances(dag_id, run["dag_run_id"]):
-                        parts.append(f"  task {ti['task_id']} state={ti['state']} try={ti['try_number']}")
-                        if ti["state"] not in ("success", None) and ti["try_number"]:
-                            log = self.task_log(dag_id, run["dag_run_id"], ti["task_id"], ti["try_number"])
-                            parts.append("\n".join(log.splitlines()[-log_lines:]))
-            except Exception as error:  # diagnostics must never hide the original failure
-                parts.append(f"(could not list runs of {dag_id}: {error!r})")
-        task_logs = sorted((self.home / "logs").glob("dag_id=*/**/*.log"), key=lambda p: p.stat().st_mtime)
-        for path in task_logs[-3:]:
-            parts.append(f"--- task log {path} ---\n{tail(path, log_lines)}")
-        return "\n".join(parts)
+        return diagnostics(self, self.home, self.log_dir, self._services(), dag_id, log_lines)
 
     def _poll(
         self, check: Callable[[], T | None], timeout: float, describe: Callable[[], str], dag_id: str | None = None
     ) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = check()
-            if result is not None:
-                return result
-            if time.monotonic() > deadline:
-                report = f"timed out after {timeout:.0f}s: {describe()}\n{self.diagnostics(dag_id)}"
-                print(report, file=sys.stderr)
-                raise AirflowServicesError(report)
-            time.sleep(0.5)
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    """Signal the process group led by ``pid`` (the service was started with ``start_new_session``)."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return poll(check, timeout, lambda: f"{describe()}\n{self.diagnostics(dag_id)}")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.scheduler.airflow_services import AirflowServices, from_iso
+from tests.scheduler.airflow_rest import from_iso
+from tests.scheduler.airflow_services import AirflowServices
 
 UPSTREAM = "selfcheck_upstream"
 DOWNSTREAM = "selfcheck_downstream"

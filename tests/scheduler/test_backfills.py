@@ -32,7 +32,8 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
-from tests.scheduler.airflow_services import AirflowServices, from_iso
+from tests.scheduler.airflow_rest import from_iso
+from tests.scheduler.airflow_services import AirflowServices
 from tests.support import REPO
 from tests.support.children import why
 from tests.support.kafka import create_topic

@@ -1,0 +1,116 @@
+"""MariaDB: the stack's server (``.stack/mariadb``), a second one for the fault tests (``.stack/mariadb-2``, next
+port), or the user's MySQL named by ``EO_MYSQL_HOST`` (then nothing is started)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from stack_services.layout import (
+    DB_NAME,
+    DB_PASSWORD,
+    DB_USER,
+    MARIADB_PORT,
+    SECOND_MARIADB,
+    SECOND_MARIADB_PORT,
+    STACK,
+)
+from stack_services.processes import die, pid_alive, port_open, require, spawn, stop, wait_for
+
+
+def mysql_settings() -> dict:
+    if os.environ.get("EO_MYSQL_HOST"):
+        return {
+            "host": os.environ["EO_MYSQL_HOST"],
+            "port": int(os.environ.get("EO_MYSQL_PORT", "3306")),
+            "user": os.environ.get("EO_MYSQL_USER", "root"),
+            "password": os.environ.get("EO_MYSQL_PASSWORD", ""),
+            "database": os.environ.get("EO_MYSQL_DATABASE", DB_NAME),
+            "external": True,
+        }
+    return {"host": "127.0.0.1", "port": MARIADB_PORT, "user": DB_USER,
+            "password": DB_PASSWORD, "database": DB_NAME, "external": False}
+
+
+def mysql_ready(settings: dict) -> bool:
+    import pymysql
+
+    try:
+        pymysql.connect(host=settings["host"], port=settings["port"], user=settings["user"],
+                        password=settings["password"], database=settings["database"],
+                        connect_timeout=2).close()
+        return True
+    except pymysql.MySQLError:
+        return False
+
+
+def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
+    """Start (or find running) the MariaDB server of ``home`` on ``port`` (default: the stack's)."""
+    settings = mysql_settings() if home is None else {
+        "host": "127.0.0.1", "port": port, "user": DB_USER, "password": DB_PASSWORD, "database": DB_NAME,
+        "external": False}
+    if settings["external"]:
+        print(f"stack: using your MySQL at {settings['host']}:{settings['port']} (EO_MYSQL_HOST)")
+        if not mysql_ready(settings):
+            die(f"cannot connect to MySQL at {settings['host']}:{settings['port']} as "
+                f"{settings['user']} (database {settings['database']}); check EO_MYSQL_* settings")
+        return settings
+    home = home or STACK / "mariadb"
+    pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
+    if pid_alive(pid_file):
+        wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+        print(f"stack: MariaDB already running at 127.0.0.1:{port}")
+        return settings
+    if port_open(port):
+        die(f"port {port} is taken by another process; set EO_STACK_MYSQL_PORT, "
+            "or EO_MYSQL_HOST to use that server")
+    apt_hint = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
+    mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
+    if not mariadbd:
+        die(f"'mariadbd' not found: {apt_hint}")
+    install_db = require("mariadb-install-db", apt_hint)
+    data = home / "data"
+    home.mkdir(parents=True, exist_ok=True)
+    fresh = not (data / "mysql").exists()
+    if fresh:
+        subprocess.run(
+            [install_db, f"--datadir={data}", "--user=root", "--auth-root-authentication-method=socket",
+             "--skip-test-db"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
+           "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
+           "--user=root", "--innodb-buffer-pool-size=256M", "--max-connections=500",
+           "--innodb-lock-wait-timeout=20", "--skip-name-resolve"],
+          home / "stdout.log", pid_file)
+    # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
+    wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
+    if fresh:
+        mariadb = require("mariadb", apt_hint)
+        sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
+               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}';"
+               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'127.0.0.1';"
+               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'localhost';")
+        deadline = time.monotonic() + 60
+        while subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql],
+                             capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                die(f"could not create database {DB_NAME}; see {log}")
+            time.sleep(0.5)
+    wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+    print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
+    return settings
+
+
+def second_mariadb_up() -> dict:
+    """A second MariaDB server (``.stack/mariadb-2``, next port): store and sink on two servers."""
+    return mariadb_up(SECOND_MARIADB, SECOND_MARIADB_PORT)
+
+
+def second_mariadb_down() -> None:
+    stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
+
