@@ -1,5 +1,6 @@
 """What a big batch log costs: ``airflow eo pipelines``, ``status``, ``verify``, a batch's planning + commit and what
-the DAG tab reads, on an empty offset store and on one holding N batch-log rows across 100 pipelines (MariaDB and PostgreSQL).
+the DAG tab reads, on an empty offset store and on one holding N batch-log rows across 100 pipelines (MariaDB and
+PostgreSQL).
 
     make up && . .stack/env && .venv/bin/python scripts/store_size.py            # 1,000,000 rows
     .venv/bin/python scripts/store_size.py --short                                 # 20,000 rows (the suite's)
