@@ -250,7 +250,9 @@ def test_the_in_doubt_page_api_is_protected_and_lists_the_xa_pipelines_branches_
     assert sorted(ours) == sorted(pipelines["in_doubt"]), found
     assert {(b["action"], b["branch"]) for b in ours.values()} == {("commit", "prepared XA branch")}, ours
     assert set(ours) <= set(found["overdue"])  # older than [eo] in_doubt_warning_seconds (0 in this deployment)
-    assert found["databases"] and not found["unchecked"], found
+    # (The lane's store also holds other tests' pipelines, some on connections that do not exist here: those are
+    # listed as not scanned; the XA pipeline's database is scanned.)
+    assert {b["database"] for b in ours.values()} <= set(found["databases"]), found
 
 
 def _get(airflow: AirflowServices, path: str) -> Any:
