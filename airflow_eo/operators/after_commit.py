@@ -1,12 +1,13 @@
 """What the micro-batch operator does once its batch committed: metrics, the consumer-group mirror, the history's
 retention. The batch is committed before any of these runs, so none of them fails the task: a failure is logged
-(and counted where a metric says so) and the next batch tries again."""
+(and counted where a metric says so) and the next batch tries again. Each logs through the task's own logger
+(``log``), so what it says is in the task's log."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any, Protocol
 
 from airflow_eo.core.batch import BatchSummary
 from airflow_eo.core.config import Mode, SinkRecord
@@ -19,7 +20,13 @@ from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
 
-log = logging.getLogger(__name__)
+
+class TaskLog(Protocol):
+    """The task's logger (an operator's ``self.log``), as these functions use it."""
+
+    def info(self, event: Any, *args: Any, **kw: Any) -> Any: ...
+
+    def warning(self, event: Any, *args: Any, **kw: Any) -> Any: ...
 
 
 def retention_seconds(value: timedelta | float | str | None, where: str = "history_retention") -> float | None:
@@ -39,7 +46,7 @@ def retention_seconds(value: timedelta | float | str | None, where: str = "histo
 
 
 def emit_metrics(summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook, mode: Mode,
-                 topics: Sequence[str], starting_offsets: str | int) -> None:
+                 topics: Sequence[str], starting_offsets: str | int, log: TaskLog) -> None:
     """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``)."""
     try:
         lag = None
@@ -52,7 +59,7 @@ def emit_metrics(summary: BatchSummary, store: PipelineLedger, kafka_hook: Kafka
 
 
 def mirror_group(summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook, mode: Mode,
-                 sink: SinkRecord) -> None:
+                 sink: SinkRecord, log: TaskLog) -> None:
     """The store's committed offsets into the consumer group ``airflow_eo.<pipeline_id>``, where lag tools
     (kafka-consumer-groups, Burrow, exporters) look; never read back."""
     capabilities = capabilities_of(sink)
@@ -69,7 +76,7 @@ def mirror_group(summary: BatchSummary, store: PipelineLedger, kafka_hook: Kafka
 
 
 def keep_history(summary: BatchSummary, retention_s: float | None, offset_store_conn_id: str, kafka_conn_id: str,
-                 actor: str) -> None:
+                 actor: str, log: TaskLog) -> None:
     """``history_retention``: a bounded share of the pipeline's history beyond it goes (``airflow eo prune``'s
     rules: never what decides in-doubt work, never the last committed batch), audited by ``actor``."""
     if retention_s is None or summary.already_committed:

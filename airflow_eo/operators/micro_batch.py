@@ -327,10 +327,10 @@ class KafkaMicroBatchOperator(BaseOperator):
             engine=self._engine,
             sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
         )
-        emit_metrics(summary, store, kafka_hook, self.mode, self.topics, self.starting_offsets)
-        mirror_group(summary, store, kafka_hook, self.mode, self.sink.record())
+        emit_metrics(summary, store, kafka_hook, self.mode, self.topics, self.starting_offsets, self.log)
+        mirror_group(summary, store, kafka_hook, self.mode, self.sink.record(), self.log)
         keep_history(summary, self._history_retention_s(), self.offset_store_conn_id, self.kafka_conn_id,
-                     actor=f"{self.dag_id}.{self.task_id} (history_retention)")
+                     actor=f"{self.dag_id}.{self.task_id} (history_retention)", log=self.log)
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters, %s duplicates%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,
