@@ -6,7 +6,9 @@ Kafka timestamp is at or after the interval's start up to the first at or after 
 hours from the UI (Trigger → Backfill) or ``airflow backfill create``; a cleared or
 reprocessed hour replays its recorded ranges and rewrites the same rows. An hour whose
 end the broker has not seen yet on every partition fails before any side effect and is
-retried.
+retried. Backfilling hours 3 at a time (``max_active_runs=3``)? Declare the sink's Asset as
+``store_hour``'s outlet, with your connection's address (docs/how-to/lineage.md): Airflow 3.3 can
+otherwise fail one of two runs whose batches commit at the same moment.
 
 ``params.topic`` (default ``page_views``) selects the topic; the pipeline id includes it,
 so each topic keeps its own batch log.

@@ -3,12 +3,12 @@
 from datetime import datetime, timedelta
 
 import pytest
-from airflow.sdk import DAG, CronDataIntervalTimetable, CronTriggerTimetable
+from airflow.sdk import DAG, Asset, CronDataIntervalTimetable, CronTriggerTimetable
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_pipeline_id
 from airflow_eo.operators import KafkaMicroBatchOperator
-from airflow_eo.operators.micro_batch import sink_asset_alias
+from airflow_eo.operators.micro_batch import declared_sink_outlet, sink_asset_alias
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 
 UPSERT = MySqlUpsertSink(table="t", key_columns=["id"])
@@ -66,6 +66,16 @@ def test_the_operator_declares_its_sink_asset_alias_as_outlet():
         task = op(task_id="store")
     assert sink_asset_alias("reuse", "store") in task.outlets
     assert sink_asset_alias("reuse", "store").name == "airflow_eo:reuse.store"
+
+
+def test_a_declared_outlet_with_the_sinks_uri_takes_the_event_instead_of_the_alias():
+    uri = "mysql://127.0.0.1:23306/airflow_eo/page_views"
+    with DAG("declared", schedule=None, start_date=datetime(2026, 1, 1)):
+        declared = op(task_id="declared", outlets=[Asset("file:///elsewhere"), Asset(uri)])
+        undeclared = op(task_id="undeclared", outlets=[Asset("mysql://127.0.0.1:23306/airflow_eo/other")])
+    assert declared_sink_outlet(declared.outlets, uri) == Asset(uri)
+    assert sink_asset_alias("declared", "declared") in declared.outlets  # kept: a sink whose URI differs
+    assert declared_sink_outlet(undeclared.outlets, uri) is None
 
 
 def test_a_continuous_task_runs_one_instance_at_a_time_unless_told_otherwise():

@@ -51,11 +51,13 @@ from datetime import datetime
 import time
 from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, AsyncCallback, DeadlineAlert, DeadlineReference, Param, task
+from airflow.sdk import (DAG, Asset, AsyncCallback, CronDataIntervalTimetable, DeadlineAlert, DeadlineReference,
+                         Param, task)
 
 from airflow_eo.operators.alerts import pipeline_deadline_missed
 
 from airflow_eo.examples import page_views
+from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
 
@@ -78,17 +80,21 @@ with DAG("eo_asset_downstream", schedule=[SINK], start_date=datetime(2026, 1, 1)
 
     record()
 
-# Airflow (3.3) creates an alias-emitted asset it has never seen at its first event; two runs
-# committing their first batches at the same moment race to create it (unique violation) and the
-# API server marks one task failed after its batch committed. A DAG that names the asset (here as
-# an inlet, as a reader of the table would) registers it at parse time: the README's advice.
-with DAG("eo_hourly_reader", schedule=None, start_date=datetime(2026, 1, 1)):
+# The hourly example with its sink's Asset declared as the task's outlet (docs/how-to/lineage.md): a
+# backfill's concurrent first batches would otherwise race in Airflow (3.3) to link the alias to the asset.
+with DAG("eo_hourly_declared", schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+         start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=3,
+         params={{"topic": Param("unset", type="string")}}):
 
-    @task(inlets=[Asset({hourly_uri!r})])
-    def read_hours() -> None:
-        pass
+    @task
+    def create_table() -> None:
+        page_views.ensure_tables(EoMySqlHook("mysql_default").get_connect_kwargs())
 
-    read_hours()
+    create_table() >> KafkaMicroBatchOperator(
+        task_id="store_hour", mode="interval", pipeline_id="eo_hourly_declared.{{{{ params.topic }}}}",
+        topics=["{{{{ params.topic }}}}"], schema=page_views.SCHEMA, retries=3, retry_delay=timedelta(seconds=30),
+        sink=MySqlUpsertSink(table="page_view_events_hourly", key_columns=["event_id"]),
+        outlets=[Asset({hourly_uri!r})])
 
 # A pipeline DAG's deadline, made to be missed: queued-at + 2 s, a first task that takes 15 s.
 with DAG("eo_deadline_probe", schedule=None, start_date=datetime(2026, 1, 1),
@@ -115,13 +121,13 @@ def asset_setup(tmp_path_factory, mysql_kwargs) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory, asset_setup) -> Iterator[AirflowServices]:
     dags = tmp_path_factory.mktemp("dags")
-    for name in ("page_view_events_hourly.py", "page_view_events_upsert.py", "recover_with_approval.py"):
+    for name in ("page_view_events_upsert.py", "recover_with_approval.py"):
         (dags / name).symlink_to(REPO / "dags" / name)
     (dags / "asset_dags.py").write_text(ASSET_DAGS.format(**asset_setup))
     env = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_") or k == "AIRFLOW_EO_SPARK_MASTER"}
     # The triggerer: deadline callbacks and the approval's wait run there.
     with AirflowServices(dags, env=env, base_dir=tmp_path_factory.mktemp("airflow"), triggerer=True) as services:
-        for dag_id in ("eo_asset_downstream", "eo_asset_upstream", "eo_hourly_reader", "page_view_events_hourly",
+        for dag_id in ("eo_asset_downstream", "eo_asset_upstream", "eo_hourly_declared",
                        "page_view_events_upsert", "eo_deadline_probe", "eo_recover_with_approval"):
             services.wait_for_dag(dag_id, timeout=120)
         yield services
@@ -137,21 +143,22 @@ def interval_epochs(mysql_kwargs: dict[str, Any], pipeline: str) -> list[int]:
                                              "ORDER BY interval_start", (pipeline,))]
 
 
-def test_backfill_of_interval_mode_dag_from_rest_api_and_cli(airflow, bootstrap, mysql_kwargs, topic_name):
+def test_backfill_of_interval_mode_dag_from_rest_api_and_cli(airflow, asset_setup, bootstrap, mysql_kwargs,
+                                                             topic_name):
     create_topic(bootstrap, topic_name, 3)
     events = produce_hours(bootstrap, topic_name, [120, 150, 90, 60])  # hour 3 ends hour 2 on every partition
-    pipeline, conf = f"page_view_events_hourly.{topic_name}", {"topic": topic_name}
+    dag_id, conf = "eo_hourly_declared", {"topic": topic_name}
+    pipeline = f"{dag_id}.{topic_name}"
     ids = tuple(e["event_id"] for e in events)
     ours = f"SELECT * FROM page_view_events_hourly WHERE event_id IN ({', '.join(['%s'] * len(ids))}) ORDER BY 1"
 
-    airflow.unpause("page_view_events_hourly")
+    airflow.unpause(dag_id)
     # The UI's Trigger → Backfill: hours 0..2 by their logical dates (interval starts), 3 at a time.
-    backfill = airflow.create_backfill("page_view_events_hourly", hour(0)[0], hour(2)[0], max_active_runs=3,
-                                       dag_run_conf=conf)
+    backfill = airflow.create_backfill(dag_id, hour(0)[0], hour(2)[0], max_active_runs=3, dag_run_conf=conf)
     runs = airflow.backfill_runs(backfill)
     assert sorted(from_iso(r["logical_date"]) for r in runs) == [hour(h)[0] for h in (0, 1, 2)]
     run_ids = [r["dag_run_id"] for r in runs]
-    succeeded(airflow, "page_view_events_hourly", run_ids)
+    succeeded(airflow, dag_id, run_ids)
     stored = rows(mysql_kwargs, ours, ids)
     assert {r[0] for r in stored} == hours_truth(events, 0, 1, 2)
     batches = sorted(batch_rows(mysql_kwargs, pipeline), key=lambda b: b["ranges"][0]["from_offset"])
@@ -159,20 +166,27 @@ def test_backfill_of_interval_mode_dag_from_rest_api_and_cli(airflow, bootstrap,
     for earlier, later in zip(batches, batches[1:], strict=False):  # contiguous hours, no overlap
         assert [r["until_offset"] for r in earlier["ranges"]] == [r["from_offset"] for r in later["ranges"]]
     assert interval_epochs(mysql_kwargs, pipeline) == [1, 1, 1]  # concurrent hours fenced nobody
+    # Each run's event is on the declared Asset: its batch, not yet a replay.
+    first = [e for run_id in run_ids for e in airflow.asset_events(source_run_id=run_id)]
+    assert {e["uri"] for e in first} == {asset_setup["hourly_uri"]}
+    assert sorted(e["extra"]["batch_id"] for e in first) == sorted(b["batch_id"] for b in batches)
+    assert {(e["extra"]["replayed"], e["extra"]["already_committed"]) for e in first} == {(False, False)}
 
     # The same range again from the CLI, reprocessing completed runs: every hour replays, nothing changes.
     airflow.wait_for_backfill(backfill["id"], timeout=120)  # one active backfill per DAG
     rerun_after = from_iso(max(r["end_date"] for r in airflow.backfill_runs(backfill)))
-    again = airflow.cli_backfill("page_view_events_hourly", hour(0)[0], hour(2)[0], reprocess_behavior="completed",
+    again = airflow.cli_backfill(dag_id, hour(0)[0], hour(2)[0], reprocess_behavior="completed",
                                  max_active_runs=3, dag_run_conf=conf)
     assert sorted(r["dag_run_id"] for r in airflow.backfill_runs(again)) == sorted(run_ids)
-    succeeded(airflow, "page_view_events_hourly", run_ids, ended_after=rerun_after)
+    succeeded(airflow, dag_id, run_ids, ended_after=rerun_after)
     assert rows(mysql_kwargs, ours, ids) == stored
     assert interval_epochs(mysql_kwargs, pipeline) == [2, 2, 2]
     summaries = rows(mysql_kwargs, "SELECT summary FROM eo_batch WHERE pipeline_id = %s", (pipeline,))
     assert [json.loads(s[0])["replayed"] for s in summaries] == [True] * 3
+    events = [e for run_id in run_ids for e in airflow.asset_events(source_run_id=run_id)]
+    assert sorted(e["extra"]["replayed"] for e in events) == [False] * 3 + [True] * 3
     airflow.wait_for_backfill(again["id"], timeout=120)
-    airflow.pause("page_view_events_hourly")
+    airflow.pause(dag_id)
 
 
 def test_backfill_of_continuous_mode_dag_continues_from_committed_offsets(airflow, bootstrap, mysql_kwargs):
