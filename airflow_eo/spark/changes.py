@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 SKIP, KEY_ID, NEWEST = "_eo_skip", "_eo_key_id", "_eo_newest"
 #: The parts of Debezium's ``source`` block that give a change's position (PostgreSQL, MySQL / MariaDB).
 SOURCE_DDL = "lsn BIGINT, sequence STRING, file STRING, pos BIGINT, row INT, snapshot STRING"
+#: A change's op and position, computed once per record while it is parsed (:func:`change_columns`).
+_OP, _POSITION = "_eo_change_op", "_eo_change_position"
 
 
 def envelope_ddl(row: StructType) -> str:
@@ -86,7 +88,7 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
     # parse into every reference (as spark/parsing.py's JSON values).
     df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
-    columns, change_error, skip = change_columns("_eo_v", row, key_columns, truncates=truncates)
+    df, columns, change_error, skip = change_columns(df, "_eo_v", row, key_columns, truncates=truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
              .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
                  "value is malformed JSON, or a change event whose row does not match the schema (a column of "
@@ -143,14 +145,17 @@ def decoded_changes(df: DataFrame, decoded: str, decode_error: Column, row: Stru
     (``envelope``: its type) with ``decode_error`` (NULL: decoded)."""
     from pyspark.sql import functions as F
 
-    columns, change_error, skip = change_columns(decoded, row, key_columns, envelope, truncates)
+    df, columns, change_error, skip = change_columns(df, decoded, row, key_columns, envelope, truncates)
     error = F.coalesce(decode_error, change_error)
     return df, columns, F.when(~skip, error), skip
 
 
-def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], envelope: StructType | None = None,
-                   truncates: bool = False) -> tuple[list[Column], Column, Column]:
-    """From the struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`, or decoded from Avro or
+def change_columns(df: DataFrame, parsed: str, row: StructType, key_columns: Sequence[str],
+                   envelope: StructType | None = None, truncates: bool = False
+                   ) -> tuple[DataFrame, list[Column], Column, Column]:
+    """``df`` with the change's op and position computed once (:data:`_OP`, :data:`_POSITION`: each is read by
+    several of the columns below, and Spark does not share an expression between the branches of a CASE); from the
+    struct column ``parsed`` (a change event parsed with :func:`envelope_ddl`, or decoded from Avro or
     Protobuf: then ``envelope`` is its type, without the JSON converter's ``payload`` wrapper): the row's columns (the
     ``after`` image, or ``before`` for a delete) followed by :data:`DELETE_COLUMN`, :data:`CHANGE_OP` and
     :data:`POSITION_COLUMN`; what is wrong with a change that is one (NULL: nothing); and whether the record is no
@@ -172,12 +177,15 @@ def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], env
 
         # Protobuf has no NULL for a proto3 string: an event without an op has "".
         op, source = F.when(part("op") != "", part("op")), _source_block(part("source"), envelope)
+    df = df.withColumn(_OP, op)
+    op = F.col(_OP)
+    df = df.withColumn(_POSITION, _position(op, source))
+    position = F.col(_POSITION)
     before, after = part("before"), part("after")
     image = F.when(op == DELETE_OP, before).otherwise(after)
     columns = [image.getField(f.name).alias(f.name) for f in row.fields]
     # A truncate (no row) counts as a delete for the value checks: it has no column values to check.
     deleted = op.isin(DELETE_OP, TRUNCATE_OP).alias(DELETE_COLUMN)
-    position = _position(op, source)
     # No row: a tombstone (Debezium's after a delete, for log compaction), a heartbeat ({"ts_ms": ..}) or a
     # transaction's BEGIN / END record.
     skip = F.col("kafka_value").isNull() | (op.isNull() & (part("status").isNotNull() | (
@@ -199,7 +207,7 @@ def change_columns(parsed: str, row: StructType, key_columns: Sequence[str], env
     for key in key_columns:
         error = error.when(image.getField(key).isNull(), F.lit(f"change without its key column {key!r}"))
     error = error.when(position.isNull(), F.lit("change without a source position (source.lsn or source.file/pos)"))
-    return [*columns, deleted, op.alias(CHANGE_OP), position.alias(POSITION_COLUMN)], error, skip
+    return df, [*columns, deleted, op.alias(CHANGE_OP), position.alias(POSITION_COLUMN)], error, skip
 
 
 def _source_block(source: Column, envelope: StructType) -> Column:
@@ -221,10 +229,18 @@ def _position(op: Column, source: Column) -> Column:
     :func:`~airflow_eo.core.changes.mysql_position`)."""
     from pyspark.sql import functions as F
 
-    sequence = F.from_json(source.getField("sequence"), "array<string>")
+    # sequence: ["<last commit LSN>","<LSN>"] (either may be null). Split as text: a JSON parse per record costs
+    # more than the rest of the position.
+    sequence = source.getField("sequence")
+
+    def item(text: Column) -> Column:
+        return F.translate(text, '[]" ', "").try_cast("long")
+
+    pair = sequence.contains(",")
     snapshot = op == "r"
-    lsn = F.coalesce(sequence.getItem(1).cast("long"), source.getField("lsn"))
-    pg_high = F.when(snapshot, lsn).otherwise(F.coalesce(sequence.getItem(0).cast("long"), lsn))
+    lsn = F.coalesce(F.when(pair, item(F.substring_index(sequence, ",", -1))), source.getField("lsn"))
+    last_commit = F.when(pair, item(F.substring_index(sequence, ",", 1))).otherwise(item(sequence))
+    pg_high = F.when(snapshot, lsn).otherwise(F.coalesce(last_commit, lsn))
     pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn)
     file_number = F.coalesce(F.regexp_extract(source.getField("file"), r"\.(\d+)$", 1).try_cast("long"),
                              F.lit(0).cast("long"))
@@ -261,12 +277,20 @@ def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappin
                    partitions: int) -> DataFrame:
     """The batch's changes (with :data:`KEY_ID`) spread by key into ``partitions`` tasks; per key, the newest change
     by position when it is newer than the sink's recorded one (:func:`~airflow_eo.core.changes.winners`). Bad records
-    stay (they become dead letters or fail the batch); every other change goes."""
+    stay (they become dead letters or fail the batch); every other change goes.
+
+    The newest change of each key is found by Spark (a window over the key, as its sort needs no Python), so only
+    those reach the look-up's Python tasks: a tenth of the records where a key changes ten times a batch."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
 
-    spread, names = positional(parsed.repartition(partitions, F.col(KEY_ID)))
-    schema = StructType([*spread.schema.fields, StructField(NEWEST, BooleanType(), False)])
+    spread = parsed.repartition(partitions, F.col(KEY_ID))  # the window's exchange: the tasks are ours
+    latest = Window.partitionBy(KEY_ID).orderBy(F.col(POSITION_COLUMN).desc())
+    ranked = spread.withColumn(NEWEST, F.row_number().over(latest) == 1)
+    # A key's newest change, or any bad record (a bad newest change is kept as bad: no older one is written for it).
+    candidates, names = positional(ranked.where(F.col(NEWEST) | F.col("_eo_error").isNotNull()).drop(NEWEST))
+    schema = StructType([*candidates.schema.fields, StructField(NEWEST, BooleanType(), False)])
     key_at, position_at, error_at = names.index(KEY_ID), names.index(POSITION_COLUMN), names.index("_eo_error")
 
     def marked(batches: Iterable[Any]) -> Iterator[Any]:
@@ -279,7 +303,7 @@ def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappin
         marks = newest_marks(table, key_at, position_at, error_at, lookup)
         yield from table.append_column(NEWEST, marks).to_batches()
 
-    marked_df = spread.mapInArrow(marked, schema).toDF(*names, NEWEST)
+    marked_df = candidates.mapInArrow(marked, schema).toDF(*names, NEWEST)
     return marked_df.where(F.col(NEWEST) | F.col("_eo_error").isNotNull()).drop(NEWEST)
 
 
