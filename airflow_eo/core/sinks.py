@@ -201,7 +201,12 @@ def spec_from_record(record: SinkRecord, conn_id: str | None = None) -> SinkSpec
     options = {k: v for k, v in record.options.items() if k in names}
     if conn_id:
         options["conn_id"] = conn_id
-    return cls(**options)
+    try:
+        return cls(**options)
+    except TypeError as exc:  # a record written by a version whose spec had other required fields
+        raise ConfigurationError(
+            f"the store's record of this {record.kind} (options {sorted(record.options)}) does not make a "
+            f"{record.kind} of this version: {exc}. A run of the pipeline's DAG records it again") from exc
 
 
 def _json_value(value: Any) -> Any:

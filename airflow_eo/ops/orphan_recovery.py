@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_eo.core.errors import OperationError
+from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.orphans import (
     InDoubtServer,
     OpenTransaction,
@@ -266,7 +266,8 @@ class OrphanRecovery:
                 try:
                     sink = self.context.connections.sink(info.pipeline_id, info.sink)
                 except Exception as exc:
-                    unchecked.append(f"{info.sink.kind} on connection {info.sink.conn_id}: could not be reached "
+                    reason = "could not be built" if isinstance(exc, ConfigurationError) else "could not be reached"
+                    unchecked.append(f"{info.sink.kind} on connection {info.sink.conn_id}: {reason} "
                                      f"({self.context.said(exc, 'sink of ' + info.pipeline_id)})")
                     continue
                 if not isinstance(sink, InDoubtServer):

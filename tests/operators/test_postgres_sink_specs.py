@@ -106,3 +106,11 @@ def test_a_gid_is_the_xid_text_and_only_ours_are_read_back():
     assert gid(xid) == "eo:0123456789ab:7/3:-1:2:5" and parse_gid(gid(xid)) == xid
     assert parse_gid("eo:0123456789ab:7/3:1:2") is None and parse_gid("other") is None
     assert parse_gid("eo:0123456789ab:7/3:1:2:5'; DROP TABLE x; --") is None
+
+
+def test_a_record_that_lacks_a_required_field_of_this_version_says_so():
+    stored = SinkRecord.from_json(PostgresUpsertSink(table="t", key_columns=["id"]).record().to_json())
+    older = SinkRecord.from_json(stored.to_json().replace('"key_columns"', '"key_columns_of_old"'))
+    with pytest.raises(ConfigurationError, match=r"record of this PostgresUpsertSink .* does not make a "
+                                                 r"PostgresUpsertSink of this version: .*key_columns"):
+        spec_from_record(older)
