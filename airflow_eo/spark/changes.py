@@ -266,11 +266,30 @@ def with_key_ids(parsed: DataFrame, key_columns: Sequence[str]) -> DataFrame:
     if missing:
         raise ConfigurationError(f"changes: the sink's key column(s) {', '.join(missing)} are not columns of the "
                                  f"schema ({', '.join(c for c in parsed.columns if not c.startswith('_eo_'))})")
-    identity = F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]))
+    identity = _key_json(parsed, key_columns)
     known = F.col(POSITION_COLUMN).isNotNull()
     for c in key_columns:
         known = known & F.col(f"`{c}`").isNotNull()
     return parsed.withColumn(KEY_ID, F.when(known, F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
+
+
+def _key_json(parsed: DataFrame, key_columns: Sequence[str]) -> Column:
+    """The key columns' values as ``to_json(struct(key columns))`` writes them (the key id hashes this text, so it
+    must not change): spelled out with ``concat`` when every key column is an integer with a plain name (the common
+    primary key; Jackson per record costs more), else ``to_json`` itself."""
+    import re
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType
+
+    types = {f.name: f.dataType for f in parsed.schema.fields}
+    if not all(isinstance(types[c], (ByteType, ShortType, IntegerType, LongType)) and re.fullmatch(r"\w+", c, re.ASCII)
+               for c in key_columns):
+        return F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]))
+    parts: list[Column] = []
+    for i, c in enumerate(key_columns):
+        parts += [F.lit(("{" if i == 0 else ",") + f'"{c}":'), F.col(f"`{c}`").cast("string")]
+    return F.concat(*parts, F.lit("}"))
 
 
 def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]],
