@@ -328,7 +328,8 @@ def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mappin
 
 def newest_marks(table: Any, key_at: int, position_at: int, error_at: int,
                  lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]]) -> Any:
-    """One task's changes (an Arrow table holding every change of its keys): True for the change each key writes.
+    """One task's changes (an Arrow table holding, of each of its keys, every change or at least the newest one and the
+    bad ones: :func:`newest_changes` hands it those): True for the change each key writes.
     The newest by position of each key is found with Arrow's sort; the recorded positions of those keys are read at
     once (the look-up), and a change not newer than its key's is not written, nor one that is a bad record (the
     key's older changes are not written in its place)."""
