@@ -21,13 +21,13 @@ from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
+from airflow_eo.spark.change_transforms import transform_changes
 from airflow_eo.spark.changes import (
     SKIP,
     PositionPartitions,
     newest_changes,
     position_rows,
     purge_delete_markers,
-    transform_changes,
     truncate_position,
     with_key_ids,
 )
@@ -112,7 +112,7 @@ class ChangeBatches:
 
     def apply_transformed(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                           sink: Sink, untransformed: ChangeBatches) -> ExecutionResult:
-        """:meth:`apply` of the transform's output (:func:`~airflow_eo.spark.changes.transform_changes`), by
+        """:meth:`apply` of the transform's output (:func:`~airflow_eo.spark.change_transforms.transform_changes`), by
         ``untransformed`` (an engine's without the transform): a row the table refuses then fails the batch (a
         transformed row is not one record). Every record read counts, those the transform dropped too (a job of
         its own)."""

@@ -10,6 +10,7 @@ records of its heartbeat and transaction-metadata topics when a pipeline reads t
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from airflow_eo.core.abilities import ChangePositions
 from airflow_eo.core.batch import PartitionWriter
 from airflow_eo.core.changes import (
     CHANGE_OP,
-    CHANGE_POSITION,
     CHANGE_POSITION_KEY,
     DEFAULT_DELETE_RETENTION,
     DELETE_OP,
@@ -277,8 +277,6 @@ def _key_json(parsed: DataFrame, key_columns: Sequence[str]) -> Column:
     """The key columns' values as ``to_json(struct(key columns))`` writes them (the key id hashes this text, so it
     must not change): spelled out with ``concat`` when every key column is an integer with a plain name (the common
     primary key; Jackson per record costs more), else ``to_json`` itself."""
-    import re
-
     from pyspark.sql import functions as F
     from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType
 
@@ -371,13 +369,6 @@ def position_rows(changes: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
         F.lit(batch_id).cast("long").alias("batch_id"))
 
 
-#: What a transform sees of a change besides the row's columns (the position as its 32 hex digits).
-def transform_columns() -> list[Column]:
-    from pyspark.sql import functions as F
-
-    return [F.col(CHANGE_OP), F.lower(F.hex(F.col(POSITION_COLUMN))).alias(CHANGE_POSITION)]
-
-
 @dataclass(frozen=True)
 class PositionPartitions:
     """The change-position table's writer run as a job's partition writer, numbered apart
@@ -410,40 +401,6 @@ def purge_delete_markers(changes: ChangePositions, pipeline_id: str, limit: int)
     except Exception:
         log.warning("changes: could not remove delete markers past retention (the next batch tries again)",
                     exc_info=True)
-
-
-def transform_changes(parsed: DataFrame, payload: Sequence[str], key_columns: Sequence[str],
-                      transform: Callable[[DataFrame], DataFrame], metadata: Sequence[str]
-                      ) -> tuple[DataFrame, list[str]]:
-    """A transform over a batch's changes: it sees each good change's row columns, :data:`CHANGE_OP`,
-    :data:`CHANGE_POSITION` (32 hex digits) and the record's metadata columns, and returns rows that keep the key
-    columns, ``change_op`` and ``change_position`` (it may add, compute, rename or drop the others, and filter
-    changes out). Its output becomes the changes the sink applies (a ``d`` deletes the row of its key), beside the
-    batch's bad and skipped records, untouched: ``(the changes, their payload columns)``."""
-    from pyspark.sql import functions as F
-
-    good = parsed.where(F.col("_eo_error").isNull() & ~F.col(SKIP))
-    row = [c for c in payload if c != DELETE_COLUMN]
-    seen = good.select(*[F.col(f"`{c}`") for c in row], *transform_columns(), *[F.col(c) for c in metadata])
-    out = transform(seen)
-    missing = [c for c in (*key_columns, CHANGE_OP, CHANGE_POSITION) if c not in out.columns]
-    if missing:
-        raise ConfigurationError(
-            f"changes: the transform's output lacks {', '.join(missing)}; it has {', '.join(out.columns)}. A transform "
-            f"over changes keeps the key column(s) {', '.join(key_columns)}, {CHANGE_OP} and {CHANGE_POSITION} as it "
-            "got them (they say which row the change is of, whether it deletes it, and its order)")
-    columns = [c for c in out.columns if c not in (CHANGE_OP, CHANGE_POSITION, *metadata)]
-    kept = [c for c in metadata if c in out.columns]
-    at = F.col("kafka_timestamp") if "kafka_timestamp" in out.columns else F.lit(None).cast("timestamp")
-    changes = out.select(*[F.col(f"`{c}`") for c in columns], (F.col(CHANGE_OP) == DELETE_OP).alias(DELETE_COLUMN),
-                         F.unhex(F.col(CHANGE_POSITION)).alias(POSITION_COLUMN),
-                         *[F.col(c) for c in kept if c != "kafka_timestamp"],
-                         F.coalesce(at, F.current_timestamp()).alias("kafka_timestamp"),
-                         F.lit(None).cast("string").alias("_eo_error"), F.lit(False).alias(SKIP))
-    # The bad and skipped records go on as they came (dead letters, a failed batch, or counted), without the row's
-    # columns, which the transform may have given other types.
-    others = parsed.where(F.col("_eo_error").isNotNull() | F.col(SKIP)).drop(*payload, POSITION_COLUMN, CHANGE_OP)
-    return changes.unionByName(others, allowMissingColumns=True), [*columns, DELETE_COLUMN]
 
 
 def truncate_position(parsed: DataFrame) -> bytes | None:
