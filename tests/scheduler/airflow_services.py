@@ -38,6 +38,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,7 @@ from tests.scheduler.service_processes import (
     ServiceProcess,
     free_loopback_port,
     raise_if_a_service_died,
+    signal_group,
     spawn_service,
     stop_services,
 )
@@ -259,8 +261,23 @@ class AirflowServices(AirflowRestApi):
 
     def _spawn(self, name: str, *args: str) -> ServiceProcess:
         service = spawn_service(name, [*AIRFLOW_CLI, *args], self.env, self.base_dir, self.log_dir)
+        service.args = args
         self.processes.append(service)
         return service
+
+    def service_log(self, name: str) -> Path:
+        """The log file of a service (its output; a service started again writes on in it)."""
+        return next(s.log_path for s in self.processes if s.name == name)
+
+    def kill_and_restart(self, name: str) -> None:
+        """SIGKILL a service's process group, as a crash would, and start it again (its log goes on in the same
+        file); returns once every service reports healthy."""
+        service = next(s for s in self.processes if s.name == name)
+        signal_group(service.popen.pid, signal.SIGKILL)
+        service.popen.wait(timeout=30)
+        self.processes.remove(service)
+        self._spawn(name, *service.args)
+        self.wait_until_healthy(self.startup_timeout)
 
     def airflow_cli(
         self, *args: str, timeout: float = 120, log_name: str | None = None

@@ -27,6 +27,7 @@ class ServiceProcess:
     popen: subprocess.Popen[bytes]
     log_path: Path
     descendants: list[psutil.Process] = field(default_factory=list)
+    args: tuple[str, ...] = ()  # the ``airflow`` command's arguments: what starts it again
 
     @property
     def running(self) -> bool:
