@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -19,10 +20,13 @@ from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 
-class SqlDatabase:
+class SqlDatabase(ABC):
     """One SQL database, as :mod:`airflow_eo.sqlsink` and :mod:`airflow_eo.sqlstore` use it.
 
     Connections are DB-API ones whose ``cursor()`` is a context manager, statements take ``%s`` placeholders.
+    The abstract methods are what every database spells its own way (mypy and Python refuse a descriptor lacking
+    one); the tables of an ability (seen ids, change positions) are asked only of a database whose kinds declare
+    it (``tests/operators/test_sink_abilities.py`` checks that they do).
     """
 
     #: what messages call it
@@ -52,15 +56,18 @@ class SqlDatabase:
 
     # -- connections and errors
 
+    @abstractmethod
     def connect(self, connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
         """A connection (``autocommit`` among ``options``) whose cursors return tuples."""
         raise NotImplementedError
 
+    @abstractmethod
     def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
         """The offset store's connection: one transaction (not autocommit), cursors returning rows as dicts, and
         counting matched rows (a compare-and-set that rewrites an unchanged value still counts)."""
         raise NotImplementedError
 
+    @abstractmethod
     def errors(self) -> tuple[type[BaseException], ...]:
         """The driver's error base classes."""
         raise NotImplementedError
@@ -77,6 +84,7 @@ class SqlDatabase:
         """Whether ``exc`` says an added column exists already (added meanwhile by another attempt)."""
         return False
 
+    @abstractmethod
     def is_missing_table(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the table read does not exist."""
         raise NotImplementedError
@@ -85,6 +93,7 @@ class SqlDatabase:
         """Whether ``exc`` is worth a retry (a lost connection, a deadlock), not a mistake to report."""
         return False
 
+    @abstractmethod
     def read_dicts(self, connect_kwargs: Mapping[str, Any], statement: str,
                    args: Sequence[Any]) -> list[dict[str, Any]]:
         """The rows of one query as dicts, timestamps in UTC, bytes as ``bytes``."""
@@ -92,6 +101,7 @@ class SqlDatabase:
 
     # -- the offset store's migrations
 
+    @abstractmethod
     def lock_migrations(self, cur: Any) -> None:
         """Serialize two stores migrating at once (held until :meth:`unlock_migrations` or the transaction's end)."""
         raise NotImplementedError
@@ -106,10 +116,12 @@ class SqlDatabase:
 
     # -- identifiers, types, statements
 
+    @abstractmethod
     def quote_table(self, table: str) -> str:
         """``table`` or ``schema.table`` validated and quoted."""
         raise NotImplementedError
 
+    @abstractmethod
     def add_column_statement(self, table: str, column: str, sql_type: str) -> str:
         """``ALTER TABLE .. ADD COLUMN`` of a nullable column."""
         raise NotImplementedError
@@ -121,12 +133,14 @@ class SqlDatabase:
             return self.decimal_type.format(precision=match[1], scale=match[2])
         return self.spark_column_types.get(spark_type)
 
+    @abstractmethod
     def dead_letter_ddl(self, table: str) -> str:
         """``CREATE TABLE IF NOT EXISTS`` of the dead-letter table at its newest version."""
         raise NotImplementedError
 
     def seen_id_ddl(self, table: str) -> str:
-        """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (:mod:`airflow_eo.sqlsink.seen_ids`)."""
+        """``CREATE TABLE IF NOT EXISTS`` of the seen-id table (:mod:`airflow_eo.sqlsink.seen_ids`); a database whose
+        kinds declare ``seen_ids`` spells it, with :meth:`purge_seen_ids`."""
         raise NotImplementedError
 
     def seen_id_indexes(self, table: str) -> list[str]:
@@ -139,7 +153,8 @@ class SqlDatabase:
         raise NotImplementedError
 
     def change_position_ddl(self, table: str) -> str:
-        """``CREATE TABLE IF NOT EXISTS`` of the change-position table (:mod:`airflow_eo.sqlsink.change_positions`)."""
+        """``CREATE TABLE IF NOT EXISTS`` of the change-position table (:mod:`airflow_eo.sqlsink.change_positions`);
+        a database whose kinds declare ``applies_changes`` spells it."""
         raise NotImplementedError
 
     def change_position_indexes(self, table: str) -> list[str]:
@@ -151,6 +166,7 @@ class SqlDatabase:
         return missing_column_statements(table, columns, self.dead_letter_migrations, self.add_column_statement,
                                          self.case_insensitive_columns)
 
+    @abstractmethod
     def table_columns(self, cur: Any, table: str) -> list[str]:
         """The columns of ``table`` in order; empty when it does not exist."""
         raise NotImplementedError
@@ -175,11 +191,13 @@ class SqlDatabase:
         """Whether ``exc`` says the user may not read what it asked for."""
         return True
 
+    @abstractmethod
     def fence_advice(self, store_kwargs: Mapping[str, Any]) -> str:
         """The end of the message to a sink user who may not read the store's epoch: where the fence applies, and
         what to grant."""
         raise NotImplementedError
 
+    @abstractmethod
     def lock_wait(self, seconds: int) -> str:
         """The session statement that bounds how long DDL waits for other sessions' locks."""
         raise NotImplementedError
@@ -190,6 +208,7 @@ class SqlDatabase:
 
     # -- two-phase commit
 
+    @abstractmethod
     @contextlib.contextmanager
     def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
         """The database's two-phase API on a new session, closed afterwards (a prepared branch survives it)."""

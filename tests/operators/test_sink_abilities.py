@@ -74,6 +74,28 @@ def test_every_kind_implements_the_role_of_each_ability_it_declares_and_no_other
         assert adapter.capabilities is sink_kinds()[name].capabilities  # the kind's, not the adapter's own
 
 
+#: the descriptor's methods an ability's tables need, which a database without the ability need not spell
+DESCRIPTOR_METHODS = {"seen_ids": ("seen_id_ddl", "purge_seen_ids"), "applies_changes": ("change_position_ddl",)}
+
+
+def test_a_sql_database_spells_the_tables_of_every_ability_its_kinds_declare(adapters):
+    """The descriptor's abstract methods are checked by mypy and Python; these hang on the abilities."""
+    from airflow_eo.sqlsink.database import SqlDatabase
+
+    checked = set()
+    for name, adapter in adapters.items():
+        database = getattr(type(adapter), "database", None)
+        if not isinstance(database, SqlDatabase):
+            continue
+        for ability, methods in DESCRIPTOR_METHODS.items():
+            if ability in sink_kinds()[name].capabilities.abilities():
+                for method in methods:
+                    assert getattr(type(database), method) is not getattr(SqlDatabase, method), (
+                        f"{name} declares {ability}: {type(database).__name__} must define {method}")
+                    checked.add((type(database).__name__, method))
+    assert {db for db, _ in checked} == {"MySqlDatabase", "PostgresDatabase"}
+
+
 def test_the_abilities_of_the_built_in_kinds(adapters):
     abilities = {name: sorted(kind.capabilities.abilities()) for name, kind in sink_kinds().items()}
     sql = ["dead_letters", "refused_rows", "seen_ids", "value_checks"]
