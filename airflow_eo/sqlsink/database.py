@@ -108,6 +108,7 @@ class SqlDatabase(ABC):
 
     def unlock_migrations(self, cur: Any) -> None:
         """Release what :meth:`lock_migrations` took, when the transaction's end does not."""
+        return None  # by default the transaction's end does
 
     def already_applied(self, exc: BaseException) -> bool:
         """Whether a migration's statement failed because an interrupted run applied it (DDL that commits on its

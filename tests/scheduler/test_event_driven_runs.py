@@ -21,8 +21,9 @@ pytestmark = pytest.mark.timeout(1500)
 
 def test_records_start_runs_that_commit_them_once_and_nothing_else_starts_one(tmp_path: Path):
     out = tmp_path / "latency.json"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "latency.py"), "--short", "--faults", "--json", str(out),
-                           "--keep", str(tmp_path / "deployment")], capture_output=True, text=True, timeout=1400)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "latency.py"), "--short", "--faults",
+                           "--json", str(out), "--keep", str(tmp_path / "deployment")],
+                          capture_output=True, text=True, timeout=1400)
     output = f"exit {done.returncode}\n--- stdout ---\n{done.stdout[-8000:]}\n--- stderr ---\n{done.stderr[-8000:]}"
     assert out.exists(), output
     figures = json.loads(out.read_text())
