@@ -26,7 +26,8 @@ from examples import ip_counts
 from examples.page_views import produce_page_views
 from examples.state import reset_ip_counts
 from examples.topics import read_records
-from tests.integration.page_views import (
+from tests.support.kafka import create_topic
+from tests.support.page_views import (
     REPO,
     UPSERT_PIPELINE,
     XA_PIPELINE,
@@ -36,7 +37,6 @@ from tests.integration.page_views import (
     run_child,
     run_dag,
 )
-from tests.support.kafka import create_topic
 
 SPARK_DIR = Path(os.environ.get("EO_STACK_DIR", REPO / ".stack")) / "spark"
 

@@ -16,9 +16,9 @@ from types import ModuleType
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlXaSink
 from examples import ip_counts, page_views
-from tests.integration.operator_harness import counts_table, operator, run
 from tests.support.faults import Faults, Supervisor, check_end_state, check_kafka_sink_end_state, gone, store_rows
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import counts_table, operator, run
 
 ATTEMPT_SECONDS = 180  # a broker back within seconds: reads and transactions go on or fail, never hang
 

@@ -22,9 +22,9 @@ from airflow_eo.core.failpoints import fired
 from airflow_eo.hooks.mysql import EoMySqlHook, OffsetStoreHook
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples import page_views
-from tests.integration.operator_harness import counts_table, events_table, operator, run
 from tests.support.faults import Faults, check_end_state, gone, store_rows
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import counts_table, events_table, operator, run
 
 XA_STEPS = ["during_write", "in_store_commit", "after_prepare", "after_commit_point"]
 UPSERT_STEPS = ["during_write", "in_store_commit", "after_commit_point"]

@@ -31,8 +31,8 @@ from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.mysql.sql import dead_letter_ddl, upsert_statement
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 from examples.state import our_prepared_branches as prepared
-from tests.integration.operator_harness import operator, rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, rows, run
 
 SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 HOSTILE = st.text(alphabet=st.sampled_from([*"`'\";-/*#. \t\n\\()=%,", "\x00", "é", "日", "😀", "ǅ",

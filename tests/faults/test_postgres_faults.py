@@ -34,10 +34,10 @@ from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples import page_views
-from tests.integration.operator_harness import operator, run
-from tests.integration.page_views import assert_contiguous
 from tests.support.faults import Faults, gone
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, run
+from tests.support.page_views import assert_contiguous
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, PG_STORE, pg_rows, pg_table, prepared_gids
 
 # The upsert sink has nothing to do after its commit point: a store killed there is the two-phase chain's case.

@@ -22,8 +22,8 @@ from airflow_eo.kafka.sink import transactional_id
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlXaSink
 from examples import ip_counts, page_views
-from tests.integration.operator_harness import counts_table, run
 from tests.support.faults import Faults, Supervisor, check_end_state, check_kafka_sink_end_state, gone
+from tests.support.operator_harness import counts_table, run
 
 CONN = "kafka_replicated"
 

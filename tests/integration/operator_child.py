@@ -11,8 +11,8 @@ import sys
 from datetime import datetime
 
 from airflow_eo.sinks import SINK_KINDS
-from tests.integration.operator_harness import operator, run
 from tests.support.children import dump_stacks_on_sigusr1, exit_now
+from tests.support.operator_harness import operator, run
 
 
 def main() -> int:

@@ -22,8 +22,8 @@ from airflow_eo.core.errors import BadRecordError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.integration.operator_harness import rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import rows, run
 
 
 def _table(mysql_kwargs: dict[str, Any], columns: str) -> str:

@@ -8,16 +8,16 @@ from collections import Counter
 from datetime import datetime, timezone
 
 from examples.page_views import page_view, produce_avro_page_views
-from tests.integration.operator_harness import rows
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.kafka import create_topic
+from tests.support.operator_harness import rows
+from tests.support.page_views import (
     batch_rows,
     committed_offsets,
     our_prepared_branches,
     reset,
     run_dag,
 )
-from tests.support.children import why
-from tests.support.kafka import create_topic
 
 DAG_ID = PIPELINE = "page_views_avro_xa"
 

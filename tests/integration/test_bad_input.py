@@ -14,8 +14,6 @@ from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
-from tests.integration.page_views import our_prepared_branches
 from tests.support.bad_records import (
     BAD_HEADERS,
     BAD_VALUES,
@@ -24,6 +22,8 @@ from tests.support.bad_records import (
     run_with_driver_dead_letters,
 )
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import counts_table, events_table, operator, rows, run
+from tests.support.page_views import our_prepared_branches
 
 
 def test_malformed_record_fails_the_run_naming_it_and_commits_nothing(bootstrap, mysql_kwargs, topic_name):

@@ -23,11 +23,12 @@ import pymysql
 import pytest
 
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
-from tests.integration.operator_harness import operator, run
-from tests.integration.page_views import run_child
 from tests.support.children import why
 from tests.support.connect import STACK_SCRIPT, DebeziumConnector, Record, read_records, register, remove
-from tests.support.postgres import MYSQL_STORE, PG_STORE, store_batches
+from tests.support.operator_harness import operator, run
+from tests.support.page_views import run_child
+from tests.support.postgres import PG_STORE, store_batches
+from tests.support.stores import MYSQL_STORE
 
 pytestmark = pytest.mark.stack
 

@@ -163,8 +163,8 @@ def test_avro_change_events_on_kafka_applied_to_postgres_then_re_sent_change_not
     from confluent_kafka import Producer
 
     from airflow_eo.sinks import PostgresUpsertSink
-    from tests.integration.operator_harness import operator, run
     from tests.support.kafka import create_topic
+    from tests.support.operator_harness import operator, run
 
     schema = avro_schema(envelope_connect_schema("eo_fixture_customers"))
     records = [r for r in _table_records() if table_of(r) == "eo_fixture_customers"

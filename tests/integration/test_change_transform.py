@@ -17,8 +17,8 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.sinks import PostgresUpsertSink
-from tests.integration.operator_harness import operator, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, run
 
 pytestmark = pytest.mark.stack
 

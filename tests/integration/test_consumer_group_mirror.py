@@ -15,9 +15,9 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import KafkaOffsetSource, group_id
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import events_table, operator, run
-from tests.integration.page_views import committed_offsets
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, operator, run
+from tests.support.page_views import committed_offsets
 from tests.support.postgres import EVENTS_DDL, pg_table
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import signal
 
-from tests.integration.operator_harness import rows
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.kafka import create_topic
+from tests.support.operator_harness import rows
+from tests.support.page_views import (
     batch_rows,
     hour,
     hours_truth,
     produce_hours,
     run_dag,
 )
-from tests.support.children import why
-from tests.support.kafka import create_topic
 
 
 def test_hourly_interval_dag_survives_sigkill_and_replays_the_same_hour(bootstrap, mysql_kwargs, airflow_db,

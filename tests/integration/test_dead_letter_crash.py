@@ -25,11 +25,11 @@ import pytest
 from airflow_eo.core.failpoints import arm, register_process
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import events_table, operator, rows, run
-from tests.integration.page_views import our_prepared_branches
 from tests.support import REPO
 from tests.support.children import output_within
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, operator, rows, run
+from tests.support.page_views import our_prepared_branches
 from tests.support.postgres import EVENTS_DDL, pg_rows, pg_table, prepared_gids
 
 BAD_VALUES = [b"{not json %d" % i for i in range(40)]
@@ -37,7 +37,7 @@ BAD_VALUES = [b"{not json %d" % i for i in range(40)]
 ATTEMPT = """
 import sys
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
-from tests.integration.operator_harness import operator, run
+from tests.support.operator_harness import operator, run
 topic, table, kind = sys.argv[1:4]
 sink = {"xa": MySqlXaSink, "upsert": MySqlUpsertSink, "pg_two_phase": PostgresTwoPhaseSink}[kind](
     table=table, key_columns=["event_id"])

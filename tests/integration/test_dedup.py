@@ -19,8 +19,8 @@ from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views, resend_page_views
 from examples.topics import read_topic
-from tests.integration.operator_harness import operator, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, run
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL
 from tests.support.seen_ids import seen_rows
 from tests.support.sql import database_query

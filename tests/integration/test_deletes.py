@@ -18,11 +18,12 @@ import pytest
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from tests.integration.operator_harness import rows
-from tests.integration.page_views import run_child
 from tests.support.children import why
 from tests.support.kafka import create_topic
-from tests.support.postgres import MYSQL_STORE, PG_STORE, pg_rows, store_batches
+from tests.support.operator_harness import rows
+from tests.support.page_views import run_child
+from tests.support.postgres import PG_STORE, pg_rows, store_batches
+from tests.support.stores import MYSQL_STORE
 
 SCHEMA = "id STRING NOT NULL, name STRING, n INT"
 DDL = "CREATE TABLE {name} (id VARCHAR(64) NOT NULL PRIMARY KEY, name VARCHAR(64) NULL, n INT NULL)"

@@ -18,7 +18,10 @@ from airflow_eo.core.recovery import table_transaction
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG
 from examples.page_views import produce_page_views
 from examples.topics import read_records
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.cli import eo, eo_json
+from tests.support.kafka import create_topic
+from tests.support.page_views import (
     assert_contiguous,
     batch_rows,
     committed_offsets,
@@ -30,9 +33,6 @@ from tests.integration.page_views import (
     start_held,
     wait_held,
 )
-from tests.support.children import why
-from tests.support.cli import eo, eo_json
-from tests.support.kafka import create_topic
 
 
 def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:

@@ -11,7 +11,10 @@ import pytest
 
 from examples.page_views import TOPIC, ground_truth, produce_page_views
 from examples.state import forget_pipelines, pg_prepared_transactions, reset_page_views_pg
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.kafka import create_topic
+from tests.support.lineage import assert_batch_lineage, completes, file_transport
+from tests.support.page_views import (
     UPSERT_PIPELINE,
     XA_PIPELINE,
     assert_contiguous,
@@ -21,9 +24,6 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
-from tests.support.children import why
-from tests.support.kafka import create_topic
-from tests.support.lineage import assert_batch_lineage, completes, file_transport
 
 
 @pytest.mark.parametrize(("dag_id", "pipeline", "task", "table"), [
@@ -66,7 +66,7 @@ def test_cleared_committed_run_returns_its_summary_and_does_nothing(bootstrap, m
     assert again.returncode == 0, why(again)
     assert "already committed" in again.stdout + again.stderr
     assert len(batch_rows(mysql_kwargs, XA_PIPELINE)) == 1
-    from tests.integration.page_views import sink_state
+    from tests.support.page_views import sink_state
 
     assert sink_state(mysql_kwargs)[0] == truth.pv_per_app  # the 50 new events wait for the next run
 

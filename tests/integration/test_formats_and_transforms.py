@@ -9,8 +9,8 @@ from confluent_kafka import Producer
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import counts_table, events_table, operator, rows, run
 
 
 def test_string_values_with_a_sql_transform(bootstrap, mysql_kwargs, topic_name):

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
-from tests.integration.operator_harness import operator, rows, run
 from tests.support.kafka import create_topic, produce_json
-from tests.support.postgres import MYSQL_STORE, pg_rows
+from tests.support.operator_harness import operator, rows, run
+from tests.support.postgres import pg_rows
+from tests.support.stores import MYSQL_STORE
 
 #: Texts whose JSON (Python's ``json.dumps``) puts an escaped backslash next to surrogate escapes: ``"\\ud800\udc00"``
 #: is an escaped backslash, the text ``ud800`` and an unpaired low surrogate, never a pair.

@@ -219,9 +219,9 @@ def test_history_retention_prunes_a_bounded_share_after_each_batch(bootstrap, my
     from airflow_eo.ops import history as history_ops
     from airflow_eo.sinks import MySqlUpsertSink
     from examples import page_views
-    from tests.integration.operator_harness import events_table, operator, run
-    from tests.integration.page_views import table_rows
     from tests.support.kafka import create_topic
+    from tests.support.operator_harness import events_table, operator, run
+    from tests.support.page_views import table_rows
 
     def produce(count: int) -> None:
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})

@@ -22,7 +22,10 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from examples.page_views import produce_page_views
 from examples.topics import read_records
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.cli import eo_json
+from tests.support.kafka import create_topic
+from tests.support.page_views import (
     assert_contiguous,
     batch_rows,
     committed_offsets,
@@ -33,9 +36,6 @@ from tests.integration.page_views import (
     run_child,
     start_held,
 )
-from tests.support.children import why
-from tests.support.cli import eo_json
-from tests.support.kafka import create_topic
 
 
 def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:

@@ -23,9 +23,9 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink
 from examples import page_views
 from examples.topics import read_records
-from tests.integration.operator_harness import events_table, operator, rows, run
-from tests.integration.page_views import hour, hours_truth, produce_hours, table_rows
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, operator, rows, run
+from tests.support.page_views import hour, hours_truth, produce_hours, table_rows
 
 
 def test_intervals_are_exact_contiguous_and_replays_change_nothing(bootstrap, mysql_kwargs, topic_name):

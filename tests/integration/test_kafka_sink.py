@@ -19,12 +19,12 @@ from airflow_eo.sinks import KafkaTransactionalSink
 from examples import ip_counts
 from examples.state import reset_ip_counts
 from examples.topics import read_topic
-from tests.integration.operator_harness import rows, run
-from tests.integration.page_views import run_dag
 from tests.support.children import why
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import group_positions, kafka_adapter
 from tests.support.lineage import assert_batch_lineage, completes, file_transport
+from tests.support.operator_harness import rows, run
+from tests.support.page_views import run_dag
 
 PIPELINE = "ip_counts_kafka"
 

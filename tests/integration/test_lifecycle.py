@@ -37,11 +37,11 @@ from airflow_eo.postgres.prepared import prepared_session
 from airflow_eo.sinks import MySqlXaSink, PostgresTwoPhaseSink
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import operator, rows, run
-from tests.integration.page_views import run_child, start_held
 from tests.support.children import why
 from tests.support.cli import eo
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, rows, run
+from tests.support.page_views import run_child, start_held
 from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, pg_rows
 
 PG_STORE = "eo_lifecycle_pg_store"

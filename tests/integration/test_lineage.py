@@ -12,9 +12,9 @@ from openlineage.client.serde import Serde
 from airflow_eo.core.errors import BadRecordError
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import events_table, operator, run
 from tests.support.bad_records import BAD_VALUES
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, operator, run
 from tests.support.postgres import EVENTS_DDL, pg_table
 
 

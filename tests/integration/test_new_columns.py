@@ -12,8 +12,8 @@ import pytest
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import operator, rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, rows, run
 from tests.support.postgres import pg_rows
 
 # The table lacks user_id (STRING) and ts (TIMESTAMP) of the page views' schema.

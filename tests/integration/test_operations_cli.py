@@ -34,12 +34,12 @@ from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSin
 from examples import page_views
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
-from tests.integration.operator_harness import adapters, counts_table, events_table, operator, rows, run
-from tests.integration.page_views import our_prepared_branches
 from tests.support.cli import eo, eo_json
 from tests.support.in_doubt import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.support.kafka import create_topic
 from tests.support.kafka_group import kafka_adapter
+from tests.support.operator_harness import adapters, counts_table, events_table, operator, rows, run
+from tests.support.page_views import our_prepared_branches
 
 DOUBLE_COUNT_FLAG = "--i-understand-reprocessing-double-counts"
 BAD_RECORD = b"{not json"

@@ -32,11 +32,11 @@ from airflow_eo.mysql.xa import xa_session
 from airflow_eo.postgres.prepared import prepared_session
 from examples import ip_counts
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import rows
-from tests.integration.page_views import run_child
 from tests.support.children import why
 from tests.support.cli import eo
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import rows
+from tests.support.page_views import run_child
 from tests.support.postgres import COUNTS_DDL, pg_rows
 
 

@@ -16,9 +16,10 @@ from confluent_kafka import Producer
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.postgres.sql import quote_identifier, quote_table
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
-from tests.integration.operator_harness import operator, run
 from tests.support.kafka import create_topic
-from tests.support.postgres import MYSQL_STORE, pg_rows, prepared_gids
+from tests.support.operator_harness import operator, run
+from tests.support.postgres import pg_rows, prepared_gids
+from tests.support.stores import MYSQL_STORE
 
 # Column names: distinct even ignoring case (Spark resolves names case-insensitively by default).
 KEY = 'Key "id".x'

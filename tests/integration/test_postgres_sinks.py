@@ -24,8 +24,6 @@ from airflow_eo.hooks.postgres import EoPostgresHook
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import operator, rows, run
-from tests.integration.page_views import hour, hours_truth, produce_hours
 from tests.support.bad_records import (
     BAD_HEADERS,
     BAD_VALUES,
@@ -33,16 +31,18 @@ from tests.support.bad_records import (
     run_with_driver_dead_letters,
 )
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import operator, rows, run
+from tests.support.page_views import hour, hours_truth, produce_hours
 from tests.support.postgres import (
     COUNTS_DDL,
     EVENTS_DDL,
-    MYSQL_STORE,
     PG_STORE,
     pg_rows,
     pg_table,
     prepared_gids,
 )
 from tests.support.stack import load_stack, server_folder
+from tests.support.stores import MYSQL_STORE
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from airflow_eo.postgres.store import PostgresOffsetStore
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import ground_truth, produce_page_views
 from examples.state import our_prepared_branches
-from tests.integration.operator_harness import counts_table, events_table, operator, rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import counts_table, events_table, operator, rows, run
 
 PG_STORE = "eo_pg_store"
 

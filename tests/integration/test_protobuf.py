@@ -24,8 +24,8 @@ from airflow_eo.core.errors import BadRecordError, ConfigurationError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.integration.operator_harness import rows, run
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import rows, run
 
 F = descriptor_pb2.FieldDescriptorProto
 

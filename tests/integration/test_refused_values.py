@@ -22,9 +22,10 @@ import pytest
 from airflow_eo.core.errors import BadRecordError
 from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink, PostgresUpsertSink
-from tests.integration.operator_harness import operator, rows, run
 from tests.support.kafka import create_topic, produce_json
-from tests.support.postgres import MYSQL_STORE, pg_rows
+from tests.support.operator_harness import operator, rows, run
+from tests.support.postgres import pg_rows
+from tests.support.stores import MYSQL_STORE
 
 SCHEMA = "id STRING NOT NULL, name STRING, n BIGINT, note STRING, parent STRING, price DECIMAL(10,2)"
 DDL = ("CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, name VARCHAR(8) NOT NULL, n INTEGER NULL, "

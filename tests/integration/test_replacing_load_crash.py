@@ -19,16 +19,16 @@ import pytest
 
 from airflow_eo.mysql.sink import MySqlUpsertAdapter, MySqlXaAdapter
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import events_table, rows
-from tests.integration.page_views import (
+from tests.support.children import why
+from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, rows
+from tests.support.page_views import (
     assert_contiguous,
     batch_rows,
     committed_offsets,
     our_prepared_branches,
     run_child,
 )
-from tests.support.children import why
-from tests.support.kafka import create_topic
 
 POINTS = {
     "xa": ["during_write", "after_task_prepare=kill(driver)", "after_prepare", "in_store_commit",

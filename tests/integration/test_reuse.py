@@ -13,9 +13,9 @@ from airflow_eo.core.errors import PipelineConflictError
 from airflow_eo.sinks import MySqlUpsertSink
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
-from tests.integration.operator_harness import events_table, operator, rows, run
-from tests.integration.page_views import REPO, committed_offsets, run_dag
 from tests.support.children import output_within, why
+from tests.support.operator_harness import events_table, operator, rows, run
+from tests.support.page_views import REPO, committed_offsets, run_dag
 
 REGIONS = ("eu", "us")
 

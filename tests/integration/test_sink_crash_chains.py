@@ -31,12 +31,13 @@ from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import SINK_KINDS
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec
 from examples.page_views import ground_truth, produce_page_views, resend_page_views
-from tests.integration.page_views import assert_contiguous, run_child
 from tests.support.children import why
 from tests.support.kafka import create_topic
-from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, MYSQL_STORE, PG_STORE, store_batches
+from tests.support.page_views import assert_contiguous, run_child
+from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, PG_STORE, store_batches
 from tests.support.seen_ids import seen_rows
 from tests.support.sql import database_query
+from tests.support.stores import MYSQL_STORE
 
 # after_plan comes before any sink code runs: the two-phase chains cover it.
 TWO_PHASE_POINTS = ["after_plan", "during_write", "after_prepare", "in_store_commit", "after_commit_point",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import uuid
 
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from tests.integration.operator_harness import rows
 from tests.support.cli import eo
+from tests.support.operator_harness import rows
 
 
 def test_a_pipeline_in_another_store_is_found_and_an_unknown_one_names_the_connections_looked_in(

@@ -17,9 +17,9 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import group_id
 from examples.page_views import TOPIC, produce_page_views
 from examples.state import our_prepared_branches
-from tests.integration.page_views import XA_PIPELINE, committed_offsets, reset, run_dag
 from tests.support.children import why
 from tests.support.cli import eo
+from tests.support.page_views import XA_PIPELINE, committed_offsets, reset, run_dag
 
 DAG_ID, TASK_ID = "page_views_xa", "count_page_views"
 

@@ -16,8 +16,8 @@ from airflow_eo.hooks.mysql import EoMySqlHook
 from airflow_eo.mysql.sink import MySqlUpsertAdapter
 from airflow_eo.sinks import MySqlUpsertSink
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import adapters, events_table, request, rows
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import adapters, events_table, request, rows
 
 PROJECTED = ["event_id", "app_id"]  # the events table's other columns are nullable
 

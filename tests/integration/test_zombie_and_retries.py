@@ -12,8 +12,9 @@ from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.sinks import MySqlXaSink
 from examples.page_views import count_per_app, produce_page_views
-from tests.integration.operator_harness import adapters, counts_table, request, rows
-from tests.integration.page_views import (
+from tests.support.kafka import create_topic
+from tests.support.operator_harness import adapters, counts_table, request, rows
+from tests.support.page_views import (
     XA_PIPELINE,
     assert_exactly_once,
     our_prepared_branches,
@@ -21,7 +22,6 @@ from tests.integration.page_views import (
     run_dag,
     topic_truth,
 )
-from tests.support.kafka import create_topic
 
 
 class EngineThatOutlivesItsAttempt:

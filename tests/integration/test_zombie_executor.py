@@ -20,14 +20,14 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.failpoints import arm
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.integration.operator_harness import events_table, operator, rows, run
 from tests.support import REPO
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, operator, rows, run
 
 OLD_ATTEMPT = """
 import sys
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.integration.operator_harness import operator, run
+from tests.support.operator_harness import operator, run
 topic, table, pipeline = sys.argv[1:4]
 run(operator(topic, MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id=pipeline), "run-1")
 """

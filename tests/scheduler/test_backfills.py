@@ -22,8 +22,13 @@ import pytest
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from examples.page_views import produce_page_views
 from examples.state import our_prepared_branches
-from tests.integration.operator_harness import events_table, rows
-from tests.integration.page_views import (
+from tests.scheduler.airflow_rest import from_iso
+from tests.scheduler.airflow_services import AirflowServices
+from tests.support import REPO
+from tests.support.children import why
+from tests.support.kafka import create_topic
+from tests.support.operator_harness import events_table, rows
+from tests.support.page_views import (
     UPSERT_PIPELINE,
     XA_PIPELINE,
     assert_exactly_once,
@@ -34,11 +39,6 @@ from tests.integration.page_views import (
     reset,
     run_dag,
 )
-from tests.scheduler.airflow_rest import from_iso
-from tests.scheduler.airflow_services import AirflowServices
-from tests.support import REPO
-from tests.support.children import why
-from tests.support.kafka import create_topic
 
 pytestmark = pytest.mark.timeout(1500)
 

@@ -14,7 +14,7 @@ from airflow_eo.core.config import BadRecordPolicy, ParseConfig
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.protocol import run_batch
 from examples.page_views import SCHEMA
-from tests.integration.operator_harness import adapters, request
+from tests.support.operator_harness import adapters, request
 
 BAD_VALUES = [
     b"{not json",

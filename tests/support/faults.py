@@ -20,9 +20,9 @@ from airflow_eo.hooks.spark import SparkSessionHook
 from examples import ip_counts, page_views
 from examples.state import our_prepared_branches
 from examples.topics import read_topic
-from tests.integration.operator_harness import rows
-from tests.integration.page_views import assert_contiguous
 from tests.support.kafka_group import group_positions
+from tests.support.operator_harness import rows
+from tests.support.page_views import assert_contiguous
 
 
 def store_rows(store_kwargs: dict[str, Any], sql: str, args: tuple = ()) -> list[tuple]:

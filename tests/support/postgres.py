@@ -1,4 +1,4 @@
-"""PostgreSQL for the tests: the offset stores' connection ids, the sinks' tables, rows, prepared transactions and
+"""PostgreSQL for the tests: its offset store's connection id, the sinks' tables, rows, prepared transactions and
 the store's batches."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from typing import Any
 import psycopg
 
 from airflow_eo.core.xid import pipeline_key
-from tests.integration.operator_harness import rows
+from tests.support.operator_harness import rows
 
 PG_STORE = "eo_pg_store"
-MYSQL_STORE = "eo_offset_store"
 
 EVENTS_DDL = ("CREATE TABLE {name} (event_id VARCHAR(64) NOT NULL PRIMARY KEY, app_id VARCHAR(64) NOT NULL, "
               "user_id VARCHAR(64) NULL, ts TIMESTAMP(3) NULL)")

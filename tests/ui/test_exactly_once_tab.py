@@ -29,11 +29,11 @@ from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples import page_views
 from examples.page_views import produce_page_views
-from tests.integration.operator_harness import adapters, counts_table, events_table, rows
-from tests.integration.page_views import our_prepared_branches
 from tests.scheduler.airflow_services import AirflowServices
 from tests.support.in_doubt import DiesBeforeXaCommit, KilledAfterCommitPoint
 from tests.support.kafka import create_topic
+from tests.support.operator_harness import adapters, counts_table, events_table, rows
+from tests.support.page_views import our_prepared_branches
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

@@ -19,8 +19,8 @@ import pymysql
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
 from examples import page_views
 from examples.state import our_prepared_branches, reset_page_views, sink_state
-from tests.integration.operator_harness import rows
 from tests.support.children import communicate_within
+from tests.support.operator_harness import rows
 
 REPO = Path(__file__).resolve().parents[2]
 XA_PIPELINE, UPSERT_PIPELINE = "page_views_xa", "page_view_events_upsert"
