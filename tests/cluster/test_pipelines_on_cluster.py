@@ -153,7 +153,7 @@ def test_a_delta_merge_over_spark_connect(spark_cluster, bootstrap, mysql_kwargs
            "run_id": "manual__1", "transform": "SELECT app_id, 1 AS pv FROM kafka_batch",
            "options": {"spark_conn_id": "spark_connect"},
            "sink": {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["app_id"], "updates": {"pv": "add"}}}
-    done = run_child(["-m", "tests.integration.operator_child", json.dumps(job)])
+    done = run_child(["-m", "tests.support.operator_child", json.dumps(job)])
     assert done.returncode == 0 and f"Spark session on {spark_cluster.connect}" in done.stdout + done.stderr, \
         (done.stdout + done.stderr)[-4000:]
     [batch] = batch_rows(mysql_kwargs, pipeline)
@@ -177,7 +177,7 @@ def test_an_iceberg_append_on_the_standalone_cluster_and_a_bad_record_failing_on
     job = {"topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
            "options": {"spark_conn_id": "spark_cluster"},
            "sink": {"kind": "IcebergTableSink", "table": "lake.db.events", "warehouse": str(tmp_path / "lake")}}
-    done = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "manual__1"})])
+    done = run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": "manual__1"})])
     said = done.stdout + done.stderr
     assert done.returncode == 0 and f"Spark session on {spark_cluster.master}" in said, said[-4000:]
     summary = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
@@ -187,7 +187,7 @@ def test_an_iceberg_append_on_the_standalone_cluster_and_a_bad_record_failing_on
     snapshots = len(table.metadata.snapshots)
 
     produce_page_views(bootstrap, 20, topic=topic_name, raw_values=[b"{not json"])
-    failed = run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": "manual__2"})])
+    failed = run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": "manual__2"})])
     said = failed.stdout + failed.stderr
     assert failed.returncode != 0 and "1 bad record(s) in this batch; the first: " in said, said[-4000:]
     assert len(StaticTable.from_metadata(str(location)).metadata.snapshots) == snapshots, "nothing staged"

@@ -246,7 +246,7 @@ def test_our_runs_sigkilled_at_each_step_apply_every_change_once(target, source,
                    f"UPDATE {source} SET id = {60 + n} WHERE id = {10 + n}",
                    f"UPDATE {source} SET name = 'm{n}' WHERE id = 1")
         delivered(bootstrap, connector, f"m{n}")
-        argv = ["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": f"r{n}"})]
+        argv = ["-m", "tests.support.operator_child", json.dumps({**job, "run_id": f"r{n}"})]
         killed = run_child(argv, fault=step, env=env)
         assert killed.returncode == -signal.SIGKILL, (step, why(killed))
         done = run_child(argv, env=env)
@@ -324,7 +324,7 @@ def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_ch
            "options": {"schema": ROW, "changes": "debezium"}, "sink": spec}
 
     def run_to_end(run_id: str, faults: Sequence[str] = ()) -> None:
-        argv = ["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})]
+        argv = ["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})]
         for fault in faults:
             killed = run_child(argv, fault=fault)
             assert killed.returncode == -signal.SIGKILL, (fault, why(killed))

@@ -131,7 +131,7 @@ def test_tombstones_delete_exactly_once_through_sigkills(database, bootstrap, my
            "sink": {"kind": kind, "table": table, "key_columns": ["id"], "on_tombstone": "delete"}}
 
     def child(run_id: str, fault: str | None = None) -> Any:
-        return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
+        return run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})],
                          fault=fault, env=env)
 
     def table_view() -> dict[str, tuple[Any, Any]]:

@@ -36,7 +36,7 @@ from tests.support.page_views import (
 
 
 def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:
-    return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], fault=fault)
+    return run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})], fault=fault)
 
 
 def table_rows(path: Path) -> list[dict[str, Any]]:

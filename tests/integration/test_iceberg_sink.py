@@ -39,7 +39,7 @@ from tests.support.page_views import (
 
 
 def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:
-    return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})], fault=fault)
+    return run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})], fault=fault)
 
 
 def table_rows(location: Path) -> list[dict[str, Any]]:

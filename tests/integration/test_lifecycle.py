@@ -200,7 +200,7 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
            "offset_store_conn_id": pg_store, "transform": COUNT, "options": {"dedup_key": ["event_id"]},
            "sink": {"kind": "PostgresTwoPhaseSink", **sink}}
     # Killed once its batch is planned (before Spark starts: a cheap child), the batch stays in doubt.
-    crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_plan")
+    crashed = run_child(["-m", "tests.support.operator_child", json.dumps(job)], fault="after_plan")
     assert crashed.returncode == -signal.SIGKILL, f"not killed after planning: {why(crashed)}"
     killed_done = time.monotonic()
 

@@ -124,7 +124,7 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
         job = {"topic": topic, "pipeline_id": pipeline, "run_id": f"manual__{uuid.uuid4().hex}",
                "offset_store_conn_id": own_store, "transform": "airflow_eo.examples.page_views.count_per_app",
                "sink": {"kind": kind, "table": tables[kind], "key_columns": ["app_id"], "updates": {"pv": "add"}}}
-        crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_prepare")
+        crashed = run_child(["-m", "tests.support.operator_child", json.dumps(job)], fault="after_prepare")
         assert crashed.returncode == -signal.SIGKILL, f"{kind}: not killed after prepare: {why(crashed)}"
     # A Kafka-sink pipeline killed after its last send: its transaction stays open on the output topic.
     source, out = (create_topic(bootstrap, f"orphans_{name}_{suffix}", 1) for name in ("lines", "out"))
@@ -133,7 +133,7 @@ def test_orphans_of_killed_runs_are_found_by_verify_all_and_rolled_back_by_recov
     job = {"topic": source, "pipeline_id": kafka_pipeline, "run_id": f"manual__{uuid.uuid4().hex}",
            "offset_store_conn_id": own_store, "transform": "airflow_eo.examples.ip_counts.count_per_window_and_ip",
            "options": {"value_format": "string"}, "sink": {"kind": "KafkaTransactionalSink", "topic": out}}
-    crashed = run_child(["-m", "tests.integration.operator_child", json.dumps(job)], fault="after_last_send")
+    crashed = run_child(["-m", "tests.support.operator_child", json.dumps(job)], fault="after_last_send")
     assert crashed.returncode == -signal.SIGKILL, f"Kafka sink: not killed after its last send: {why(crashed)}"
     kafka = KafkaOffsetSource({"bootstrap.servers": bootstrap})
     out_partition = kafka.partitions([out])

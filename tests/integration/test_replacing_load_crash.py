@@ -49,7 +49,7 @@ def test_the_replacing_load_survives_sigkill_at_each_step(kind, bootstrap, mysql
                            "sink": {"kind": KINDS[kind], "table": table, "key_columns": ["event_id"]}}
 
     def child(run_id: str, fault: str | None = None) -> Any:
-        return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
+        return run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})],
                          fault=fault)
 
     sink = (MySqlXaAdapter if kind == "xa" else MySqlUpsertAdapter)(

@@ -102,7 +102,7 @@ def test_the_sink_survives_sigkill_at_every_step(kind, bootstrap, mysql_kwargs, 
             copies += len(resend_page_views(bootstrap, produced, count // 5, topic=topic))
 
     def child(run_id: str, fault: str | None = None) -> Any:
-        return run_child(["-m", "tests.integration.operator_child", json.dumps({**job, "run_id": run_id})],
+        return run_child(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})],
                          fault=fault, env=env)
 
     OffsetStoreHook(store).get_store().migrate()  # its tables exist before the first batch is read back

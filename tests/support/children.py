@@ -1,4 +1,4 @@
-"""What the tests' child processes (``scripts/run_dag.py``, ``tests.integration.operator_child``) share."""
+"""What the tests' child processes (``scripts/run_dag.py``, ``tests.support.operator_child``) share."""
 
 from __future__ import annotations
 

@@ -82,10 +82,10 @@ def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | N
 
 
 def start_held(job: dict[str, Any], run_id: str, point: str, folder: Path, wait: bool = True) -> subprocess.Popen:
-    """An operator run (``tests.integration.operator_child``) held at ``point`` (``pause``, its first pass only)
+    """An operator run (``tests.support.operator_child``) held at ``point`` (``pause``, its first pass only)
     until :func:`release`; with ``wait``, returns once it is held there (:func:`wait_held`)."""
     env = {**os.environ, **arm(f"{point}=1*pause", directory=str(folder))}
-    held = subprocess.Popen([sys.executable, "-m", "tests.integration.operator_child",
+    held = subprocess.Popen([sys.executable, "-m", "tests.support.operator_child",
                              json.dumps({**job, "run_id": run_id})], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if wait:

@@ -1,5 +1,5 @@
 """Run the micro-batch operator once in this process (a child the crash tests SIGKILL at a failpoint):
-``python -m tests.integration.operator_child '<json>'`` with ``topic``, ``pipeline_id``, ``run_id``, ``sink`` (a
+``python -m tests.support.operator_child '<json>'`` with ``topic``, ``pipeline_id``, ``run_id``, ``sink`` (a
 registered kind's name and its options), and optional ``transform``,
 ``offset_store_conn_id``, ``options`` (more operator options) and ``interval`` (``[start, end]`` in ISO 8601: the
 run's data interval, for ``mode="interval"``)."""
