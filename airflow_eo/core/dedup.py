@@ -13,11 +13,16 @@ does. A record is a duplicate when its id was seen *elsewhere* (:func:`is_duplic
   another topic);
 - at a record of an earlier batch that committed, remembered for ``retention`` of record time.
 
+A record's time is its Kafka timestamp kept inside the batch's retention window (:func:`sighting_ms`): producers set
+CreateTime, and neither a date in the future nor one long past may keep an id, or the purge, from moving on.
+
 Deciding by *where* an id was seen, never by *which batch* saw it, makes every replay give the rows it gave the first
 time: a retried batch, a cleared run or a rewind meets its own records in the table (the same position: not a
 duplicate) and the copies of them (another position: a duplicate), whichever attempt wrote the table. Retention is
 applied by the check (an id older than the record by more than ``retention`` is not a duplicate), so when the batches
-purge old ids (bounded, :func:`purge_cutoff`) changes no decision of a batch still to be replayed.
+purge old ids (:func:`purge_cutoff`) changes no decision of a batch still to be replayed: a replay's clock is later, so
+its records' times are no earlier. (A replay long after may still decide otherwise for a record dated before its
+window, whose time moves with the clock: once the window has passed the copy's first sighting, it is new again.)
 
 Interval mode is refused (:func:`check_dedup`): a backfill of an earlier interval would find its events already seen
 by a later one, so the result would depend on the order the intervals ran in.
@@ -100,11 +105,17 @@ def retention_ms(retention: timedelta) -> int:
     return int(retention.total_seconds() * 1000)
 
 
-def sighting_ms(timestamp_ms: int, now_ms: int | None) -> int:
-    """A record's (or a stored sighting's) time as dedup uses it: its Kafka timestamp, never later than the batch's
-    wall clock (``now_ms``, None: not known). A producer sets a topic's CreateTime: a future date would keep its id
-    from ever passing retention (every later copy a duplicate) and from ever being purged."""
-    return timestamp_ms if now_ms is None else min(timestamp_ms, now_ms)
+def sighting_ms(timestamp_ms: int, now_ms: int | None, retention: timedelta) -> int:
+    """A record's time as dedup uses it: its Kafka timestamp, kept between the batch's wall clock (``now_ms``;
+    None: not known) less ``retention`` and that clock. A producer sets a topic's CreateTime: a future date would
+    keep its id from ever passing retention (every later copy a duplicate) and from ever being purged; a date long
+    past, in every batch, would hold the purge's cutoff (:func:`purge_cutoff`, from the batch's oldest record) back
+    for ever. So a record dated before the retention window counts as at its start: its copies are then dropped
+    for ``retention`` of the batches' clock, and the purge's cutoff is never more than twice the retention behind
+    it. A record dated inside the window (a live topic's are) keeps its time."""
+    if now_ms is None:
+        return timestamp_ms
+    return max(min(timestamp_ms, now_ms), now_ms - retention_ms(retention))
 
 
 def purge_until_caught_up(purge: Callable[[int], int], limit: int = PURGE_LIMIT) -> int:

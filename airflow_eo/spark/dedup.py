@@ -23,6 +23,7 @@ from airflow_eo.core.dedup import (
     keep,
     purge_cutoff,
     purge_until_caught_up,
+    retention_ms,
     seen_id_partition,
     seen_pipeline_key,
     sighting_ms,
@@ -160,7 +161,8 @@ def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[It
     for i, event_id in enumerate(picked.column(columns[ID]).to_pylist()):
         rows_of.setdefault(event_id, []).append(i)
     for event_id, group in rows_of.items():
-        sightings = [SeenAt(sighting_ms((times[i] or 0) // 1000, now_ms), topics[i], partitions[i], offsets[i])
+        sightings = [SeenAt(sighting_ms((times[i] or 0) // 1000, now_ms, retention), topics[i], partitions[i],
+                            offsets[i])
                      for i in group]
         seen = stored.get(event_id)
         if seen is not None and now_ms is not None and seen.timestamp_ms > now_ms:
@@ -173,7 +175,7 @@ def duplicate_marks(table: Any, columns: Mapping[str, int], lookup: Callable[[It
 
 
 def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id: str, batch_id: int,
-                  now_ms: int | None = None) -> Any:
+                  now_ms: int | None = None, retention: timedelta | None = None) -> Any:
     """The first sightings among one task's marked records (``new``) as an Arrow table of the seen-id table's rows
     (:data:`~airflow_eo.core.dedup.SEEN_ID_FIELDS`), for a write task that marks copies itself."""
     import pyarrow as pa
@@ -182,8 +184,10 @@ def seen_id_table(table: Any, columns: Mapping[str, int], new: Any, pipeline_id:
     firsts = table.filter(new)
     count = firsts.num_rows
     millis = pc.divide(pc.cast(firsts.column(columns["kafka_timestamp"]), pa.int64()), 1000)
-    if now_ms is not None:  # never later than the batch's wall clock (sighting_ms)
+    if now_ms is not None:  # within the batch's retention window (sighting_ms)
         millis = pc.min_element_wise(millis, pa.scalar(now_ms, pa.int64()))
+        if retention is not None:
+            millis = pc.max_element_wise(millis, pa.scalar(now_ms - retention_ms(retention), pa.int64()))
     return pa.table({
         "pipeline_key": pa.array([seen_pipeline_key(pipeline_id)] * count, pa.binary()),
         "event_id": firsts.column(columns[ID]),
@@ -217,14 +221,16 @@ class TaskCopies:
             return []
         duplicate, new = duplicate_marks(table, columns, dedup.lookup, dedup.retention, dedup.now_ms)
         self.duplicates = int(pc.sum(duplicate).as_py() or 0)
-        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id, dedup.now_ms)
+        self.first_sightings = seen_id_table(table, columns, new, dedup.pipeline_id, dedup.batch_id, dedup.now_ms,
+                                             dedup.retention)
         events = pc.is_valid(table.column(columns[ID]))
         oldest = pc.min(pc.cast(table.column(columns["kafka_timestamp"]).filter(events), pa.int64())).as_py()
-        self.oldest_ms = None if oldest is None else sighting_ms(oldest // 1000, dedup.now_ms)
+        self.oldest_ms = None if oldest is None else sighting_ms(oldest // 1000, dedup.now_ms, dedup.retention)
         return table.filter(pc.invert(duplicate)).to_batches() if self.duplicates else table.to_batches()
 
 
-def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int, now_ms: int | None = None) -> DataFrame:
+def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int, now_ms: int | None = None,
+                 retention: timedelta | None = None) -> DataFrame:
     """The first sightings of the batch as rows of the seen-id table (:data:`~airflow_eo.core.dedup.SEEN_ID_FIELDS`)."""
     from pyspark.sql import functions as F
 
@@ -232,15 +238,19 @@ def seen_id_rows(marked: DataFrame, pipeline_id: str, batch_id: int, now_ms: int
         F.lit(bytearray(seen_pipeline_key(pipeline_id))).alias("pipeline_key"), F.col(ID).alias("event_id"),
         F.col("kafka_topic").alias("topic"),
         F.col("kafka_partition"), F.col("kafka_offset"),
-        _at_most(F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long"), now_ms).alias("seen_at"),
+        _within(F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long"), now_ms, retention)
+        .alias("seen_at"),
         F.lit(batch_id).cast("long").alias("batch_id"))
 
 
-def _at_most(millis: Column, now_ms: int | None) -> Column:
-    """``millis``, never later than ``now_ms`` (:func:`~airflow_eo.core.dedup.sighting_ms`)."""
+def _within(millis: Column, now_ms: int | None, retention: timedelta | None) -> Column:
+    """``millis`` within the batch's retention window (:func:`~airflow_eo.core.dedup.sighting_ms`)."""
     from pyspark.sql import functions as F
 
-    return millis if now_ms is None else F.least(millis, F.lit(now_ms).cast("long"))
+    if now_ms is None:
+        return millis
+    at_most = F.least(millis, F.lit(now_ms).cast("long"))
+    return at_most if retention is None else F.greatest(at_most, F.lit(now_ms - retention_ms(retention)).cast("long"))
 
 
 @dataclass(frozen=True)

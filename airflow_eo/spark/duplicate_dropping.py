@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from airflow_eo.core.abilities import SeenIds, role
 from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, TaskDedup, WritePlan
 from airflow_eo.core.config import ParseConfig
-from airflow_eo.core.dedup import marks_in_write_tasks
+from airflow_eo.core.dedup import marks_in_write_tasks, sighting_ms
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.write_strategy import WriteStrategy
@@ -105,9 +105,10 @@ class DuplicateDropping:
         duplicates = int(counts["duplicates"] or 0)
         t1 = time.monotonic()
         purge_seen_ids(seen, batch.pipeline_id,
-                       None if counts["oldest"] is None else min(int(counts["oldest"]), now_ms), retention)
+                       None if counts["oldest"] is None else sighting_ms(int(counts["oldest"]), now_ms, retention),
+                       retention)
         written = self.runner.run_partitions(
-            WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id, now_ms), self.runner),
+            WritePlan(seen_id_rows(marked, batch.pipeline_id, batch.batch_id, now_ms, retention), self.runner),
             SeenIdPartitions(writer))
         failpoint("after_seen_ids", scope=f"{batch.pipeline_id}-{batch.batch_id}")
         log.info("dedup: %s duplicate record(s) dropped, %s event id(s) seen first", duplicates, written.rows)

@@ -7,11 +7,20 @@ from datetime import timedelta
 import pytest
 
 from airflow_eo.core.config import Mode, ParseConfig, check_pipeline
-from airflow_eo.core.dedup import SeenAt, check_dedup, is_duplicate, keep, purge_cutoff, seen_id_partition
+from airflow_eo.core.dedup import (
+    SeenAt,
+    check_dedup,
+    is_duplicate,
+    keep,
+    purge_cutoff,
+    seen_id_partition,
+    sighting_ms,
+)
 from airflow_eo.core.errors import ConfigurationError
 
 DAY = timedelta(days=1)
 HOUR_MS = 3_600_000
+DAY_MS = 86_400_000
 
 
 def at(offset: int, partition: int = 0, ms: int = 1_000_000, topic: str = "t") -> SeenAt:
@@ -112,3 +121,13 @@ def test_the_write_tasks_mark_copies_when_every_record_of_an_id_and_every_key_me
     assert not marks_in_write_tasks(("event_id",), ("event_id",), transform=True, one_pass=True)
     assert not marks_in_write_tasks(("event_id",), ("event_id",), transform=False, one_pass=False)
     assert not marks_in_write_tasks((), ("event_id",), transform=False, one_pass=True)
+
+
+def test_a_records_dedup_time_is_its_timestamp_within_the_batchs_retention_window():
+    now = 10 * DAY_MS
+    assert sighting_ms(now - HOUR_MS, now, DAY) == now - HOUR_MS  # a live record keeps its time
+    assert sighting_ms(now + DAY_MS, now, DAY) == now  # dated in the future: the batch's clock
+    assert sighting_ms(0, now, DAY) == now - DAY_MS  # dated long ago: the window's start
+    assert sighting_ms(0, None, DAY) == 0  # no clock known: the timestamp
+    # The purge's cutoff from the oldest record is then never more than two retentions behind the clock.
+    assert purge_cutoff(sighting_ms(0, now, DAY), DAY) == now - 2 * DAY_MS

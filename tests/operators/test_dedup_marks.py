@@ -100,3 +100,27 @@ def test_no_sighting_is_dated_after_the_batchs_wall_clock():
     forged = SeenAt(int(T0.timestamp() * 1000) + 100 * 365 * 86_400_000, "t", 0, 0)
     duplicate, new = duplicate_marks(table.slice(1), columns, lambda ids: {"b": forged}, timedelta(days=7), now_ms)
     assert (duplicate.to_pylist(), new.to_pylist()) == ([False], [True])
+
+
+def test_a_record_dated_long_ago_counts_from_the_retention_windows_start_and_holds_no_purge_back():
+    """A producer that dates a record at 1970 in every batch held the purge's cutoff (the batch's oldest record less
+    the retention) at 1970 - retention: nothing was ever purged. Such a record now counts as dated at the start of
+    the batch's retention window: the task's oldest time (the purge's base) is no earlier than that, its sighting is
+    stored at it, and a copy of it in a batch within the retention of the clock is still dropped."""
+    retention = timedelta(days=7)
+    now_ms = int(T0.timestamp() * 1000) + 60_000
+    window_start = now_ms - 7 * 86_400_000
+    epoch = -int(T0.timestamp())  # seconds after T0 of 1970-01-01
+    first = batch([("a", 0, 5, epoch), ("b", 0, 6, 30)])
+    columns = {name: i for i, name in enumerate(first.schema.names)}
+    copies = TaskCopies()
+    copies.mark([first], columns, TaskDedup(None, lambda ids: {}, retention, "p", 1, now_ms))  # type: ignore[arg-type]
+    assert copies.oldest_ms == window_start
+    seen = {r["event_id"]: r["seen_at"] for r in copies.first_sightings.to_pylist()}
+    assert seen == {"a": window_start, "b": int(T0.timestamp() * 1000) + 30_000}
+
+    later_ms = now_ms + 86_400_000  # a day later, its copy dated 1970 too
+    stored = {"a": SeenAt(window_start, "t", 0, 5)}
+    copy = pa.Table.from_batches([batch([("a", 1, 9, epoch)])])
+    duplicate, new = duplicate_marks(copy, columns, lambda ids: stored, retention, later_ms)
+    assert (duplicate.to_pylist(), new.to_pylist()) == ([True], [False])
