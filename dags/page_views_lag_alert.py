@@ -40,6 +40,8 @@ with DAG(
         poll_interval=30,
         timeout=timedelta(minutes=9).total_seconds(),  # over before the next run starts
         soft_fail=True,  # under the threshold for the whole run: skipped, not failed
+        retries=2,  # a deferral Airflow 3.3 takes for a failure (docs/how-to/sensors.md) is retried
+        retry_delay=timedelta(seconds=10),
         on_success_callback=[PipelineLagNotifier()],
         kafka_conn_id="kafka_default",
         offset_store_conn_id="eo_offset_store",

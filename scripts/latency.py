@@ -110,7 +110,8 @@ def mode_dag(mode: str, pipeline_id: str, topic: str, spark_conn_id: str = "") -
                   ("    KafkaMicroBatchOperator(\n",
                    f"    KafkaBacklogSensor(task_id='wait_for_backlog', pipeline_id=PIPELINE, topics=[{topic!r}], "
                    "min_records=1_000, min_age=timedelta(seconds=10), deferrable=True, poll_interval=1.0, "
-                   "kafka_conn_id='kafka_default', offset_store_conn_id='eo_offset_store') >> "
+                   "kafka_conn_id='kafka_default', offset_store_conn_id='eo_offset_store', retries=2, "
+                   "retry_delay=timedelta(seconds=1)) >> "
                    "KafkaMicroBatchOperator(\n", 1)]
     for old, new, count in edits:
         if text.count(old) != count:
