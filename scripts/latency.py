@@ -28,7 +28,8 @@ imports, take, recover, plan), until it committed (Spark's start, the batch, the
 checks, and says, that every produced event is in the sink once and that every run succeeded; the exit status is
 non-zero otherwise.
 
-``--faults`` (event mode) then: SIGKILLs the triggerer while its watcher waits on a backlog below the threshold and
+``--faults`` (event mode; its DAG's backlog gets a second watcher, which one poll must serve with the first) then:
+SIGKILLs the triggerer while its watcher waits on a backlog below the threshold and
 starts it again (one run must commit the backlog); and cuts the offset store off from Airflow (the deployment's
 ``eo_offset_store`` connection goes through a :class:`~tests.support.tcp_gate.TcpGate`) while records arrive: no
 event while the store does not answer, then one run when it does.
@@ -97,10 +98,23 @@ def example_dag(pipeline_id: str, topic: str, spark_conn_id: str = "") -> str:
     return text
 
 
-def mode_dag(mode: str, pipeline_id: str, topic: str, spark_conn_id: str = "") -> str:
-    """The example DAG for ``mode`` (:data:`MODES`): its schedule replaced, and a sensor before the batch."""
+#: A second watcher of the event DAG's backlog (``--faults``): the same looks (so one poll serves both in the
+#: triggerer), a threshold it never reaches during the test.
+SECOND_WATCHER = ("AssetWatcher(name=f'{PIPELINE}.backlog.daily', trigger=EoBacklogTrigger(PIPELINE, [%r], "
+                  "min_records=10**9, max_delay=timedelta(days=1), poll_interval=1.0, kafka_conn_id='kafka_default', "
+                  "offset_store_conn_id='eo_offset_store'))")
+
+
+def mode_dag(mode: str, pipeline_id: str, topic: str, spark_conn_id: str = "", second_watcher: bool = False) -> str:
+    """The example DAG for ``mode`` (:data:`MODES`): its schedule replaced, and a sensor before the batch; or, in
+    event mode with ``second_watcher``, a second watcher of its backlog (:data:`SECOND_WATCHER`)."""
     text = example_dag(pipeline_id, topic, spark_conn_id)
     if mode == "event":
+        end = 'kafka_conn_id="kafka_default", offset_store_conn_id="eo_offset_store"))],'
+        if second_watcher:
+            if text.count(end) != 1:
+                raise SystemExit(f"{EXAMPLE} changed: expected {end!r} once; update scripts/latency.py")
+            text = text.replace(end, end[:-2] + ", " + SECOND_WATCHER % topic + "],")
         return text
     edits = [("schedule=[backlog],", f"schedule={'@continuous' if mode != 'cron' else '* * * * *'!r},", 1)]
     if mode == "sensor":
@@ -282,6 +296,11 @@ def faults(airflow: AirflowServices, gate: TcpGate, dag_id: str, topic: str, cli
     found: dict[str, Any] = {}
     few = 200  # under the trigger's 1,000 records: it waits for the oldest to be 10 s old
 
+    def polls() -> int:  # the shared streams the triggerer opened for this pipeline (EoBacklogTrigger logs each)
+        return airflow.service_log("triggerer").read_text(errors="replace").count(
+            f"pipeline {dag_id}: looking at its backlog every")
+
+    found["polls_for_two_watchers"] = polls()  # the DAG's backlog has two watchers (SECOND_WATCHER)
     runs_before = len(airflow.dag_runs(dag_id))
     produced = page_views.produce_page_views(clients.bootstrap, few, topic)
     began = time.monotonic()
@@ -315,7 +334,11 @@ def faults(airflow: AirflowServices, gate: TcpGate, dag_id: str, topic: str, cli
     print(f"latency[faults]: store away 25 s: {found['store_away']}", flush=True)
     failed = [r["dag_run_id"] for r in airflow.dag_runs(dag_id) if r["state"] != "success"]
     found["failed_runs"] = failed
+    found["polls_after_the_restart"] = polls() - found["polls_for_two_watchers"]
+    print(f"latency[faults]: polls opened for the two watchers: {found['polls_for_two_watchers']}, and after the "
+          f"triggerer's restart: {found['polls_after_the_restart']}", flush=True)
     found["ok"] = (found["triggerer_restart"]["runs"] == 1 == found["store_away"]["runs"]
+                   and found["polls_for_two_watchers"] == 1 == found["polls_after_the_restart"]
                    and runs_while_away == 0 and warned and not failed
                    and found["triggerer_restart"]["missing_in_sink"] == 0 == found["store_away"]["missing_in_sink"])
     return found
@@ -356,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     names = {mode: (f"latency_{mode}_{suffix}", f"latency_{mode}_{suffix}") for mode in modes}  # (DAG id, topic)
     for mode, (dag_id, topic) in names.items():
         page_views.ensure_topic(bootstrap, topic)
-        (dags / f"{dag_id}.py").write_text(mode_dag(mode, dag_id, topic, args.spark_conn_id))
+        (dags / f"{dag_id}.py").write_text(mode_dag(mode, dag_id, topic, args.spark_conn_id, args.faults))
     env = {k: v for k, v in os.environ.items() if k.startswith(("AIRFLOW_CONN_", "EO_SPARK_"))}
     gate = None
     if args.faults:  # the deployment reaches the store through a gate the script can close

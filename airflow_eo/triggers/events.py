@@ -127,6 +127,9 @@ class EoBacklogTrigger(BaseEventTrigger):
         answer, a topic is missing) is handed on as :class:`~airflow_eo.core.backlog_events.LookFailed` and tried
         again after a backoff. Uses only the fields of :meth:`shared_stream_key`."""
         poller = cls(**kwargs)
+        # Once per shared stream: how many polls a triggerer runs for a pipeline's watchers (one, whatever their count).
+        log.info("pipeline %s: looking at its backlog every %.0f s for its watchers", poller.pipeline_id,
+                 poller.poll_interval)
         failures = 0
         while True:
             try:

@@ -1,7 +1,8 @@
 """Runs when data arrives, under a real scheduler and triggerer: ``scripts/latency.py --short --faults`` (so that it
 cannot rot) deploys Airflow with the example DAG ``page_view_events_on_arrival`` on a fresh topic, produces records,
 and nothing but the DAG's ``EoBacklogTrigger`` starts runs. Records produced → one asset-triggered run commits them;
-no run while nothing new arrives; every event in the sink once. Then the triggerer is SIGKILLed while its watcher
+no run while nothing new arrives; every event in the sink once; the DAG's two watchers of its backlog share one poll
+in the triggerer. Then the triggerer is SIGKILLed while its watcher
 waits and started again → one run commits that backlog; the offset store stops answering the deployment while
 records arrive → no event, then one run once it answers."""
 
@@ -38,4 +39,6 @@ def test_records_start_runs_that_commit_them_once_and_nothing_else_starts_one(tm
     assert restart["runs"] == 1 and restart["missing_in_sink"] == 0, output  # the watcher came back, fired once
     assert away["runs_while_away"] == 0 and away["triggerer_warned"], output  # no event while the store is away
     assert away["runs"] == 1 and away["missing_in_sink"] == 0, output  # one, once it answers
-    assert figures["faults"]["failed_runs"] == [] and figures["ok"] and done.returncode == 0, output
+    faults = figures["faults"]
+    assert faults["polls_for_two_watchers"] == 1 == faults["polls_after_the_restart"], output  # one poll for both
+    assert faults["failed_runs"] == [] and figures["ok"] and done.returncode == 0, output
