@@ -71,16 +71,18 @@ def spark_pid(part: Part) -> int | None:
     A process this run launched is alive until it exits, whatever its command line says: while a process execs
     (spark-class becoming java) /proc/<pid>/cmdline reads empty. Taken for an exit once on CI, that made ``up``
     start a second master, which took worker1's port (Spark moves to the next port when one is taken)."""
-    proc = LAUNCHED.get(part.name)
-    if proc is not None and proc.pid == pid_alive(part.pid_file):
-        return proc.pid if proc.poll() is None else None
     pid = pid_alive(part.pid_file)
+    if pid is None:
+        return None
+    proc = LAUNCHED.get(part.name)
+    if proc is not None and proc.pid == pid:
+        return pid if proc.poll() is None else None
     for _ in range(10):  # empty while it execs or exits: look again
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return None
-        if not pid or cmdline:
+        if cmdline:
             return pid if b"org.apache.spark" in cmdline else None
         time.sleep(0.05)
     return None
