@@ -35,6 +35,7 @@ from airflow_eo.spark.parsing import metadata_columns
 from airflow_eo.spark.partition_runner import default_parallelism
 from airflow_eo.spark.record_counts import count_records, observed_counts, record_counts
 from airflow_eo.spark.refusal_rounds import RefusalRounds
+from airflow_eo.spark.refused_rows import without_raw_fields
 from airflow_eo.spark.transforms import ApplyTransform
 from airflow_eo.spark.write_passes import WritePasses
 
@@ -89,14 +90,16 @@ class ChangeBatches:
         # reads them.
         observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
         rows = parsed.observe(observation, *record_counts()).where(~F.col(SKIP)).drop(SKIP)
-        newest = newest_changes(with_key_ids(rows, changes.key_columns), changes.position_lookup(batch),
+        # Spread by key without the good records' raw values: most of them are older changes, never written.
+        newest = newest_changes(with_key_ids(without_raw_fields(rows), changes.key_columns),
+                                changes.position_lookup(batch),
                                 self.parse.write_partitions or default_parallelism(spark))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result = self.rounds.write(spark, newest, payload, batch, sink)
+            result, applied = self.rounds.written(spark, newest, payload, batch, sink, originals=parsed)
             t1 = time.monotonic()
-            written = self.runner.run_partitions(
-                WritePlan(position_rows(newest, batch.pipeline_id, batch.batch_id), self.runner),
+            written = self.runner.run_partitions(  # of the changes written: a refused one's position is not
+                WritePlan(position_rows(applied, batch.pipeline_id, batch.batch_id), self.runner),
                 PositionPartitions(writer))
             failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
             log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)

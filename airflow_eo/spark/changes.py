@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 SKIP, KEY_ID, NEWEST = "_eo_skip", "_eo_key_id", "_eo_newest"
 #: The parts of Debezium's ``source`` block that give a change's position (PostgreSQL, MySQL / MariaDB).
 SOURCE_DDL = "lsn BIGINT, sequence STRING, file STRING, pos BIGINT, row INT, snapshot STRING"
+_SOURCE_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (name, ddl) for name, ddl in (part.strip().split(" ", 1) for part in SOURCE_DDL.split(",")))
+#: The fields of a JSON change event (:func:`envelope_ddl`), the converter's ``payload`` wrapper taken off.
+_CHANGE_FIELDS = ("before", "after", "op", "source", "ts_ms", "status")
 #: A change's op and position, computed once per record while it is parsed (:func:`change_columns`).
 _OP, _POSITION = "_eo_change_op", "_eo_change_position"
 
@@ -88,7 +92,13 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
     # parse into every reference (as spark/parsing.py's JSON values).
     df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
-    df, columns, change_error, skip = change_columns(df, "_eo_v", row, key_columns, truncates=truncates)
+    # One shape, whichever the converter wrote: the change itself, its fields read below each once per record (a
+    # CASE per field read through a struct would copy the struct every time).
+    parsed = F.col("_eo_v")
+    bare = F.struct(*[parsed.getField(name).alias(name) for name in _CHANGE_FIELDS])
+    df = df.withColumn("_eo_e", F.explode(F.array(
+        F.when(parsed.getField("payload").isNotNull(), parsed.getField("payload")).otherwise(bare))))
+    df, columns, change_error, skip = change_columns(df, "_eo_e", row, key_columns, truncates=truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
              .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
                  "value is malformed JSON, or a change event whose row does not match the schema (a column of "
@@ -161,29 +171,40 @@ def change_columns(df: DataFrame, parsed: str, row: StructType, key_columns: Seq
     :data:`POSITION_COLUMN`; what is wrong with a change that is one (NULL: nothing); and whether the record is no
     change of a row (a tombstone, a heartbeat, a transaction's boundary)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
 
-    if envelope is None:  # JSON: with the converter's wrapper or without it (envelope_ddl has both)
-        wrapped = F.col(f"{parsed}.payload").isNotNull()
+    present = set(_CHANGE_FIELDS if envelope is None else envelope.fieldNames())
 
-        def part(name: str) -> Column:
-            return F.when(wrapped, F.col(f"{parsed}.payload").getField(name)).otherwise(F.col(parsed).getField(name))
+    def part(name: str) -> Column:
+        return F.col(parsed).getField(name) if name in present else F.lit(None)
 
-        op, source = part("op"), part("source")
+    source = part("source")
+    if envelope is None:  # JSON: envelope_ddl's source block
+        op = part("op")
+        in_source = {name for name, _ in _SOURCE_FIELDS}
     else:
-        present = set(envelope.fieldNames())
-
-        def part(name: str) -> Column:
-            return F.col(parsed).getField(name) if name in present else F.lit(None)
-
         # Protobuf has no NULL for a proto3 string: an event without an op has "".
-        op, source = F.when(part("op") != "", part("op")), _source_block(part("source"), envelope)
+        op = F.when(part("op") != "", part("op"))
+        kind = envelope["source"].dataType
+        in_source = set(kind.fieldNames()) if isinstance(kind, StructType) else set()
+    ddl = dict(_SOURCE_FIELDS)
+
+    def source_field(name: str) -> Column:
+        """A field of ``source`` as :data:`SOURCE_DDL` types it; NULL where the connector has no such field
+        (PostgreSQL's has no ``file``, MySQL's no ``lsn``)."""
+        field = source.getField(name) if name in in_source else F.lit(None)
+        return field if envelope is None else field.cast(ddl[name])
+
     df = df.withColumn(_OP, op)
     op = F.col(_OP)
-    df = df.withColumn(_POSITION, _position(op, source))
+    df = df.withColumn(_POSITION, _position(op, source_field))
     position = F.col(_POSITION)
     before, after = part("before"), part("after")
-    image = F.when(op == DELETE_OP, before).otherwise(after)
-    columns = [image.getField(f.name).alias(f.name) for f in row.fields]
+
+    def image(name: str) -> Column:  # the row's column: of the after image, or of before for a delete
+        return F.when(op == DELETE_OP, before.getField(name)).otherwise(after.getField(name))
+
+    columns = [image(f.name).alias(f.name) for f in row.fields]
     # A truncate (no row) counts as a delete for the value checks: it has no column values to check.
     deleted = op.isin(DELETE_OP, TRUNCATE_OP).alias(DELETE_COLUMN)
     # No row: a tombstone (Debezium's after a delete, for log compaction), a heartbeat ({"ts_ms": ..}) or a
@@ -205,48 +226,34 @@ def change_columns(df: DataFrame, parsed: str, row: StructType, key_columns: Seq
     error = error.when((op == DELETE_OP) & before.isNull(), F.lit(
         "delete without its 'before' image (the source table's replica identity must include the key)"))
     for key in key_columns:
-        error = error.when(image.getField(key).isNull(), F.lit(f"change without its key column {key!r}"))
+        error = error.when(image(key).isNull(), F.lit(f"change without its key column {key!r}"))
     error = error.when(position.isNull(), F.lit("change without a source position (source.lsn or source.file/pos)"))
     return df, [*columns, deleted, op.alias(CHANGE_OP), position.alias(POSITION_COLUMN)], error, skip
 
 
-def _source_block(source: Column, envelope: StructType) -> Column:
-    """A decoded event's ``source`` with the fields of :data:`SOURCE_DDL` (of its types; NULL where the connector has
-    no such field: PostgreSQL's has no ``file``, MySQL's no ``lsn``), as the JSON path parses it."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
-
-    kind = envelope["source"].dataType
-    present = set(kind.fieldNames()) if isinstance(kind, StructType) else set()
-    fields = [part.strip().split(" ", 1) for part in SOURCE_DDL.split(",")]
-    block = F.struct(*[(source.getField(name) if name in present else F.lit(None)).cast(ddl).alias(name)
-                       for name, ddl in fields])
-    return F.when(source.isNotNull(), block)
-
-
-def _position(op: Column, source: Column) -> Column:
+def _position(op: Column, source: Callable[[str], Column]) -> Column:
     """The change's position (16 bytes, :func:`~airflow_eo.core.changes.postgres_position` /
-    :func:`~airflow_eo.core.changes.mysql_position`)."""
+    :func:`~airflow_eo.core.changes.mysql_position`) from the fields of its ``source`` block."""
     from pyspark.sql import functions as F
 
     # sequence: ["<last commit LSN>","<LSN>"] (either may be null). Split as text: a JSON parse per record costs
     # more than the rest of the position.
-    sequence = source.getField("sequence")
+    sequence = source("sequence")
 
     def item(text: Column) -> Column:
         return F.translate(text, '[]" ', "").try_cast("long")
 
     pair = sequence.contains(",")
     snapshot = op == "r"
-    lsn = F.coalesce(F.when(pair, item(F.substring_index(sequence, ",", -1))), source.getField("lsn"))
+    lsn = F.coalesce(F.when(pair, item(F.substring_index(sequence, ",", -1))), source("lsn"))
     last_commit = F.when(pair, item(F.substring_index(sequence, ",", 1))).otherwise(item(sequence))
     pg_high = F.when(snapshot, lsn).otherwise(F.coalesce(last_commit, lsn))
     pg_low = F.when(snapshot, F.lit(0).cast("long")).otherwise(lsn)
-    file_number = F.coalesce(F.regexp_extract(source.getField("file"), r"\.(\d+)$", 1).try_cast("long"),
+    file_number = F.coalesce(F.regexp_extract(source("file"), r"\.(\d+)$", 1).try_cast("long"),
                              F.lit(0).cast("long"))
-    my_low = F.shiftleft(source.getField("pos"), 24).bitwiseOR(
-        F.when(snapshot, F.lit(0)).otherwise(F.coalesce(source.getField("row"), F.lit(0)) + 1).cast("long"))
-    mysql = source.getField("file").isNotNull() & source.getField("pos").isNotNull()
+    my_low = F.shiftleft(source("pos"), 24).bitwiseOR(
+        F.when(snapshot, F.lit(0)).otherwise(F.coalesce(source("row"), F.lit(0)) + 1).cast("long"))
+    mysql = source("file").isNotNull() & source("pos").isNotNull()
     high = F.when(mysql, file_number).otherwise(pg_high)
     low = F.when(mysql, my_low).otherwise(pg_low)
 

@@ -46,14 +46,22 @@ class RefusalRounds:
 
     def write(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
               sink: Sink) -> ExecutionResult:
+        """:meth:`written`'s result."""
+        return self.written(spark, parsed, payload, batch, sink)[0]
+
+    def written(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
+                sink: Sink, originals: DataFrame | None = None) -> tuple[ExecutionResult, DataFrame]:
         """``write_once``; when the table refused a row that no rule could tell before (a constraint, a trigger:
         :mod:`airflow_eo.core.refused_rows`), the records it refuses are found by probes and become bad records, and
         the batch is written again (what the failed write left prepared is rolled back by the probes and the new
         write's tasks; an upsert sink's rows are written again, the same). Under ``on_bad_record="fail"`` the batch
-        fails naming the first. A transform's output row cannot be traced to a record: the batch fails."""
+        fails naming the first. A transform's output row cannot be traced to a record: the batch fails.
+        ``originals``: the records, when ``parsed``'s good ones carry no raw fields
+        (:func:`~airflow_eo.spark.refused_rows.without_raw_fields`). Returns the result and ``parsed`` as written
+        (the refused records bad)."""
         for _ in range(REFUSAL_ROUNDS):
             try:
-                return self.write_once(spark, parsed, payload, batch, sink)
+                return self.write_once(spark, parsed, payload, batch, sink), parsed
             except WriteRefused as refused:
                 if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
@@ -83,6 +91,6 @@ class RefusalRounds:
                         "on_bad_record='dead_letter' to divert them to the dead-letter table.") from refused
                 log.warning("table %s refused %s record(s) (the first: %s: %s): they become dead letters and the "
                             "batch is written again without them", table, len(found), where, first.error)
-                parsed = mark_refused(parsed, found, table)
+                parsed = mark_refused(parsed, found, table, originals)
         raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
                              f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 _POSITION = ("_eo_ref_topic", "_eo_ref_partition", "_eo_ref_offset")
+#: A record's raw fields: what a dead letter keeps of it besides its position and its error.
+RAW_FIELDS = ("kafka_key", "kafka_value", "kafka_headers")
 _MARKED = re.compile(re.escape(REFUSED_MARK) + r" ([^\n]*)")
 
 
@@ -109,8 +111,11 @@ def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[
     return found, any(r["more"] for r in rows)
 
 
-def mark_refused(parsed: DataFrame, refused: list[RefusedRecord], table: str) -> DataFrame:
-    """``parsed`` with each refused record a bad record (``_eo_error`` names the table and the database's error)."""
+def mark_refused(parsed: DataFrame, refused: list[RefusedRecord], table: str,
+                 originals: DataFrame | None = None) -> DataFrame:
+    """``parsed`` with each refused record a bad record (``_eo_error`` names the table and the database's error).
+    ``originals``: the records ``parsed`` was made from, when ``parsed``'s good records no longer carry their raw
+    fields (:data:`RAW_FIELDS`, :func:`without_raw_fields`): a refused record's are taken from there."""
     from pyspark.sql import functions as F
 
     spark = parsed.sparkSession
@@ -119,5 +124,26 @@ def mark_refused(parsed: DataFrame, refused: list[RefusedRecord], table: str) ->
         f"{_POSITION[0]} string, {_POSITION[1]} int, {_POSITION[2]} long, _eo_ref_error string")
     on = ((F.col("kafka_topic") == F.col(_POSITION[0])) & (F.col("kafka_partition") == F.col(_POSITION[1]))
           & (F.col("kafka_offset") == F.col(_POSITION[2])))
-    return parsed.join(F.broadcast(found), on, "left").withColumn(
+    marked = parsed.join(F.broadcast(found), on, "left").withColumn(
         "_eo_error", F.coalesce(F.col("_eo_error"), F.col("_eo_ref_error"))).drop(*found.columns)
+    if originals is None:
+        return marked
+    # A job over the batch's records again, on a path rare by nature: a refusal already costs a round of probes.
+    raw = originals.join(F.broadcast(found), on, "left_semi").select(
+        *(F.col(c).alias(a) for c, a in zip(("kafka_topic", "kafka_partition", "kafka_offset"), _POSITION,
+                                            strict=True)),
+        *(F.col(c).alias(f"_eo_ref_{c}") for c in RAW_FIELDS))
+    return marked.join(F.broadcast(raw), on, "left").select(
+        *(F.coalesce(F.col(c), F.col(f"_eo_ref_{c}")).alias(c) if c in RAW_FIELDS else F.col(c)
+          for c in marked.columns))
+
+
+def without_raw_fields(records: DataFrame) -> DataFrame:
+    """``records`` whose good records carry no raw fields (:data:`RAW_FIELDS`, NULL): only a bad record's become a
+    dead letter's, and a change stream spreads its records by key before it knows which of them it writes (a
+    value is most of a record's bytes). :func:`mark_refused` brings back a refused record's."""
+    from pyspark.sql import functions as F
+
+    bad = F.col("_eo_error").isNotNull()
+    return records.select(*(F.when(bad, F.col(c)).alias(c) if c in RAW_FIELDS else F.col(c)
+                            for c in records.columns))

@@ -22,7 +22,10 @@ import psycopg
 import pymysql
 import pytest
 
+from airflow_eo.core.dedup import seen_pipeline_key
+from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
+from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
 from tests.support.children import why
 from tests.support.connect import STACK_SCRIPT, DebeziumConnector, Record, read_records, register, remove
 from tests.support.operator_harness import operator, run
@@ -33,9 +36,12 @@ from tests.support.stores import MYSQL_STORE
 pytestmark = pytest.mark.stack
 
 ROW = "id INT, name STRING, qty INT, note STRING"
+# qty 666 is refused only at the write (a CHECK): the write's tasks find the record, which becomes a dead letter.
 TARGET_DDL = {
-    "mysql": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL)",
-    "postgres": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL)",
+    "mysql": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL, "
+             "CONSTRAINT {t}_not_666 CHECK (qty IS NULL OR qty <> 666))",
+    "postgres": "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NULL, "
+                "CONSTRAINT {t}_not_666 CHECK (qty IS NULL OR qty <> 666))",
 }
 
 
@@ -72,6 +78,22 @@ def target_sql(database: str, kwargs: dict[str, Any], statement: str) -> None:
     conn = pymysql.connect(**kwargs, autocommit=True)
     try:
         conn.cursor().execute(statement)
+    finally:
+        conn.close()
+
+
+def positions(database: str, kwargs: dict[str, Any], pipeline_id: str, batch_id: int) -> int:
+    """How many change positions the pipeline recorded with the batch."""
+    query = f"SELECT COUNT(*) FROM {CHANGE_POSITION_TABLE} WHERE pipeline_key = %s AND batch_id = %s"
+    key = seen_pipeline_key(pipeline_id)
+    if database == "postgres":
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
+            return int(conn.execute(query, (key, batch_id)).fetchone()[0])
+    conn = pymysql.connect(**kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, (key, batch_id))
+            return int(cur.fetchone()[0])
     finally:
         conn.close()
 
@@ -145,16 +167,30 @@ def test_the_target_equals_the_source_after_every_batch(target, source, debezium
     run(op)
     assert target_rows(database, kwargs, table) == source_rows(postgres_kwargs, source)
 
-    # 3. A NULL the target refuses (name NOT NULL there): a dead letter; the row keeps its last applied image, and
-    # the next change of the row applies.
+    # 3. A NULL the target refuses (name NOT NULL there) and a value its CHECK refuses at the write: dead letters
+    # that keep the change event as Debezium wrote it; the rows keep their last applied images, and the next
+    # change of each row applies.
     source_sql(postgres_kwargs, f"UPDATE {source} SET name = NULL WHERE id = 10",
+               f"UPDATE {source} SET qty = 666 WHERE id = 11",
                f"UPDATE {source} SET name = 'm3' WHERE id = 21")
     delivered(bootstrap, connector, "m3")
     summary = run(op)
-    assert summary["dead_letters"] == 1
-    expected = [r if r[0] != 10 else (10, "row10", 10) for r in source_rows(postgres_kwargs, source)]
+    assert summary["dead_letters"] == 2
+    expected = [r if r[0] not in (10, 11) else (r[0], f"row{r[0]}", r[0])
+                for r in source_rows(postgres_kwargs, source)]
     assert target_rows(database, kwargs, table) == expected
+    dead = build_sink(op.sink, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
+    events = {json.loads(bytes(d["raw_value"]))["payload"]["after"]["id"]: (json.loads(bytes(d["raw_value"])), d)
+              for d in dead}
+    assert sorted(events) == [10, 11]
+    refused, letter = events[11]
+    assert refused["payload"]["after"] == {"id": 11, "name": "row11", "qty": 666}
+    assert letter["error"].startswith(f"table {table} refused it: "), letter["error"]
+    assert json.loads(bytes(letter["record_key"]))["payload"] == {"id": 11}
+    # Only the written change's position is recorded: a refused change leaves its row's where it was.
+    assert positions(database, kwargs, op.pipeline_id, summary["batch_id"]) == 1
     source_sql(postgres_kwargs, f"UPDATE {source} SET name = 'fixed' WHERE id = 10",
+               f"UPDATE {source} SET qty = 11 WHERE id = 11",
                f"UPDATE {source} SET name = 'm4' WHERE id = 21")
     delivered(bootstrap, connector, "m4")
     run(op)
