@@ -133,6 +133,23 @@ def connect(connect_kwargs: Mapping[str, Any], **options: Any) -> Any:
     return _Connection(**connect_kwargs, **{"init_command": STRICT_SESSION, **options})
 
 
+def read_committed_writes(cur: Any) -> bool:
+    """Puts the session's transactions at READ COMMITTED, unless the server logs statements
+    (``binlog_format=STATEMENT`` cannot log InnoDB writes made under it): whether it did.
+
+    A write task's keys lie between another task's (they are spread by hash). Under REPEATABLE READ, a statement that
+    looks up a key the table lacks (the delete of a change stream's deleted key, an upsert's duplicate check) locks
+    the gap around it, and the other task's inserts into that gap wait: InnoDB then kills one of the two as a
+    deadlock's victim, and its whole transaction runs again (measured: 2 in a batch of 1M changes). READ COMMITTED
+    takes no such gap locks; nothing of ours reads what the transaction does not write itself."""
+    cur.execute("SELECT @@log_bin, @@binlog_format")
+    log_bin, binlog_format = cur.fetchone()
+    if int(log_bin) and str(binlog_format).upper() == "STATEMENT":
+        return False
+    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return True
+
+
 #: A server whose default ``sql_mode`` is not strict cuts a too-long string or clamps an out-of-range number with a
 #: warning instead of failing the statement: the sink would hold values that differ from the output, silently, and
 #: the store could cut an id. Strict mode is added to the session's own modes (the others are kept).

@@ -27,7 +27,7 @@ from airflow_eo.mysql.bulk_load import (
     stage,
     staging_types,
 )
-from airflow_eo.mysql.connection import connect
+from airflow_eo.mysql.connection import connect, read_committed_writes
 from airflow_eo.mysql.sql import (
     delete_statement,
     delete_tombstones_statement,
@@ -114,6 +114,7 @@ class PartitionWriter(SqlPartitionWriter):
                 with xa_session(self.connect_kwargs) as own:
                     rollback_earlier_attempts(own, xid)
             with conn.cursor() as cur:
+                read_committed_writes(cur)
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
                 write: Callable[[bool], int]

@@ -29,7 +29,6 @@ from airflow_eo.spark.changes import (
     position_rows,
     purge_delete_markers,
     truncate_position,
-    with_key_ids,
 )
 from airflow_eo.spark.parsing import metadata_columns
 from airflow_eo.spark.partition_runner import default_parallelism
@@ -91,8 +90,7 @@ class ChangeBatches:
         observation = Observation(f"airflow_eo_{uuid.uuid4().hex}")
         rows = parsed.observe(observation, *record_counts()).where(~F.col(SKIP)).drop(SKIP)
         # Spread by key without the good records' raw values: most of them are older changes, never written.
-        newest = newest_changes(with_key_ids(without_raw_fields(rows), changes.key_columns),
-                                changes.position_lookup(batch),
+        newest = newest_changes(without_raw_fields(rows), changes.key_columns, changes.position_lookup(batch),
                                 self.parse.write_partitions or default_parallelism(spark))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         try:

@@ -269,15 +269,19 @@ def with_key_ids(parsed: DataFrame, key_columns: Sequence[str]) -> DataFrame:
     then no older one is written in its place)."""
     from pyspark.sql import functions as F
 
-    missing = [c for c in key_columns if c not in parsed.columns]
-    if missing:
-        raise ConfigurationError(f"changes: the sink's key column(s) {', '.join(missing)} are not columns of the "
-                                 f"schema ({', '.join(c for c in parsed.columns if not c.startswith('_eo_'))})")
+    _check_key_columns(parsed, key_columns)
     identity = _key_json(parsed, key_columns)
     known = F.col(POSITION_COLUMN).isNotNull()
     for c in key_columns:
         known = known & F.col(f"`{c}`").isNotNull()
     return parsed.withColumn(KEY_ID, F.when(known, F.unhex(F.substring(F.sha2(identity, 256), 1, 32))))
+
+
+def _check_key_columns(parsed: DataFrame, key_columns: Sequence[str]) -> None:
+    missing = [c for c in key_columns if c not in parsed.columns]
+    if missing:
+        raise ConfigurationError(f"changes: the sink's key column(s) {', '.join(missing)} are not columns of the "
+                                 f"schema ({', '.join(c for c in parsed.columns if not c.startswith('_eo_'))})")
 
 
 def _key_json(parsed: DataFrame, key_columns: Sequence[str]) -> Column:
@@ -297,23 +301,27 @@ def _key_json(parsed: DataFrame, key_columns: Sequence[str]) -> Column:
     return F.concat(*parts, F.lit("}"))
 
 
-def newest_changes(parsed: DataFrame, lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]],
-                   partitions: int) -> DataFrame:
-    """The batch's changes (with :data:`KEY_ID`) spread by key into ``partitions`` tasks; per key, the newest change
-    by position when it is newer than the sink's recorded one (:func:`~airflow_eo.core.changes.winners`). Bad records
-    stay (they become dead letters or fail the batch); every other change goes.
+def newest_changes(parsed: DataFrame, key_columns: Sequence[str],
+                   lookup: Callable[[Iterable[bytes]], Mapping[bytes, bytes]], partitions: int) -> DataFrame:
+    """The batch's changes spread by key (``key_columns``) into ``partitions`` tasks; per key, the newest change by
+    position when it is newer than the sink's recorded one (:func:`~airflow_eo.core.changes.winners`), with its
+    :data:`KEY_ID`. Bad records stay (they become dead letters or fail the batch); every other change goes.
 
     The newest change of each key is found by Spark (a window over the key, as its sort needs no Python), so only
-    those reach the look-up's Python tasks: a tenth of the records where a key changes ten times a batch."""
+    those reach the look-up's Python tasks, and get a key id (a hash): a tenth of the records where a key changes
+    ten times a batch."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, StructField, StructType
 
-    spread = parsed.repartition(partitions, F.col(KEY_ID))  # the window's exchange: the tasks are ours
-    latest = Window.partitionBy(KEY_ID).orderBy(F.col(POSITION_COLUMN).desc())
+    _check_key_columns(parsed, key_columns)
+    keys = [F.col(f"`{c}`") for c in key_columns]
+    spread = parsed.repartition(partitions, *keys)  # the window's exchange: the tasks are ours
+    latest = Window.partitionBy(*keys).orderBy(F.col(POSITION_COLUMN).desc())
     ranked = spread.withColumn(NEWEST, F.row_number().over(latest) == 1)
     # A key's newest change, or any bad record (a bad newest change is kept as bad: no older one is written for it).
-    candidates, names = positional(ranked.where(F.col(NEWEST) | F.col("_eo_error").isNotNull()).drop(NEWEST))
+    candidates, names = positional(with_key_ids(
+        ranked.where(F.col(NEWEST) | F.col("_eo_error").isNotNull()).drop(NEWEST), key_columns))
     schema = StructType([*candidates.schema.fields, StructField(NEWEST, BooleanType(), False)])
     key_at, position_at, error_at = names.index(KEY_ID), names.index(POSITION_COLUMN), names.index("_eo_error")
 

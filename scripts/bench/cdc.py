@@ -383,8 +383,8 @@ _STAGES: dict[str, dict[str, float]] = {}
 
 def profile_ours(eng: Any, spark: Any, adapter: Any, batch: Any, job_phases: Mapping[str, float]) -> dict[str, float]:
     """Where our job's time went, its stages run again apart (untimed by the job), each Spark job writing nothing
-    (``noop``), each run twice and the faster kept (the machine is shared). Cumulative: ``read``; + ``parse``; + key
-    ids and the newest change per key (``newest``: a look-up that finds nothing, asking no database). The look-up of
+    (``noop``), each run twice and the faster kept (the machine is shared). Cumulative: ``read``; + ``parse``; + the
+    newest change per key and its key id (``newest``: a look-up that finds nothing, asking no database). The look-up of
     the newest keys' positions (``p_lookup``: a pipeline without any, as the measured run's) is timed on the driver,
     all keys from one connection (the job's tasks split them). ``p_write``: the job's one Spark job (``write``: read,
     parse, newest, look-up and the output's upserts and deletes) less read + parse + newest and the look-up's share
@@ -393,6 +393,7 @@ def profile_ours(eng: Any, spark: Any, adapter: Any, batch: Any, job_phases: Map
 
     from airflow_eo.core.abilities import ChangePositions, role
     from airflow_eo.spark.changes import KEY_ID, SKIP, newest_changes, with_key_ids
+    from airflow_eo.spark.refused_rows import without_raw_fields
 
     changes = role(adapter, ChangePositions, "changes")
     partitions = eng.parse.write_partitions
@@ -411,10 +412,11 @@ def profile_ours(eng: Any, spark: Any, adapter: Any, batch: Any, job_phases: Map
     topic = batch.ranges[0].topic
     raw = eng.read(spark, batch)
     parsed, _ = eng.parse_records(spark, raw)
-    keyed = with_key_ids(parsed.where(~F.col(SKIP)).drop(SKIP), changes.key_columns)
+    rows = without_raw_fields(parsed.where(~F.col(SKIP)).drop(SKIP))
+    keyed = with_key_ids(rows, changes.key_columns)
     if topic not in _STAGES:
-        read, parse = run(raw), run(keyed)
-        newest = run(newest_changes(keyed, nothing_applied, partitions))
+        read, parse = run(raw), run(rows)
+        newest = run(newest_changes(rows, changes.key_columns, nothing_applied, partitions))
         _STAGES[topic] = {"p_read": read, "p_parse": parse - read, "p_newest": newest - parse, "through_newest": newest}
     stages = _STAGES[topic]
     ids = [bytes(r[0]) for r in keyed.select(KEY_ID).distinct().collect()]
