@@ -1,10 +1,12 @@
 """Connections to the real MariaDB share the TLS context of pymysql's default mode (building one per connection
 cost ~36 ms), and still work with and without TLS options; verified TLS from the connection's extra; the server
-reads no local file but the one a bulk load is sending."""
+reads no local file but the one a bulk load is sending; the write sessions take no gap lock that blocks another
+task's insert."""
 
 from __future__ import annotations
 
 import json
+import uuid
 
 import certifi
 import pymysql
@@ -111,3 +113,57 @@ def test_sessions_are_strict_even_on_a_server_whose_default_is_not(mysql_kwargs)
                 cur.execute("DROP TABLE eo_strict_probe")
     finally:
         admin.close()
+
+
+def test_a_write_session_takes_no_gap_lock_that_blocks_another_tasks_insert(mysql_kwargs):
+    """Two write tasks' keys interleave: one deletes a key the table lacks, the other inserts a key beside it. At
+    REPEATABLE READ the delete locks the gap and the insert waits (InnoDB's deadlocks between tasks); the writers'
+    sessions (read_committed_writes) do not."""
+    table = f"gap_{uuid.uuid4().hex[:8]}"
+    setup = mysql_connection.connect(mysql_kwargs, autocommit=True)
+    deleting = mysql_connection.connect(mysql_kwargs, autocommit=False)
+    inserting = mysql_connection.connect(mysql_kwargs, autocommit=False)
+    try:
+        with setup.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY) ENGINE=InnoDB")
+            cur.execute(f"INSERT INTO {table} VALUES (1), (10)")
+        for conn in (deleting, inserting):
+            with conn.cursor() as cur:
+                assert mysql_connection.read_committed_writes(cur) is True
+                cur.execute("SELECT @@tx_isolation")
+                assert cur.fetchone() == ("READ-COMMITTED",)
+                cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        with deleting.cursor() as cur:
+            cur.execute(f"DELETE FROM {table} WHERE id = 5")  # no such row: under REPEATABLE READ, a gap lock 1..10
+        with inserting.cursor() as cur:
+            cur.execute(f"INSERT INTO {table} VALUES (4)")  # waits 1 s and fails there; here it does not wait
+        inserting.commit()
+        deleting.commit()
+        with setup.cursor() as cur:
+            cur.execute(f"SELECT id FROM {table} ORDER BY id")
+            assert [r[0] for r in cur.fetchall()] == [1, 4, 10]
+    finally:
+        for conn in (deleting, inserting):
+            conn.close()
+        with setup.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        setup.close()
+
+
+class _ServerLoggingStatements:
+    """A cursor of a server whose binary log records statements (``log_bin`` on, ``binlog_format=STATEMENT``)."""
+
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+
+    def execute(self, statement: str) -> None:
+        self.executed.append(statement)
+
+    def fetchone(self) -> tuple[int, str]:
+        return 1, "STATEMENT"
+
+
+def test_a_server_logging_statements_keeps_its_isolation_level():
+    cur = _ServerLoggingStatements()
+    assert mysql_connection.read_committed_writes(cur) is False
+    assert cur.executed == ["SELECT @@log_bin, @@binlog_format"]  # no SET: InnoDB could not log the writes
