@@ -139,6 +139,19 @@ class TaskDedup:
     now_ms: int | None = None
 
 
+@dataclass(frozen=True)
+class TaskPositions:
+    """A change stream's positions recorded by the write tasks of a one-pass batch (``changes=``,
+    :mod:`airflow_eo.core.changes`): each task writes its changes, then their positions with ``writer`` (the sink's
+    change-position writer, partition number :func:`~airflow_eo.core.changes.position_partition` of the task's: its
+    own branch / fenced transaction after its output's, committed with the batch's). No job of its own reads the
+    written changes again for them."""
+
+    writer: PartitionWriter
+    pipeline_id: str
+    batch_id: int
+
+
 @dataclass
 class WriteResult:
     """What a sink's write reports: the prepared transactions (xids) to commit, and the rows written.
@@ -178,6 +191,8 @@ class WritePlan:
       same Spark job: the driver never holds them.
     - ``dedup``: with ``counts_bad_records``, the writers also drop the copies of events already seen and write the
       ids they see first (:class:`TaskDedup`).
+    - ``positions``: with ``counts_bad_records``, the writers also record the positions of the changes they wrote
+      (:class:`TaskPositions`).
     - ``observation``: a batch with a transform, one pass: the job that writes the output also counts the parsed
       records before the transform (the engine's observed metrics), reported as ``WriteResult.counted``.
     """
@@ -192,6 +207,7 @@ class WritePlan:
     #: the runner's own: what counts the parsed records while the output is written (a transform's one pass)
     observation: Any = None
     dedup: TaskDedup | None = None
+    positions: TaskPositions | None = None
 
     def __post_init__(self) -> None:
         if self.vote and not self.counts_bad_records:
@@ -201,6 +217,9 @@ class WritePlan:
         if self.dedup is not None and not self.counts_bad_records:
             raise ValueError("the partition writers mark the copies among every record they get: dedup needs "
                              "counts_bad_records")
+        if self.positions is not None and not self.counts_bad_records:
+            raise ValueError("the partition writers record the positions of the good records they get: positions "
+                             "needs counts_bad_records")
         if self.observation is not None and self.counts_bad_records:
             raise ValueError("a write plan counts its records either in its partition writers or by observing them")
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.abilities import ChangeMerges, ChangePositions, has_role, role
-from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, WritePlan
+from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, TaskPositions, WritePlan
 from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN, TruncatePolicy
 from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
+from airflow_eo.core.write_strategy import WriteStrategy
 from airflow_eo.spark.change_transforms import transform_changes
 from airflow_eo.spark.changes import (
     SKIP,
@@ -36,7 +37,7 @@ from airflow_eo.spark.record_counts import count_records, observed_counts, recor
 from airflow_eo.spark.refusal_rounds import RefusalRounds
 from airflow_eo.spark.refused_rows import without_raw_fields
 from airflow_eo.spark.transforms import ApplyTransform
-from airflow_eo.spark.write_passes import WritePasses
+from airflow_eo.spark.write_passes import ChooseStrategy, WritePasses
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +54,7 @@ class ChangeBatches:
     :param passes: the write that fails on a bad record (a table format's MERGE of the changes).
     :param rounds: the write around refused rows (the changes' rows into a SQL table).
     :param apply_transform: the pipeline's transform ``(spark, records, batch) -> output``.
+    :param choose_strategy: the engine's question to the core: which write this batch gets.
     """
 
     parse: ParseConfig
@@ -60,15 +62,18 @@ class ChangeBatches:
     passes: WritePasses
     rounds: RefusalRounds
     apply_transform: ApplyTransform
+    choose_strategy: ChooseStrategy
 
     def apply(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
               sink: Sink) -> ExecutionResult:
         """A change stream's batch (:mod:`airflow_eo.core.changes`): per key, the newest change by source position,
         when newer than the position the sink recorded for the key, is written (an upsert of its row, or a delete);
         then the positions of what was written, in the sink's change-position table (each task its own branch /
-        fenced transaction, after the output's: a position is never recorded without its write). Kept by Spark
-        between the two jobs, so the records are read and decided once. A table format (``merges_changes``) does all
-        of it in its own commit (``airflow_eo/lakehouse/changes.py``): one job reads, checks and hands it the rows."""
+        fenced transaction, after the output's: a position is never recorded without its write), by the write
+        tasks themselves when the batch is written in one pass, else by a job of its own (the changes are kept by
+        Spark between the two jobs, so the records are read and decided once). A table format
+        (``merges_changes``) does all of it in its own commit (``airflow_eo/lakehouse/changes.py``): one job reads,
+        checks and hands it the rows."""
         from pyspark import StorageLevel
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -94,18 +99,32 @@ class ChangeBatches:
                                 self.parse.write_partitions or default_parallelism(spark))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result, applied = self.rounds.written(spark, newest, payload, batch, sink, originals=parsed)
-            t1 = time.monotonic()
-            written = self.runner.run_partitions(  # of the changes written: a refused one's position is not
-                WritePlan(position_rows(applied, batch.pipeline_id, batch.batch_id), self.runner),
-                PositionPartitions(writer))
+            strategy = self.choose_strategy(spark, newest, payload, sink)
+            if strategy in (WriteStrategy.ONE_PASS, WriteStrategy.VOTE):  # the write tasks record the positions
+                in_tasks = TaskPositions(writer, batch.pipeline_id, batch.batch_id)
+                result, _ = self.rounds.written(
+                    spark, newest, payload, batch, sink, originals=parsed,
+                    write_once=lambda _spark, rows, columns, context, target: self.passes.write_then_validate(
+                        rows, columns, context, target, vote=strategy is WriteStrategy.VOTE, positions=in_tasks))
+                t1 = time.monotonic()
+                log.info("changes: %s change(s) written, their positions recorded by the write tasks",
+                         result.rows_out)
+                position_xids: list[str] = []
+            else:
+                result, applied = self.rounds.written(spark, newest, payload, batch, sink, originals=parsed)
+                t1 = time.monotonic()
+                written = self.runner.run_partitions(  # of the changes written: a refused one's position is not
+                    WritePlan(position_rows(applied, batch.pipeline_id, batch.batch_id), self.runner),
+                    PositionPartitions(writer))
+                log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out,
+                         written.rows)
+                position_xids = list(written.xids)
             failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
-            log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
             purge_delete_markers(changes, batch.pipeline_id, PURGE_LIMIT)
             read = observed_counts(observation)
             return ExecutionResult(records_in=result.records_in if read is None else read[0], rows_out=result.rows_out,
                                    dead_letters=result.dead_letters, duplicates=result.duplicates,
-                                   xids=[*result.xids, *written.xids],
+                                   xids=[*result.xids, *position_xids],
                                    seconds={**result.seconds, "changes": round(t1 - t0, 3),
                                             "change_positions": round(time.monotonic() - t1, 3)})
         finally:

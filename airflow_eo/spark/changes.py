@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.abilities import ChangePositions
-from airflow_eo.core.batch import PartitionWriter
+from airflow_eo.core.batch import PartitionWriter, TaskPositions
 from airflow_eo.core.changes import (
     CHANGE_OP,
     CHANGE_POSITION_KEY,
@@ -380,8 +380,42 @@ def position_rows(changes: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
     return changes.where(F.col("_eo_error").isNull()).select(
         F.lit(bytearray(seen_pipeline_key(pipeline_id))).alias("pipeline_key"), F.col(KEY_ID).alias("key_id"),
         F.col(POSITION_COLUMN).alias("position"), F.col(DELETE_COLUMN).cast("int").alias("deleted"),
-        F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long").alias("changed_at"),
-        F.lit(batch_id).cast("long").alias("batch_id"))
+        _changed_ms().alias("changed_at"), F.lit(batch_id).cast("long").alias("batch_id"))
+
+
+#: What a write task needs of each change besides the output's columns to record its position
+#: (:func:`task_position_columns`, :func:`task_position_table`).
+CHANGED_MS = "_eo_changed_ms"
+TASK_POSITION_COLUMNS = (KEY_ID, POSITION_COLUMN, CHANGED_MS)
+
+
+def _changed_ms() -> Column:
+    """The change's Kafka timestamp in epoch ms (a delete marker's age, for its retention)."""
+    from pyspark.sql import functions as F
+
+    return F.floor(F.unix_micros(F.col("kafka_timestamp")) / 1000).cast("long")
+
+
+def task_position_columns() -> list[Column]:
+    """:data:`TASK_POSITION_COLUMNS` of the changes (:func:`newest_changes`' output), carried to the write tasks."""
+    from pyspark.sql import functions as F
+
+    return [F.col(KEY_ID), F.col(POSITION_COLUMN), _changed_ms().alias(CHANGED_MS)]
+
+
+def task_position_table(written: Sequence[Any], positions: TaskPositions) -> Any:
+    """The rows of the change-position table of the changes one write task wrote (``written``: Arrow batches of
+    them with :data:`TASK_POSITION_COLUMNS` and :data:`DELETE_COLUMN`, at least one), as :func:`position_rows` makes
+    them. Runs in the Spark task."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(written)
+    count = table.num_rows
+    return pa.table({
+        "pipeline_key": pa.array([seen_pipeline_key(positions.pipeline_id)] * count, pa.binary()),
+        "key_id": table.column(KEY_ID), "position": table.column(POSITION_COLUMN),
+        "deleted": table.column(DELETE_COLUMN).cast(pa.int32()), "changed_at": table.column(CHANGED_MS),
+        "batch_id": pa.array([positions.batch_id] * count, pa.int64())})
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,16 +31,12 @@ from airflow_eo.spark.dedup import (
 )
 from airflow_eo.spark.partition_runner import default_parallelism
 from airflow_eo.spark.refused_rows import WriteRefused
-from airflow_eo.spark.write_passes import WritePasses
+from airflow_eo.spark.write_passes import ChooseStrategy, WritePasses
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-
-#: The write strategy the core chooses for a batch ``(spark, parsed, payload, sink)`` (the engine's question).
-ChooseStrategy = Callable[["SparkSession", "DataFrame", list[str], Sink], WriteStrategy]
-
 
 @dataclass(frozen=True)
 class DuplicateDropping:

@@ -91,7 +91,8 @@ class SparkBatchEngine:
         self.rounds = RefusalRounds(self.parse, self.transform is not None or self.rows_transformed, self._execute)
         self.duplicates = DuplicateDropping(self.parse, self.runner, self.passes, self._strategy,
                                             has_transform=self.transform is not None)
-        self.changes = ChangeBatches(self.parse, self.runner, self.passes, self.rounds, self._apply_transform)
+        self.changes = ChangeBatches(self.parse, self.runner, self.passes, self.rounds, self._apply_transform,
+                                     self._strategy)
 
     def check(self) -> None:
         if self.connect_early:

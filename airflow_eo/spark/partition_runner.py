@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.arrow_files import KeptBatches
 from airflow_eo.core.batch import DriverStream, PartitionWriter, WritePlan, WriteResult, dead_letter_partition
+from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
+from airflow_eo.spark.changes import TASK_POSITION_COLUMNS, PositionPartitions, task_position_table
 from airflow_eo.spark.columns import named_columns, positional
 from airflow_eo.spark.dead_letter_routes import DEAD_LETTER_SOURCE, dead_letter_batches
 from airflow_eo.spark.dedup import ID, MARKED_BY, SeenIdPartitions, TaskCopies
@@ -56,8 +58,11 @@ class SparkPartitionRunner:
         if unknown:
             raise ValueError(f"run_partitions: columns {unknown} are not columns of the output ({out.columns})")
         counting, hold, route, dedup = plan.counts_bad_records, plan.vote, plan.dead_letters, plan.dedup
+        positions = plan.positions
+        recorded = [*TASK_POSITION_COLUMNS, DELETE_COLUMN] if positions is not None else []
         extra = ["_eo_error", *(DEAD_LETTER_SOURCE if route is not None else ()),
-                 *(MARKED_BY.values() if dedup is not None else ())]
+                 *(MARKED_BY.values() if dedup is not None else ()),
+                 *(TASK_POSITION_COLUMNS if positions is not None else ())]
         source = plan.unfiltered.select(*named_columns([*selected, *extra])) if counting else (
             out if columns is None else out.select(*named_columns(selected)))
         partitions = self.write_partitions or default_parallelism(out.sparkSession)
@@ -94,6 +99,7 @@ class SparkPartitionRunner:
                 return verdict[0]
 
             spill = KeptBatches() if route is not None else None  # the bad records, off the heap
+            written: list[Any] = []  # the positions of the good records (changes=), recorded after the output
 
             def good_batches() -> Iterator[Any]:
                 for batch in batches:
@@ -104,7 +110,10 @@ class SparkPartitionRunner:
                         seen["bad"] += bad_rows
                         if spill is not None and bad_rows:
                             spill.add(batch.filter(bad))
-                        batch = batch.filter(pc.invert(bad)).drop_columns(extra)
+                        batch = batch.filter(pc.invert(bad))
+                        if positions is not None and batch.num_rows:
+                            written.append(batch.select(recorded))
+                        batch = batch.drop_columns(extra)
                     yield batch
                 counted.set()
 
@@ -127,6 +136,12 @@ class SparkPartitionRunner:
                 # The ids this task saw first, in its own branch / fenced transaction of the seen-id table.
                 seen_xid, _ = SeenIdPartitions(dedup.writer)(copies.first_sightings.to_batches(), ctx.partitionId(),
                                                               ctx.stageId(), ctx.taskAttemptId())
+            position_xid = None
+            if positions is not None and written and (not hold or agreed()):
+                # The positions of the changes this task wrote, in its own branch / fenced transaction.
+                position_xid, _ = PositionPartitions(positions.writer)(
+                    task_position_table(written, positions).to_batches(), ctx.partitionId(), ctx.stageId(),
+                    ctx.taskAttemptId())
             dead_xid = None
             if spill is not None and route is not None:
                 with spill:
@@ -137,17 +152,18 @@ class SparkPartitionRunner:
                 if dead_rows:
                     failpoint("after_task_dead_letters", scope=f"{route.batch_id}-{ctx.partitionId()}")
             yield pa.RecordBatch.from_pydict(
-                {"xid": [xid], "dead_xid": [dead_xid], "seen_xid": [seen_xid], "rows": [rows],
+                {"xid": [xid], "dead_xid": [dead_xid], "seen_xid": [seen_xid], "position_xid": [position_xid],
+                 "rows": [rows],
                  "records": [seen["records"]], "bad": [seen["bad"]], "duplicates": [copies.duplicates],
                  "oldest": [copies.oldest_ms]},
                 schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("seen_xid", pa.string()),
-                                  ("rows", pa.int64()), ("records", pa.int64()), ("bad", pa.int64()),
-                                  ("duplicates", pa.int64()), ("oldest", pa.int64())]))
+                                  ("position_xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),
+                                  ("bad", pa.int64()), ("duplicates", pa.int64()), ("oldest", pa.int64())]))
 
         try:
             reports = keyed.mapInArrow(write_partition,
-                                       "xid string, dead_xid string, seen_xid string, rows long, records long, "
-                                       "bad long, duplicates long, oldest long", barrier=hold).collect()
+                                       "xid string, dead_xid string, seen_xid string, position_xid string, rows long, "
+                                       "records long, bad long, duplicates long, oldest long", barrier=hold).collect()
         except Exception as exc:
             refused = refused_write(writer, exc)
             if refused is not None:
@@ -155,7 +171,7 @@ class SparkPartitionRunner:
             raise
         counted = (sum(r["records"] for r in reports), sum(r["bad"] for r in reports)) if counting else \
             observed_counts(plan.observation)
-        xids = [x for r in reports for x in (r["xid"], r["dead_xid"], r["seen_xid"]) if x]
+        xids = [x for r in reports for x in (r["xid"], r["dead_xid"], r["seen_xid"], r["position_xid"]) if x]
         oldest = [r["oldest"] for r in reports if r["oldest"] is not None]
         return WriteResult(xids, sum(r["rows"] for r in reports), counted, dead_lettered=route is not None,
                            duplicates=sum(r["duplicates"] for r in reports), oldest_ms=min(oldest, default=None))

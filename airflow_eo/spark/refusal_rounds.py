@@ -50,18 +50,20 @@ class RefusalRounds:
         return self.written(spark, parsed, payload, batch, sink)[0]
 
     def written(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
-                sink: Sink, originals: DataFrame | None = None) -> tuple[ExecutionResult, DataFrame]:
+                sink: Sink, originals: DataFrame | None = None, write_once: WriteOnce | None = None
+                ) -> tuple[ExecutionResult, DataFrame]:
         """``write_once``; when the table refused a row that no rule could tell before (a constraint, a trigger:
         :mod:`airflow_eo.core.refused_rows`), the records it refuses are found by probes and become bad records, and
         the batch is written again (what the failed write left prepared is rolled back by the probes and the new
         write's tasks; an upsert sink's rows are written again, the same). Under ``on_bad_record="fail"`` the batch
         fails naming the first. A transform's output row cannot be traced to a record: the batch fails.
         ``originals``: the records, when ``parsed``'s good ones carry no raw fields
-        (:func:`~airflow_eo.spark.refused_rows.without_raw_fields`). Returns the result and ``parsed`` as written
+        (:func:`~airflow_eo.spark.refused_rows.without_raw_fields`); ``write_once``: this batch's write, in place of
+        the engine's. Returns the result and ``parsed`` as written
         (the refused records bad)."""
         for _ in range(REFUSAL_ROUNDS):
             try:
-                return self.write_once(spark, parsed, payload, batch, sink), parsed
+                return (write_once or self.write_once)(spark, parsed, payload, batch, sink), parsed
             except WriteRefused as refused:
                 if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame

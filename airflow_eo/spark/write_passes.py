@@ -17,10 +17,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.abilities import SeenIds, role
-from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, TaskDedup, WritePlan, WriteResult
+from airflow_eo.core.batch import (
+    BatchContext,
+    ExecutionResult,
+    PartitionRunner,
+    TaskDedup,
+    TaskPositions,
+    WritePlan,
+    WriteResult,
+)
 from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
+from airflow_eo.core.write_strategy import WriteStrategy
+from airflow_eo.spark.changes import task_position_columns
 from airflow_eo.spark.columns import named_columns
 from airflow_eo.spark.dead_letter_routes import DEAD_LETTER_SOURCE, DeadLetterRoutes
 from airflow_eo.spark.dedup import position_columns, purge_seen_ids
@@ -32,6 +42,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+#: The write strategy the core chooses for a batch ``(spark, parsed, payload, sink)`` (the engine's question).
+ChooseStrategy = Callable[["SparkSession", "DataFrame", list[str], Sink], WriteStrategy]
+
 
 #: Begins the error a write task raises on a bad record (:meth:`WritePasses.write_failing_on_bad_records`).
 BAD_RECORD_MARK = "airflow_eo: bad record at"
@@ -171,7 +185,8 @@ class WritePasses:
                                seconds=seconds)
 
     def write_then_validate(self, parsed: DataFrame, payload: list[str], batch: BatchContext, sink: Sink,
-                            vote: bool, dedup: TaskDedup | None = None) -> ExecutionResult:
+                            vote: bool, dedup: TaskDedup | None = None,
+                            positions: TaskPositions | None = None) -> ExecutionResult:
         """One pass: every parsed record goes to the partition writers, which write the good ones and count the
         bad ones (the plan's ``counts_bad_records``,
         :meth:`~airflow_eo.spark.partition_runner.SparkPartitionRunner.run_partitions`); the bad records are read
@@ -183,7 +198,9 @@ class WritePasses:
         write only after every task of the (barrier) stage has reported no bad record.
 
         With ``dedup`` (the parsed records carry ``_eo_id``), the tasks also drop the copies and write the ids they
-        see first (:class:`~airflow_eo.core.batch.TaskDedup`).
+        see first (:class:`~airflow_eo.core.batch.TaskDedup`). With ``positions`` (the parsed records are a change
+        stream's newest changes), the tasks also record the positions of the changes they wrote
+        (:class:`~airflow_eo.core.batch.TaskPositions`).
         """
         from pyspark.sql import functions as F
 
@@ -193,10 +210,11 @@ class WritePasses:
             F.when(F.col("_eo_error").isNotNull(), F.col(source)).alias(name)
             for name, source in DEAD_LETTER_SOURCE.items()]
         unfiltered = parsed.select(*named_columns([*payload, "_eo_error"]), *bad_fields,
-                                   *(position_columns() if dedup is not None else ()))
+                                   *(position_columns() if dedup is not None else ()),
+                                   *(task_position_columns() if positions is not None else ()))
         good = unfiltered.where(F.col("_eo_error").isNull()).select(*named_columns(payload))
         written = sink.write(WritePlan(good, self.runner, counts_bad_records=True, vote=vote, unfiltered=unfiltered,
-                                       dead_letters=route, dedup=dedup), batch)
+                                       dead_letters=route, dedup=dedup, positions=positions), batch)
         seconds = {"write": round(time.monotonic() - t0, 3)}  # read, parse (mark) and write: one Spark job
         t1 = time.monotonic()
         if dedup is not None:
