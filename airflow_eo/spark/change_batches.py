@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.abilities import ChangeMerges, ChangePositions, has_role, role
-from airflow_eo.core.batch import BatchContext, ExecutionResult, PartitionRunner, TaskPositions, WritePlan
+from airflow_eo.core.batch import (
+    BatchContext,
+    ExecutionResult,
+    PartitionRunner,
+    PartitionWriter,
+    TaskPositions,
+    WritePlan,
+)
 from airflow_eo.core.changes import CHANGED_AT, POSITION_COLUMN, TruncatePolicy
 from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.dedup import PURGE_LIMIT
@@ -43,6 +50,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecordedPositions:
+    """The positions' own branches / transactions (none when the write tasks recorded them), and their seconds."""
+
+    xids: list[str]
+    seconds: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -102,33 +117,45 @@ class ChangeBatches:
             strategy = self.choose_strategy(spark, newest, payload, sink)
             if strategy in (WriteStrategy.ONE_PASS, WriteStrategy.VOTE):  # the write tasks record the positions
                 in_tasks = TaskPositions(writer, batch.pipeline_id, batch.batch_id)
-                result, _ = self.rounds.written(
-                    spark, newest, payload, batch, sink, originals=parsed,
-                    write_once=lambda _spark, rows, columns, context, target: self.passes.write_then_validate(
-                        rows, columns, context, target, vote=strategy is WriteStrategy.VOTE, positions=in_tasks))
-                t1 = time.monotonic()
-                log.info("changes: %s change(s) written, their positions recorded by the write tasks",
-                         result.rows_out)
-                position_xids: list[str] = []
+                result, positions = self._written_with_positions(spark, newest, parsed, payload, batch, sink,
+                                                                 in_tasks, vote=strategy is WriteStrategy.VOTE)
             else:
-                result, applied = self.rounds.written(spark, newest, payload, batch, sink, originals=parsed)
-                t1 = time.monotonic()
-                written = self.runner.run_partitions(  # of the changes written: a refused one's position is not
-                    WritePlan(position_rows(applied, batch.pipeline_id, batch.batch_id), self.runner),
-                    PositionPartitions(writer))
-                log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out,
-                         written.rows)
-                position_xids = list(written.xids)
+                result, positions = self._written_then_positions(spark, newest, parsed, payload, batch, sink, writer)
             failpoint("after_change_positions", scope=f"{batch.pipeline_id}-{batch.batch_id}")
             purge_delete_markers(changes, batch.pipeline_id, PURGE_LIMIT)
             read = observed_counts(observation)
             return ExecutionResult(records_in=result.records_in if read is None else read[0], rows_out=result.rows_out,
                                    dead_letters=result.dead_letters, duplicates=result.duplicates,
-                                   xids=[*result.xids, *position_xids],
-                                   seconds={**result.seconds, "changes": round(t1 - t0, 3),
-                                            "change_positions": round(time.monotonic() - t1, 3)})
+                                   xids=[*result.xids, *positions.xids],
+                                   seconds={**result.seconds, **positions.seconds,
+                                            "changes": round(time.monotonic() - t0, 3)})
         finally:
             newest.unpersist()
+
+    def _written_with_positions(self, spark: SparkSession, newest: DataFrame, parsed: DataFrame, payload: list[str],
+                                batch: BatchContext, sink: Sink, positions: TaskPositions, vote: bool
+                                ) -> tuple[ExecutionResult, RecordedPositions]:
+        """The newest changes written in one pass, whose tasks record the positions of what they wrote (their
+        branches are among the result's)."""
+        result, _ = self.rounds.written(
+            spark, newest, payload, batch, sink, originals=parsed,
+            write_once=lambda _spark, rows, columns, context, target: self.passes.write_then_validate(
+                rows, columns, context, target, vote=vote, positions=positions))
+        log.info("changes: %s change(s) written, their positions recorded by the write tasks", result.rows_out)
+        return result, RecordedPositions([], {})
+
+    def _written_then_positions(self, spark: SparkSession, newest: DataFrame, parsed: DataFrame, payload: list[str],
+                                batch: BatchContext, sink: Sink, writer: PartitionWriter
+                                ) -> tuple[ExecutionResult, RecordedPositions]:
+        """The newest changes written by the engine's write, then the positions of those written (a refused one's is
+        not) by a job of their own."""
+        result, applied = self.rounds.written(spark, newest, payload, batch, sink, originals=parsed)
+        t0 = time.monotonic()
+        written = self.runner.run_partitions(
+            WritePlan(position_rows(applied, batch.pipeline_id, batch.batch_id), self.runner),
+            PositionPartitions(writer))
+        log.info("changes: %s change(s) written, their positions recorded (%s)", result.rows_out, written.rows)
+        return result, RecordedPositions(list(written.xids), {"change_positions": round(time.monotonic() - t0, 3)})
 
     def apply_transformed(self, spark: SparkSession, parsed: DataFrame, payload: list[str], batch: BatchContext,
                           sink: Sink, untransformed: ChangeBatches) -> ExecutionResult:
