@@ -25,7 +25,7 @@ the events are generated; every job's table must equal it row for row before its
 
 ``profile_ours`` (``--cdc-phases``) splits our job's time into its phases by running its stages again, untimed: read,
 + parse, + newest per key as Spark jobs that write nothing (``format("noop")``), the position look-up on the driver;
-the output's write is what is left of the job's write job, the positions' write the job's own phase.
+the write (the output's, then the positions', by the same tasks) is what is left of the job's write job.
 """
 
 from __future__ import annotations
@@ -387,8 +387,8 @@ def profile_ours(eng: Any, spark: Any, adapter: Any, batch: Any, job_phases: Map
     newest change per key and its key id (``newest``: a look-up that finds nothing, asking no database). The look-up of
     the newest keys' positions (``p_lookup``: a pipeline without any, as the measured run's) is timed on the driver,
     all keys from one connection (the job's tasks split them). ``p_write``: the job's one Spark job (``write``: read,
-    parse, newest, look-up and the output's upserts and deletes) less read + parse + newest and the look-up's share
-    per task; the positions' write is the job's ``change_positions``."""
+    parse, newest, look-up, the output's upserts and deletes and the positions, in the same tasks) less read + parse
+    + newest and the look-up's share per task."""
     from pyspark.sql import functions as F
 
     from airflow_eo.core.abilities import ChangePositions, role
