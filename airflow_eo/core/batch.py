@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Protocol
 
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.headers import Headers, encode_headers
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
 
 # --------------------------------------------------------------------------- data
 

@@ -27,10 +27,10 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.ranges import TopicPartition
-from airflow_eo.core.states import BatchState
 
 #: The audit action of a prune.
 PRUNE_ACTION = "prune"

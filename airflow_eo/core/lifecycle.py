@@ -24,10 +24,10 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import UNFINISHED
 from airflow_eo.core.config import Mode
 from airflow_eo.core.identifiers import validate_pipeline_id
-from airflow_eo.core.states import UNFINISHED
-from airflow_eo.core.status import PipelineInfo
+from airflow_eo.core.pipeline_status import PipelineInfo
 
 #: How long a pipeline must have been quiet (no take, no batch written) before retire and rename treat it as not
 #: running (``--idle-for``): longer than a run takes between two writes of the store, i.e. its Spark job.

@@ -56,6 +56,7 @@ from airflow_eo.core.batch import (
     WritePlan,
     WriteResult,
 )
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
@@ -69,7 +70,6 @@ from airflow_eo.core.planning import (
 )
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, check_contiguous
 from airflow_eo.core.recovery import BatchAction, BatchDecision, BranchDecision, SinkRecovery, decide_unfinished
-from airflow_eo.core.states import BatchState
 
 log = logging.getLogger(__name__)
 

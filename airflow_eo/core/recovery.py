@@ -15,9 +15,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.errors import TableMarkerError
 from airflow_eo.core.ranges import TopicPartition
-from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
 
 if TYPE_CHECKING:

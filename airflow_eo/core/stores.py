@@ -15,10 +15,10 @@ from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.pipeline_status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.core.protocol import OffsetStore
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
-from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
 
 
 class PipelineLedger(OffsetStore, Protocol):

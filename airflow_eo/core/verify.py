@@ -24,12 +24,12 @@ from enum import Enum
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import UNFINISHED, BatchState
 from airflow_eo.core.history import PRUNE_ACTION, positions_from_json
+from airflow_eo.core.pipeline_status import AuditEntry
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
 from airflow_eo.core.recovery import BranchAction, decide_branch
-from airflow_eo.core.states import UNFINISHED, BatchState
-from airflow_eo.core.status import AuditEntry
 from airflow_eo.core.xid import Xid
 
 

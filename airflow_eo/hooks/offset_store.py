@@ -68,8 +68,8 @@ class OffsetStoreHook(BaseHook):
         """
         from datetime import datetime
 
+        from airflow_eo.core.batch_states import BatchState
         from airflow_eo.core.planning import Interval
-        from airflow_eo.core.states import BatchState
 
         store = self.get_store()
         if interval is not None:

@@ -18,12 +18,12 @@ from airflow_eo.core.abilities import ConsumerGroupSink, InDoubtSink, TableCommi
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.orphans import branch_age
+from airflow_eo.core.pipeline_status import BatchInfo, PipelineInfo
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.recovery import decide_branch, decide_unfinished
 from airflow_eo.core.sinks import capabilities_of
-from airflow_eo.core.status import BatchInfo, PipelineInfo
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.core.verify import TaskRun
 from airflow_eo.kafka.offsets import KafkaOffsetSource

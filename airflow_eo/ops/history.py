@@ -29,7 +29,7 @@ from airflow_eo.core.history import (
     prunable,
     prune_below,
 )
-from airflow_eo.core.status import PipelineInfo
+from airflow_eo.core.pipeline_status import PipelineInfo
 from airflow_eo.ops.service import PipelineOperations
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_eo.core.batch_states import UNFINISHED
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.lifecycle import (
@@ -30,10 +31,9 @@ from airflow_eo.core.lifecycle import (
     retire_refusal,
     seed_refusal,
 )
+from airflow_eo.core.pipeline_status import PipelineInfo
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindKind, RewindPlan, RewindTarget, plan_rewind
-from airflow_eo.core.states import UNFINISHED
-from airflow_eo.core.status import PipelineInfo
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.ops.reports import RecoverReport
 from airflow_eo.ops.service import PipelineOperations

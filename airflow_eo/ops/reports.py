@@ -14,10 +14,10 @@ from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.orphans import OpenTransaction, Orphan, oldest_age_by_database, overdue
+from airflow_eo.core.pipeline_status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import BatchAction, BranchDecision
 from airflow_eo.core.rewind import RewindPlan
-from airflow_eo.core.status import AuditEntry, BatchInfo, PartitionStatus, PipelineInfo
 from airflow_eo.core.verify import Finding
 
 # --------------------------------------------------------------------------- read models

@@ -24,9 +24,9 @@ from airflow_eo.core.abilities import DeadLetterTable, role
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.headers import decode_headers
+from airflow_eo.core.pipeline_status import PartitionStatus, partition_status
 from airflow_eo.core.rewind import RewindTarget
 from airflow_eo.core.sinks import capabilities_of
-from airflow_eo.core.status import PartitionStatus, partition_status
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.context import Connections, OperationsContext, TaskRuns, topics_of
 from airflow_eo.ops.orphan_recovery import OrphanRecovery

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from airflow_eo.core.abilities import InDoubtSink, role
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import UNFINISHED, BatchState
 from airflow_eo.core.config import Mode
+from airflow_eo.core.pipeline_status import AuditEntry, PipelineInfo
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.sinks import capabilities_of
-from airflow_eo.core.states import UNFINISHED, BatchState
-from airflow_eo.core.status import AuditEntry, PipelineInfo
 from airflow_eo.core.verify import (
     Finding,
     audited_batches,

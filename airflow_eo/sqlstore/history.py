@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import UNFINISHED, BatchState
 from airflow_eo.core.history import PRUNABLE_STATES
-from airflow_eo.core.states import UNFINISHED, BatchState
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.rows import batch_record, utc
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from airflow_eo.core.batch_states import UNFINISHED
 from airflow_eo.core.errors import OperationError, UnknownPipelineError
 from airflow_eo.core.lifecycle import RENAME_ACTION, RETIRE_ACTION, UNRETIRE_ACTION
-from airflow_eo.core.states import UNFINISHED
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.rows import insert_audit
 

@@ -13,12 +13,12 @@ from datetime import datetime
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import UNFINISHED
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError, UnknownPipelineError
+from airflow_eo.core.pipeline_status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
-from airflow_eo.core.states import UNFINISHED
-from airflow_eo.core.status import AuditEntry, BatchInfo, PipelineInfo
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.rows import batch_info, batch_record, insert_audit, row_owner, utc
 

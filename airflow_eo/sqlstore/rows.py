@@ -7,10 +7,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
+from airflow_eo.core.batch_states import BatchState
+from airflow_eo.core.pipeline_status import BatchInfo
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import ranges_from_json
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import BatchInfo
 
 
 def insert_audit(cur: Any, pipeline_id: str, epoch: int | None, actor: str, action: str, reason: str | None,

@@ -21,6 +21,7 @@ from contextlib import contextmanager, suppress
 from typing import Any, ClassVar, Protocol
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
+from airflow_eo.core.batch_states import UNFINISHED, BatchState, can_transition
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -32,7 +33,6 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.lifecycle import retired_message
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
-from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
 from airflow_eo.sqlstore.history import StoreHistory

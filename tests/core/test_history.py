@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.history import (
@@ -21,9 +22,8 @@ from airflow_eo.core.history import (
     prunable,
     prune_below,
 )
+from airflow_eo.core.pipeline_status import AuditEntry, PipelineInfo
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import AuditEntry, PipelineInfo
 from airflow_eo.core.verify import TaskRun, audited_moves, check_runs, check_tiling, runs_the_history_answers_for
 from airflow_eo.ops.history import HistoryPruner
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.lifecycle import (
@@ -20,8 +21,7 @@ from airflow_eo.core.lifecycle import (
     retire_refusal,
     retired_message,
 )
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import PipelineInfo
+from airflow_eo.core.pipeline_status import PipelineInfo
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
 IDLE = 600.0

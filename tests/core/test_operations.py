@@ -12,15 +12,15 @@ import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds:
 from airflow_eo.cli.arguments import parse_offsets
 from airflow_eo.core import protocol
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
+from airflow_eo.core.pipeline_status import PartitionStatus, partition_status
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import recover_pipeline
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import BatchAction, BranchAction, committed_by_kafka, decide_branch, decide_unfinished
 from airflow_eo.core.rewind import DOUBLE_COUNT_FLAG, RewindKind, RewindTarget, check_rewind, plan_rewind
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import PartitionStatus, partition_status
 from airflow_eo.core.xid import Xid, pipeline_key
 from tests.core.fakes.processes import Killed, Process, failpoint
 from tests.core.fakes.source import Record

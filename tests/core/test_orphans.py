@@ -12,6 +12,7 @@ import pytest
 
 import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.orphans import (
@@ -29,9 +30,8 @@ from airflow_eo.core.orphans import (
     pipeline_keys,
     seen_in_both,
 )
+from airflow_eo.core.pipeline_status import BatchInfo, PipelineInfo
 from airflow_eo.core.recovery import BranchAction
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import BatchInfo, PipelineInfo
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.ops.orphan_recovery import ORPHANS_ACTION
 from airflow_eo.ops.service import PipelineOperations

@@ -23,6 +23,7 @@ import pytest
 
 from airflow_eo.core import protocol
 from airflow_eo.core.batch import BatchSummary, Owner, RunRequest
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -35,7 +36,6 @@ from airflow_eo.core.errors import (
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_interval_batch
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
 from airflow_eo.core.xid import Xid
 from tests.core.fakes.engine import FakeEngine
 from tests.core.fakes.processes import RUNNING, InjectedError, Killed, Process, failpoint

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from airflow_eo.core.batch_states import BatchState, can_transition
 from airflow_eo.core.ranges import OffsetRange, check_contiguous, ranges_from_json, ranges_to_json, spark_offsets
-from airflow_eo.core.states import BatchState, can_transition
 from airflow_eo.core.xid import FORMAT_ID, Xid, parse_recover_row, pipeline_key
 
 

@@ -15,6 +15,7 @@ import pytest
 import airflow_eo.integrations  # noqa: F401  (registers the built-in kinds)
 from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.batch import RunRequest
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError, OperationError
@@ -29,7 +30,6 @@ from airflow_eo.core.sinks import (
     sink_kinds,
     spec_from_record,
 )
-from airflow_eo.core.states import BatchState
 from airflow_eo.core.stores import register_store, store_for
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
 from tests.core.fakes.engine import FakeEngine

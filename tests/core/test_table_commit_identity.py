@@ -9,11 +9,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.errors import TableMarkerError
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.recovery import committed_by_table, table_claim, table_transaction
-from airflow_eo.core.states import BatchState
 from airflow_eo.lakehouse.adapter import TableCommitAdapter, named_failure
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

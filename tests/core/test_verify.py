@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from airflow_eo.core.batch import BatchRecord
+from airflow_eo.core.batch_states import BatchState
+from airflow_eo.core.pipeline_status import AuditEntry
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.sinks import KindAdapter
-from airflow_eo.core.states import BatchState
-from airflow_eo.core.status import AuditEntry
 from airflow_eo.core.verify import (
     Check,
     TaskRun,
@@ -165,13 +165,13 @@ class _Ledger:
     def pipeline(self, pipeline_id):
         from airflow_eo.core.batch import Owner
         from airflow_eo.core.config import Mode, SinkRecord
-        from airflow_eo.core.status import PipelineInfo
+        from airflow_eo.core.pipeline_status import PipelineInfo
 
         return PipelineInfo(pipeline_id, 3, "d.t", Mode.CONTINUOUS, None,
                             SinkRecord("MySqlXaSink", accumulating=True, target="app_pv"), Owner("d", "t"))
 
     def batch_history(self, pipeline_id, limit, batch_ids=None):
-        from airflow_eo.core.status import BatchInfo
+        from airflow_eo.core.pipeline_status import BatchInfo
 
         return [BatchInfo(b, None, None, None) for b in reversed(self.batches)][:limit]
 
@@ -247,7 +247,7 @@ def test_verify_asks_the_store_which_of_the_tasks_other_pipelines_recorded_the_r
     import airflow_eo.integrations  # noqa: F401 (registers the built-in sink kinds: capabilities_of answers)
     from airflow_eo.core.batch import Owner
     from airflow_eo.core.config import Mode
-    from airflow_eo.core.status import PipelineInfo
+    from airflow_eo.core.pipeline_status import PipelineInfo
     from airflow_eo.ops.service import PipelineOperations
 
     class Ledger(_Ledger):

@@ -8,9 +8,9 @@ import uuid
 import pytest
 
 from airflow_eo.core.batch import Owner
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.ops.repairs import recovery_plan
 from airflow_eo.sinks import MySqlUpsertSink

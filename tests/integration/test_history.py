@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.history import PRUNE_ACTION
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
 from airflow_eo.core.verify import audited_moves, check_tiling
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations

@@ -12,6 +12,7 @@ from importlib import import_module
 import pytest
 
 from airflow_eo.core.batch import BatchSummary, ExecutionResult, Owner
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import (
     CommitConflictError,
@@ -24,7 +25,6 @@ from airflow_eo.core.errors import (
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
-from airflow_eo.core.states import BatchState
 from airflow_eo.mysql.store import MySqlOffsetStore
 from airflow_eo.postgres.store import PostgresOffsetStore
 from airflow_eo.sqlstore.store import SqlOffsetStore

@@ -14,9 +14,9 @@ import airflow_eo
 from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
+from airflow_eo.core.pipeline_status import PipelineInfo
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.core.sinks import KindAdapter, SinkAsset, SinkSpec, register_sink
-from airflow_eo.core.status import PipelineInfo
 from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.ops.service import PipelineOperations
 

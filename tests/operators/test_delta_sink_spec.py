@@ -88,10 +88,10 @@ def test_a_txn_version_above_the_batch_written_is_refused_not_trusted_to_skip(tm
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from airflow_eo.core.batch import BatchRecord
+    from airflow_eo.core.batch_states import BatchState
     from airflow_eo.core.errors import TableMarkerError
     from airflow_eo.core.ranges import OffsetRange
     from airflow_eo.core.recovery import table_transaction
-    from airflow_eo.core.states import BatchState
     from airflow_eo.delta.sink import DeltaTableAdapter
 
     path = str(tmp_path / "t")

@@ -15,10 +15,10 @@ import pytest
 
 from airflow_eo.core import drivers, sinks
 from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.states import BatchState
 from tests.support import toy_database as toy
 
 

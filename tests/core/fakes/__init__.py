@@ -4,7 +4,7 @@
 - :class:`FakeStore` copies :class:`airflow_eo.mysql.store.MySqlOffsetStore`: every write after a
   take is fenced by the attempt's epoch (the pipeline's, or in interval mode the interval's), the commit point
   is one atomic compare-and-set of every partition's offset plus the batch state, transitions follow
-  ``core.states``, ``adopt_batch`` resets a batch to ``planned`` and drops its xids, ``abort_batch`` frees
+  ``core.batch_states``, ``adopt_batch`` resets a batch to ``planned`` and drops its xids, ``abort_batch`` frees
   the run (``run_key`` NULL), batch ids are ``MAX + 1``, a run has one batch (continuous mode) and an interval
   one batch (interval mode).
 - :class:`FakeSource` is the input topic: per partition a list of records with timestamps.

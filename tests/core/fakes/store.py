@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
+from airflow_eo.core.batch_states import UNFINISHED, BatchState, can_transition
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.errors import CommitConflictError, FencedError, PipelineConflictError
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
-from airflow_eo.core.states import UNFINISHED, BatchState, can_transition
 
 
 class DuplicateKeyError(Exception):
