@@ -21,7 +21,7 @@ from airflow_eo.core.errors import ConfigurationError
 if TYPE_CHECKING:
     from airflow_eo.core.batch import BatchContext, BatchRecord, PartitionWriter, WritePlan, WriteResult
     from airflow_eo.core.dedup import SeenAt
-    from airflow_eo.core.refusals import ValueRule
+    from airflow_eo.core.value_checks import ValueRule
     from airflow_eo.core.xid import Xid
 
 R = TypeVar("R")

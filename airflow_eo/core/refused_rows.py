@@ -1,6 +1,6 @@
 """Rows a sink's table refuses only when they are written: a ``CHECK`` or foreign-key constraint, a trigger that
 raises, a unique index other than the key, a value beyond a ``DECIMAL``'s or a date column's range, an ``"add"``
-that overflows. Unlike what :mod:`airflow_eo.core.refusals` decides from the catalog before the write, these are
+that overflows. Unlike what :mod:`airflow_eo.core.value_checks` decides from the catalog before the write, these are
 known only from the database's error, which names no record.
 
 When a batch's write fails on one, the failed write's rows are written again by the same partition writers in

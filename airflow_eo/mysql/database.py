@@ -12,8 +12,8 @@ import pymysql.cursors
 from pymysql.constants import CLIENT, CR, ER
 
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.core.value_checks import ColumnFacts, integer_range
 from airflow_eo.mysql import connection, migrations, sql
 from airflow_eo.mysql.xa import xa_session
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl

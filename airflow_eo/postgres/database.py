@@ -11,8 +11,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.refusals import ColumnFacts, integer_range
 from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.core.value_checks import ColumnFacts, integer_range
 from airflow_eo.postgres import connection, migrations, sql
 from airflow_eo.postgres.prepared import prepared_session
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl

@@ -36,8 +36,8 @@ from airflow_eo.spark.kafka_security import spark_kafka_options
 from airflow_eo.spark.parsing import metadata_columns, parse_records
 from airflow_eo.spark.partition_runner import SparkPartitionRunner, barrier_possible
 from airflow_eo.spark.refusal_rounds import RefusalRounds
-from airflow_eo.spark.refusals import refuse_unstorable
 from airflow_eo.spark.transforms import Transform, apply_transform, resolve_transform
+from airflow_eo.spark.value_checks import refuse_unstorable
 from airflow_eo.spark.write_passes import WritePasses
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from airflow_eo.core.refusals import ColumnFacts
 from airflow_eo.core.two_phase import PreparedBranches
+from airflow_eo.core.value_checks import ColumnFacts
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 
@@ -180,7 +180,7 @@ class SqlDatabase(ABC):
 
     def column_facts(self, cur: Any, table: str) -> list[ColumnFacts]:
         """What the catalog says of each column of ``table`` (lengths, integer ranges, NOT NULL), for the values
-        checked before the write (:mod:`airflow_eo.core.refusals`); none: no value is checked."""
+        checked before the write (:mod:`airflow_eo.core.value_checks`); none: no value is checked."""
         return []
 
     def store_schema(self, store_kwargs: Mapping[str, Any]) -> str | None:

@@ -22,9 +22,9 @@ from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.recovery import BranchAction, SinkRecovery
-from airflow_eo.core.refusals import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.sinks import KindAdapter
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
+from airflow_eo.core.value_checks import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.sqlsink.change_positions import (
     CHANGE_POSITION_TABLE,
@@ -96,7 +96,7 @@ class SqlTableSink(SqlPipelineRows, KindAdapter):
 
     def value_rules(self, output: Sequence[tuple[str, str]]) -> list[ValueRule]:
         """What the table refuses of the ``output`` columns' values (name, Spark type), checked where the records
-        are parsed: such a record is a bad record, not a failed write (:mod:`airflow_eo.core.refusals`)."""
+        are parsed: such a record is a bad record, not a failed write (:mod:`airflow_eo.core.value_checks`)."""
         return value_rules(self.table, self.column_facts, output, self.database.refuses_nul_in_text)
 
     @property

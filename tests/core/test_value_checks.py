@@ -1,8 +1,8 @@
-"""The value rules a table's catalog implies for an output (pure: :mod:`airflow_eo.core.refusals`)."""
+"""The value rules a table's catalog implies for an output (pure: :mod:`airflow_eo.core.value_checks`)."""
 
 from __future__ import annotations
 
-from airflow_eo.core.refusals import Check, ColumnFacts, integer_range, value_rules
+from airflow_eo.core.value_checks import Check, ColumnFacts, integer_range, value_rules
 
 FACTS = [
     ColumnFacts("id", "varchar(16)", False, max_chars=16),

@@ -1,5 +1,5 @@
 """Values the sink's table refuses, found where the records are parsed: each rule of the sink
-(:class:`~airflow_eo.core.protocol.ValueChecks`, :mod:`airflow_eo.core.refusals`) becomes a Spark condition, and a
+(:class:`~airflow_eo.core.protocol.ValueChecks`, :mod:`airflow_eo.core.value_checks`) becomes a Spark condition, and a
 record that breaks one gets its ``_eo_error`` (a bad record: dead-lettered or failing the batch, by
 ``on_bad_record``)."""
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from airflow_eo.core.abilities import ValueChecks, has_role, role
 from airflow_eo.core.config import DELETE_COLUMN
-from airflow_eo.core.refusals import Check, ValueRule
+from airflow_eo.core.value_checks import Check, ValueRule
 from airflow_eo.spark.columns import named_columns
 
 if TYPE_CHECKING:
