@@ -29,9 +29,9 @@ from airflow_eo.mysql.sql import (
 from airflow_eo.mysql.table_shape import TableShape, why_replace_is_not_upsert
 from airflow_eo.mysql.writer import PartitionWriter
 from airflow_eo.mysql.xa import ER_SPECIFIC_ACCESS_DENIED, XaFacade
+from airflow_eo.sqlsink.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S
 from airflow_eo.sqlsink.sink import DEAD_LETTER_KEY, SqlTableSink, SqlTwoPhaseAdapter, SqlUpsertAdapter
 from airflow_eo.sqlsink.writer import SqlPartitionWriter
-from airflow_eo.sqlstore.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S
 
 log = logging.getLogger(__name__)
 

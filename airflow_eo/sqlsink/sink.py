@@ -35,11 +35,14 @@ from airflow_eo.sqlsink.change_positions import (
 )
 from airflow_eo.sqlsink.columns import add_new_columns
 from airflow_eo.sqlsink.database import SqlDatabase
-from airflow_eo.sqlsink.dead_letters import read_dead_letters
+from airflow_eo.sqlsink.dead_letters import (
+    DEAD_LETTER_UPGRADE_WAIT_S,
+    read_dead_letters,
+    write_dead_letters_through_driver,
+)
 from airflow_eo.sqlsink.pipeline_rows import SqlPipelineRows
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, SeenIdLookup, create_seen_id_table, purge_seen_ids
 from airflow_eo.sqlsink.writer import SqlPartitionWriter
-from airflow_eo.sqlstore.dead_letters import DEAD_LETTER_UPGRADE_WAIT_S, write_dead_letters_through_driver
 from airflow_eo.sqlstore.fence import EpochFence
 
 log = logging.getLogger(__name__)
