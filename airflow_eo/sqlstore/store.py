@@ -37,7 +37,7 @@ from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
 from airflow_eo.sqlstore.history import StoreHistory
 from airflow_eo.sqlstore.lifecycle import StoreLifecycle
-from airflow_eo.sqlstore.reads import StoreReads
+from airflow_eo.sqlstore.operations import StoreOperations
 from airflow_eo.sqlstore.rows import batch_record, row_owner
 
 
@@ -70,7 +70,7 @@ class StoreDatabase(Protocol):
     def already_applied(self, exc: BaseException) -> bool: ...
 
 
-class SqlOffsetStore(StoreLifecycle, StoreReads, StoreHistory):
+class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
     :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it naming its
     :attr:`database`.

@@ -31,8 +31,8 @@ def pipeline_info(row: dict[str, Any], taken_at: datetime | None) -> PipelineInf
                         utc(row.get("retired_at")))
 
 
-class StoreReads:
-    """The operations' side of the store: reads in UTC, the audit log, the rewind."""
+class StoreOperations:
+    """What the operations read of the store (in UTC) and write to it (the audit log, the rewind)."""
 
     dialect: StoreDialect
 
