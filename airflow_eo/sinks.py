@@ -1,6 +1,6 @@
 """The sink specs a DAG declares (validated when the DAG is parsed, no I/O until run time).
 
-Each kind lives in its integration's folder and registers itself there once (``airflow_eo.core.sinks``:
+Each kind lives in its integration's folder and registers itself there once (``airflow_eo.core.sink_kinds``:
 spec, capabilities, factory); this module gathers them under their public names. Importing it registers every
 built-in kind.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import airflow_eo.integrations  # noqa: F401  (registers every built-in kind)
 from airflow_eo.core.abilities import SinkCapabilities
-from airflow_eo.core.sinks import (
+from airflow_eo.core.sink_kinds import (
     SinkAsset,
     SinkKind,
     SinkSpec,

@@ -1,9 +1,9 @@
 """What a sink kind can do, declared once, and the one way to ask an adapter for it (``docs/architecture.md``, "The
 sink registry").
 
-A kind declares its :class:`SinkCapabilities` when it registers (:func:`~airflow_eo.core.sinks.register_sink`);
+A kind declares its :class:`SinkCapabilities` when it registers (:func:`~airflow_eo.core.sink_kinds.register_sink`);
 nothing else declares an ability: not the spec, not the adapter. The protocol, the engine, the operator, ``airflow
-eo`` and the DAG tab read ``adapter.capabilities`` (the kind's, :class:`~airflow_eo.core.sinks.KindAdapter`) and,
+eo`` and the DAG tab read ``adapter.capabilities`` (the kind's, :class:`~airflow_eo.core.sink_kinds.KindAdapter`) and,
 for an ability that comes with methods, ask for its role with :func:`role` / :func:`has_role`: a kind that declares
 an ability whose role its adapter lacks is named in a clear error, never found by an ``AttributeError`` (nor passed
 over by a ``getattr`` probe). ``tests/core/test_sink_abilities.py`` builds every registered kind's adapter and checks

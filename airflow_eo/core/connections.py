@@ -1,5 +1,5 @@
 """Connections as plain data, and the role through which registered kinds find theirs (the Airflow layer reads
-them from Airflow connections: ``airflow_eo/hooks/sinks.py``)."""
+them from Airflow connections: ``airflow_eo/hooks/connected_sinks.py``)."""
 
 from __future__ import annotations
 

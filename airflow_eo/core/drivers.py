@@ -5,7 +5,7 @@ line, not a traceback).
 A room declares its driver with :func:`register_driver` in its ``__init__.py``, without importing it (a DAG file
 imports every room through ``airflow_eo.sinks``; the driver may not be installed): the errors are read from the
 driver's module only when one is asked about. :func:`require_driver` is the check every use of a room's database
-makes first (:func:`~airflow_eo.core.sinks.register_sink` wraps the kind's factory with it,
+makes first (:func:`~airflow_eo.core.sink_kinds.register_sink` wraps the kind's factory with it,
 :func:`~airflow_eo.core.stores.store_for` calls it): a missing driver is a :class:`ConfigurationError` naming the
 extra to install, not an ``ImportError`` from deep inside.
 """

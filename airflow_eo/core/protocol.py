@@ -108,16 +108,16 @@ class OffsetSource(Protocol):
 class Sink(Protocol):
     """A sink's run-time adapter: everything the protocol and the engine call on it.
 
-    A sink kind's factory builds one from its spec and connections (:mod:`airflow_eo.core.sinks`).
+    A sink kind's factory builds one from its spec and connections (:mod:`airflow_eo.core.sink_kinds`).
     """
 
     name: str
 
     @property
     def capabilities(self) -> SinkCapabilities:
-        """Its kind's, as registered (:class:`~airflow_eo.core.sinks.KindAdapter`): whether it owns the commit point,
-        whether its writes are visible before it, and the abilities whose roles the engine and ``airflow eo`` ask
-        for (:func:`~airflow_eo.core.abilities.role`)."""
+        """Its kind's, as registered (:class:`~airflow_eo.core.sink_kinds.KindAdapter`): whether it owns the commit
+        point, whether its writes are visible before it, and the abilities whose roles the engine and ``airflow eo``
+        ask for (:func:`~airflow_eo.core.abilities.role`)."""
 
     def check(self) -> None:
         """Misconfiguration (missing table, unsupported server) fails here, before any side effect."""

@@ -15,7 +15,7 @@ from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import OperationError
 from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.ranges import OffsetRange, TopicPartition
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 
 # --------------------------------------------------------------------------- rewind
 

@@ -1,5 +1,5 @@
 """The Spark conf a pipeline's session starts with: the user's, with what its sink asks for
-(:meth:`~airflow_eo.core.sinks.SinkSpec.spark_conf`: a table format's package and SQL extension)."""
+(:meth:`~airflow_eo.core.sink_kinds.SinkSpec.spark_conf`: a table format's package and SQL extension)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_eo.core.sinks import SinkSpec
+    from airflow_eo.core.sink_kinds import SinkSpec
 
 #: Keys (or values) of Spark conf that hold a secret: Spark's own redaction
 #: (``(?i)secret|password|token|access[.]?key``)

@@ -7,7 +7,7 @@ libraries) when a run builds one.
 from __future__ import annotations
 
 from airflow_eo.core.drivers import Driver, register_driver
-from airflow_eo.core.sinks import register_sink
+from airflow_eo.core.sink_kinds import register_sink
 from airflow_eo.delta.specs import DeltaTableSink, build
 from airflow_eo.lakehouse.specs import table_commit_capabilities
 

@@ -11,7 +11,7 @@ from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.lineage_names import CREDENTIALS_IN_LOCATION, LineageDataset, credentials_in, location_dataset
-from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.core.sink_kinds import SinkAsset
 from airflow_eo.lakehouse.specs import LakehouseTableSpec
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_eo.core.drivers import require_driver
-from airflow_eo.hooks.sinks import AirflowConnectionResolver
+from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 
 
 class EoMySqlHook(BaseHook):

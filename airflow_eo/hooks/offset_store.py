@@ -10,7 +10,7 @@ import airflow_eo.integrations  # noqa: F401  (registers every offset store kind
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.stores import PipelineLedger, store_for
-from airflow_eo.hooks.sinks import AirflowConnectionResolver
+from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 
 
 class OffsetStoreHook(BaseHook):

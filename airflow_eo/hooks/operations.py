@@ -14,9 +14,9 @@ from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.core.verify import TaskRun
+from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import sink_kind, spec_from_record

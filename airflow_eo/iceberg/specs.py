@@ -18,7 +18,7 @@ from airflow_eo.core.lineage_names import (
     location_dataset,
     location_namespace,
 )
-from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.core.sink_kinds import SinkAsset
 from airflow_eo.lakehouse.specs import LakehouseTableSpec
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.drivers import Driver, register_driver
-from airflow_eo.core.sinks import register_sink
+from airflow_eo.core.sink_kinds import register_sink
 from airflow_eo.kafka.specs import KafkaTransactionalSink, build
 
 # confluent-kafka is a required dependency (no extra): declared for its errors, which `airflow eo` reports in a line.

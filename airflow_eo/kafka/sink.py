@@ -24,7 +24,7 @@ from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePl
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
-from airflow_eo.core.sinks import KindAdapter
+from airflow_eo.core.sink_kinds import KindAdapter
 from airflow_eo.kafka.offsets import KafkaOffsetSource, alter_group_offsets, group_id, read_group_offsets
 from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
 

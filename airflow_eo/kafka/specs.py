@@ -9,7 +9,7 @@ from airflow_eo.core.config import TombstonePolicy, tombstone_policy
 from airflow_eo.core.connections import Connections
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier, validate_topic
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sink_kinds import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink

@@ -17,7 +17,7 @@ from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import backquote
 from airflow_eo.core.recovery import SinkRecovery
-from airflow_eo.core.sinks import KindAdapter
+from airflow_eo.core.sink_kinds import KindAdapter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.config import UpdateMode
-from airflow_eo.core.sinks import SinkSpec
+from airflow_eo.core.sink_kinds import SinkSpec
 
 
 def table_commit_capabilities(driver: str) -> SinkCapabilities:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from airflow_eo.core.config import TombstonePolicy, UpdateMode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
-from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.core.sink_kinds import SinkAsset
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory
 
 

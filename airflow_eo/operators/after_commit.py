@@ -14,7 +14,7 @@ from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.history import check_retention
 from airflow_eo.core.orphans import parse_duration
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.kafka.offsets import group_id

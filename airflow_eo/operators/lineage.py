@@ -3,7 +3,7 @@ reads without knowing Airflow's own facet.
 
 Datasets follow OpenLineage's naming (``kafka://host:port`` + topic, ``mysql://host:port`` + ``database.table``,
 ``postgres://host:port`` + ``database.schema.table``, a Delta or Iceberg table by its location, ``file`` + the path:
-the sinks' :meth:`~airflow_eo.core.sinks.SinkSpec.lineage`, ``core/lineage_names.py``); a lakehouse output also
+the sinks' :meth:`~airflow_eo.core.sink_kinds.SinkSpec.lineage`, ``core/lineage_names.py``); a lakehouse output also
 carries the ``storage`` facet (``delta``, ``iceberg``) and an Iceberg table its catalog name as ``symlinks``. The run
 carries the facet ``airflowEoBatch`` (:class:`AirflowEoBatchRunFacet`): the pipeline, the batch, its offset ranges
 per partition and its counts on COMPLETE; on FAIL, the state the store holds the run's batch in (planned, prepared,

@@ -29,10 +29,10 @@ from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.spark_conf import with_sink_spark_conf
+from airflow_eo.hooks.connected_sinks import build_sink, sink_lineage
+from airflow_eo.hooks.connected_sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.kafka import KafkaClusterHook, schema_registry_lookup
 from airflow_eo.hooks.offset_store import OffsetStoreHook
-from airflow_eo.hooks.sinks import build_sink, sink_lineage
-from airflow_eo.hooks.sinks import sink_asset as sink_asset_of
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import parse_starting_offsets
 from airflow_eo.operators.after_commit import emit_metrics, keep_history, mirror_group, retention_seconds

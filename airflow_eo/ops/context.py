@@ -23,7 +23,7 @@ from airflow_eo.core.planning import PartitionOffsets
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.recovery import decide_branch, decide_unfinished
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 from airflow_eo.core.stores import PipelineLedger
 from airflow_eo.core.verify import TaskRun
 from airflow_eo.kafka.offsets import KafkaOffsetSource

@@ -34,7 +34,7 @@ from airflow_eo.core.orphans import (
 )
 from airflow_eo.core.pipeline_status import BatchInfo
 from airflow_eo.core.recovery import BranchAction
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 from airflow_eo.ops.context import OperationsContext
 from airflow_eo.ops.repairs import PipelineRepairs
 from airflow_eo.ops.reports import InDoubtReport, OrphanOutcome, OrphansReport

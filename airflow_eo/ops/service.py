@@ -26,7 +26,7 @@ from airflow_eo.core.errors import OperationError
 from airflow_eo.core.headers import decode_headers
 from airflow_eo.core.pipeline_status import PartitionStatus, partition_status
 from airflow_eo.core.rewind import RewindTarget
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.context import Connections, OperationsContext, TaskRuns, topics_of
 from airflow_eo.ops.orphan_recovery import OrphanRecovery

@@ -15,7 +15,7 @@ from airflow_eo.core.batch_states import UNFINISHED, BatchState
 from airflow_eo.core.config import Mode
 from airflow_eo.core.pipeline_status import AuditEntry, PipelineInfo
 from airflow_eo.core.ranges import TopicPartition
-from airflow_eo.core.sinks import capabilities_of
+from airflow_eo.core.sink_kinds import capabilities_of
 from airflow_eo.core.verify import (
     Finding,
     audited_batches,

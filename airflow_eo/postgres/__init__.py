@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
-from airflow_eo.core.sinks import register_sink
+from airflow_eo.core.sink_kinds import register_sink
 from airflow_eo.core.stores import PipelineLedger, register_store
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
 from airflow_eo.sqlsink.specs import two_phase_capabilities, upsert_capabilities

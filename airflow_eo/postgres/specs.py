@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode
-from airflow_eo.core.sinks import SinkAsset
+from airflow_eo.core.sink_kinds import SinkAsset
 from airflow_eo.postgres.sql import split_table, validate_identifier
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory
 

@@ -22,7 +22,7 @@ from airflow_eo.core.dedup import SEEN_ID_FIELDS, SEEN_ID_KEY, seen_pipeline_key
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.recovery import BranchAction, SinkRecovery
-from airflow_eo.core.sinks import KindAdapter
+from airflow_eo.core.sink_kinds import KindAdapter
 from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
 from airflow_eo.core.value_checks import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.xid import Xid, pipeline_key

@@ -12,7 +12,7 @@ from airflow_eo.core.abilities import SinkCapabilities
 from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.drivers import require_driver
-from airflow_eo.core.sinks import SinkAsset, SinkSpec
+from airflow_eo.core.sink_kinds import SinkAsset, SinkSpec
 
 if TYPE_CHECKING:
     from airflow_eo.core.protocol import Sink
@@ -135,7 +135,7 @@ class SqlTableSinkSpec(SinkSpec):
 
 
 def table_sink_factory(adapter: str, *, fenced: bool) -> Callable[[Any, str, Connections, str | None], Sink]:
-    """The factory :func:`~airflow_eo.core.sinks.register_sink` takes for a SQL table sink kind.
+    """The factory :func:`~airflow_eo.core.sink_kinds.register_sink` takes for a SQL table sink kind.
 
     :param adapter: ``module:class`` of the adapter, imported when a run builds one.
     :param fenced: an upsert sink, given the offset store's connection when the store is on its kind of database

@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.ranges import spark_offsets
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from bench import cdc
 from bench.common import (
     PG_CONN_ID,

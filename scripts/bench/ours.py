@@ -17,9 +17,9 @@ from typing import Any
 from airflow_eo.core.batch import RunRequest
 from airflow_eo.core.config import BadRecordPolicy, Framing, ParseConfig, ValueFormat
 from airflow_eo.core.protocol import run_batch
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import (
     KafkaTransactionalSink,
     MySqlUpsertSink,

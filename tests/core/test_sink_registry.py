@@ -1,4 +1,4 @@
-"""The sink and offset-store registries (``airflow_eo.core.sinks``, ``airflow_eo.core.stores``).
+"""The sink and offset-store registries (``airflow_eo.core.sink_kinds``, ``airflow_eo.core.stores``).
 
 The recipe of ``docs/architecture.md`` ("How to add a database") as a test: a kind defined here, in one place
 (a frozen spec, its capabilities, a factory), registered with one call, is built from connections, recorded by
@@ -21,7 +21,7 @@ from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget, check_rewind
-from airflow_eo.core.sinks import (
+from airflow_eo.core.sink_kinds import (
     SinkAsset,
     SinkSpec,
     capabilities_of,
@@ -81,12 +81,12 @@ class FakeConnections:
 
 @pytest.fixture
 def ledger_kind():
-    from airflow_eo.core import sinks
+    from airflow_eo.core import sink_kinds
 
     kind = register_sink(LedgerSink, SinkCapabilities(accumulates=True, in_doubt_branches=True,
                                                       connection_type="ledger"), build_ledger)
     yield kind
-    sinks._KINDS.pop(kind.name)
+    sink_kinds._KINDS.pop(kind.name)
 
 
 def test_a_kind_registered_once_is_built_from_connections_recorded_rebuilt_and_runs_the_protocol(ledger_kind):

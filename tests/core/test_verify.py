@@ -9,7 +9,7 @@ from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.pipeline_status import AuditEntry
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.sinks import KindAdapter
+from airflow_eo.core.sink_kinds import KindAdapter
 from airflow_eo.core.verify import (
     Check,
     TaskRun,

@@ -29,9 +29,9 @@ import pytest
 
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.failpoints import fired
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.postgres import EoPostgresHook
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples import page_views
 from tests.support.faults import Faults, gone

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, DataLossError
 from airflow_eo.core.xid import Xid
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import produce_page_views
 from tests.support.bad_records import (

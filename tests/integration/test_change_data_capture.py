@@ -23,7 +23,7 @@ import pymysql
 import pytest
 
 from airflow_eo.core.dedup import seen_pipeline_key
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
 from tests.support.children import why

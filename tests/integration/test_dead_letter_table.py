@@ -11,7 +11,7 @@ import pytest
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.mysql.sql import dead_letter_ddl
 from airflow_eo.sinks import MySqlXaSink
 from tests.support.bad_records import V1_DEAD_LETTER_DDL

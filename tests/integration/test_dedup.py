@@ -14,8 +14,8 @@ import pytest
 
 from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.core.rewind import RewindKind, RewindTarget
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views, resend_page_views
 from examples.topics import read_topic

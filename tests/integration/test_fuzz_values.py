@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, PostgresUpsertSink
 from tests.support.kafka import create_topic, produce_json
 from tests.support.operator_harness import operator, rows, run

@@ -11,7 +11,7 @@ import pytest
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.postgres.database import DATABASE as POSTGRES
 from airflow_eo.sinks import PostgresUpsertSink
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, create_seen_id_table

@@ -13,7 +13,7 @@ import uuid
 
 from confluent_kafka import Producer
 
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.postgres.sql import quote_identifier, quote_table
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from tests.support.kafka import create_topic

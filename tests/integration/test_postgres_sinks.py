@@ -19,9 +19,9 @@ import pytest
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
 from airflow_eo.core.xid import Xid
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.postgres import EoPostgresHook
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import PostgresTwoPhaseSink, PostgresUpsertSink
 from examples.page_views import produce_page_views
 from tests.support.bad_records import (

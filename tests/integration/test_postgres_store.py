@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from airflow_eo.core.stores import store_for
+from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.hooks.sinks import AirflowConnectionResolver
 from airflow_eo.postgres.store import PostgresOffsetStore
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import ground_truth, produce_page_views

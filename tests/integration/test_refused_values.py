@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.errors import BadRecordError
-from airflow_eo.hooks.sinks import build_sink
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink, PostgresUpsertSink
 from tests.support.kafka import create_topic, produce_json
 from tests.support.operator_harness import operator, rows, run

@@ -1,6 +1,6 @@
 """The replacing bulk load (``LOAD DATA .. REPLACE`` straight into the table) under SIGKILL at each of its steps.
 
-An events table written whole under its only unique key takes the replacing path (``core.sinks
+An events table written whole under its only unique key takes the replacing path (``core.sink_kinds
 .why_replace_is_not_upsert``). The operator's process is SIGKILLed at each step in turn, each crash met by the
 next attempt: while the load runs (``during_write``: the rows are in the task's open XA branch or fenced
 transaction), right after a task prepared its branch (``after_task_prepare``, XA), and at the protocol's steps

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from airflow_eo.core.sinks import sink_kind
+from airflow_eo.core.sink_kinds import sink_kind
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.sinks import SINK_KINDS
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec
 from examples.page_views import ground_truth, produce_page_views, resend_page_views

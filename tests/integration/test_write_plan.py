@@ -35,7 +35,7 @@ class ProjectingUpsert(MySqlUpsertAdapter):
 
 
 def projecting_sink(table: str, bulk_load: bool) -> ProjectingUpsert:
-    # The kind it is a variant of: its capabilities are that kind's (core.sinks.KindAdapter).
+    # The kind it is a variant of: its capabilities are that kind's (core.sink_kinds.KindAdapter).
     return ProjectingUpsert(EoMySqlHook().get_connect_kwargs(), name="MySqlUpsertSink", table=table,
                             key_columns=("event_id",), updates={}, rows_per_statement=500,
                             dead_letter_table="eo_dead_letter", bulk_load=bulk_load)

@@ -16,7 +16,7 @@ from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.pipeline_status import PipelineInfo
 from airflow_eo.core.rewind import RewindKind, RewindTarget
-from airflow_eo.core.sinks import KindAdapter, SinkAsset, SinkSpec, register_sink
+from airflow_eo.core.sink_kinds import KindAdapter, SinkAsset, SinkSpec, register_sink
 from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.ops.service import PipelineOperations
 
@@ -39,13 +39,13 @@ class HalfAdapter(KindAdapter):
 
 @pytest.fixture
 def half_kind():
-    from airflow_eo.core import sinks
+    from airflow_eo.core import sink_kinds
 
     kind = register_sink(HalfSink, SinkCapabilities(in_doubt_branches=True, consumer_group=True, dead_letters=True,
                                                     connection_type="half"),
                          lambda spec, pipeline_id, connections, store: HalfAdapter())
     yield kind
-    sinks._KINDS.pop(kind.name)
+    sink_kinds._KINDS.pop(kind.name)
 
 
 class Store:

@@ -50,7 +50,7 @@ import airflow_eo.integrations  # every room imports: the provider still works
 import airflow_eo.sinks
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.sinks import sink_kind
+from airflow_eo.core.sink_kinds import sink_kind
 from airflow_eo.core.stores import store_for
 
 errors = []
@@ -102,7 +102,7 @@ def test_the_cli_and_the_hooks_import_no_database_driver():
 ])
 def test_the_sink_connection_override_goes_by_the_kinds_registered_connection_type(kind, given, deprecated,
                                                                                    expected):
-    from airflow_eo.core.sinks import sink_kind
+    from airflow_eo.core.sink_kinds import sink_kind
     from airflow_eo.hooks.operations import AirflowConnections
 
     connections = AirflowConnections("store", "kafka", given, mysql_conn_id=deprecated)
@@ -115,7 +115,7 @@ sys.modules[{module!r}] = None  # as if the library were not installed: importin
 
 import airflow_eo.sinks
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.sinks import sink_kind
+from airflow_eo.core.sink_kinds import sink_kind
 
 spec = airflow_eo.sinks.{sink}
 try:

@@ -21,7 +21,7 @@ PROBE = textwrap.dedent("""
     import airflow_eo.sinks  # imports airflow_eo.integrations, which loads the group
     from airflow_eo import integrations
     from airflow_eo.core.errors import ConfigurationError
-    from airflow_eo.core.sinks import sink_kind
+    from airflow_eo.core.sink_kinds import sink_kind
     try:
         toy = sink_kind("ToyUpsertSink").name
     except ConfigurationError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_eo.core import drivers, sinks
+from airflow_eo.core import drivers, sink_kinds
 from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
 from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.connections import ConnectionInfo
@@ -77,7 +77,7 @@ def _rows(path: str, table: str) -> list[tuple]:
 @pytest.fixture
 def toy_room(monkeypatch, tmp_path):
     """The toy room registered for this test only; its database file with two empty tables."""
-    monkeypatch.setattr(sinks, "_KINDS", dict(sinks._KINDS))
+    monkeypatch.setattr(sink_kinds, "_KINDS", dict(sink_kinds._KINDS))
     monkeypatch.setattr(drivers, "_DRIVERS", dict(drivers._DRIVERS))
     toy.register()
     path = str(tmp_path / "toy.db")
@@ -94,7 +94,7 @@ ROWS = [{"app": "a", "pv": 1}, {"app": "b", "pv": 2}]
 
 
 def test_the_upsert_sink_runs_on_a_registered_toy_database(toy_room):
-    kind = sinks.sink_kind("ToyUpsertSink")
+    kind = sink_kinds.sink_kind("ToyUpsertSink")
     assert kind.capabilities.connection_type == toy.CONN_TYPE
     spec = toy.ToyUpsertSink(table="views", key_columns=["app"])
     sink = kind.build(spec, BATCH.pipeline_id, _Connections(toy_room), None)
@@ -129,7 +129,7 @@ def test_the_upsert_sink_runs_on_a_registered_toy_database(toy_room):
 
 
 def test_the_two_phase_sink_runs_on_a_registered_toy_database(toy_room):
-    kind = sinks.sink_kind("ToyTwoPhaseSink")
+    kind = sink_kinds.sink_kind("ToyTwoPhaseSink")
     spec = toy.ToyTwoPhaseSink(table="counts", key_columns=["app"], updates={"pv": "add"})
     sink = kind.build(spec, BATCH.pipeline_id, _Connections(toy_room), None)
     assert isinstance(sink, toy.ToyTwoPhaseAdapter) and sink.two_phase

@@ -24,7 +24,7 @@ from airflow_eo.core.abilities import (
 )
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.core.sinks import SinkSpec, sink_kinds
+from airflow_eo.core.sink_kinds import SinkSpec, sink_kinds
 from airflow_eo.delta.specs import DeltaTableSink
 from airflow_eo.iceberg.specs import IcebergTableSink
 from airflow_eo.kafka.specs import KafkaTransactionalSink

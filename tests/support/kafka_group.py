@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_eo.core.connections import ConnectionInfo
-from airflow_eo.core.sinks import sink_kind
+from airflow_eo.core.sink_kinds import sink_kind
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.sinks import KafkaTransactionalSink

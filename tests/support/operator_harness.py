@@ -10,9 +10,9 @@ import pymysql
 
 from airflow_eo.core.batch import RunRequest
 from airflow_eo.core.config import ParseConfig
+from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
-from airflow_eo.hooks.sinks import build_sink
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.operators import KafkaMicroBatchOperator
 from airflow_eo.sinks import MySqlUpsertSink

@@ -20,7 +20,7 @@ from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
-from airflow_eo.core.sinks import SinkAsset, register_sink
+from airflow_eo.core.sink_kinds import SinkAsset, register_sink
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.xid import Xid
 from airflow_eo.sqlsink.database import SqlDatabase, dead_letter_table_ddl

@@ -1,4 +1,4 @@
-"""Airflow connections → sink adapters and Assets, through the sink registry (``airflow_eo.core.sinks``)."""
+"""Airflow connections → sink adapters and Assets, through the sink registry (``airflow_eo.core.sink_kinds``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from airflow.sdk import BaseHook
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.lineage_names import LineageDataset
 from airflow_eo.core.protocol import Sink
-from airflow_eo.core.sinks import SinkAsset, SinkSpec, sink_kind
+from airflow_eo.core.sink_kinds import SinkAsset, SinkSpec, sink_kind
 from airflow_eo.hooks.kafka import KafkaClusterHook
 
 
 class AirflowConnectionResolver:
-    """The registry's :class:`~airflow_eo.core.sinks.Connections` role over Airflow connections (the secrets
+    """The registry's :class:`~airflow_eo.core.sink_kinds.Connections` role over Airflow connections (the secrets
     backend, ``AIRFLOW_CONN_*`` variables, the metadata database), as every hook reads them."""
 
     def connection(self, conn_id: str) -> ConnectionInfo:
