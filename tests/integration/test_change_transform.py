@@ -6,42 +6,22 @@ the live connector."""
 
 from __future__ import annotations
 
-import json
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.sinks import PostgresUpsertSink
 from tests.support.kafka import create_topic
 from tests.support.operator_harness import operator, run
+from tests.support.recorded_changes import produce, recorded, target_rows
 
 pytestmark = pytest.mark.stack
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "debezium" / "without_schema"
-#: The customers table's changes, in source order: two snapshot reads, a create, an update, a delete and its
-#: tombstone, a primary-key change (1 becomes 10).
-CASES = ("read", "create", "update", "delete", "primary_key_change")
 TRANSFORM = ("SELECT id, upper(name) AS name, qty * 10 AS qty, change_op, change_position FROM kafka_batch "
              "WHERE id <> 10")
-
-
-def recorded() -> list[dict[str, Any]]:
-    return [r for case in CASES for r in json.loads((FIXTURES / f"{case}.json").read_text())["records"]]
-
-
-def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> None:
-    def raw(value: Any) -> bytes | None:  # the bytes Kafka held (the fixtures' README)
-        return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for record in records:
-        producer.produce(topic, key=raw(record["key"]), value=raw(record["value"]))
-    assert producer.flush(30) == 0
 
 
 def expected(records: list[dict[str, Any]]) -> list[tuple]:
@@ -58,11 +38,6 @@ def expected(records: list[dict[str, Any]]) -> list[tuple]:
             qty = None if after["qty"] is None else after["qty"] * 10
             table[after["id"]] = (after["id"], after["name"].upper(), qty)
     return sorted(table.values())
-
-
-def target_rows(postgres_kwargs: dict[str, Any], table: str) -> list[tuple]:
-    with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
-        return [tuple(r) for r in conn.execute(f"SELECT id, name, qty FROM {table} ORDER BY id").fetchall()]
 
 
 def test_a_transform_over_changes_computes_filters_and_still_applies_them_by_position(bootstrap, postgres_kwargs,

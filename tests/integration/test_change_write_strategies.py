@@ -14,9 +14,9 @@ import pytest
 from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.sinks import PostgresUpsertSink
 from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
-from tests.integration.test_change_transform import produce, recorded, target_rows
 from tests.support.kafka import create_topic
 from tests.support.operator_harness import operator, run
+from tests.support.recorded_changes import produce, recorded, target_rows
 
 pytestmark = pytest.mark.stack
 
