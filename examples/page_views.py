@@ -45,8 +45,10 @@ def page_view(app_id: str | None = None, at: datetime | None = None) -> dict[str
 
 def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_values: Sequence[bytes] = (),
                        timestamps: Sequence[datetime] = (),
-                       raw_headers: Sequence[Sequence[tuple[str, bytes | None]]] = ()) -> list[dict[str, Any]]:
-    """Produce ``count`` events with unique ids (idempotent producer) and return them.
+                       raw_headers: Sequence[Sequence[tuple[str, bytes | None]]] = (),
+                       kept: float = 1.0) -> list[dict[str, Any]]:
+    """Produce ``count`` events with unique ids (idempotent producer) and return them (with ``kept`` < 1, about that
+    share of them, picked at random: a benchmark's million events need not stay in its memory).
 
     ``raw_values`` are produced as they are (bad records for the tests), the i-th with the Kafka headers
     ``raw_headers[i % len(raw_headers)]`` when given (in order; an empty list: none). ``timestamps``
@@ -61,7 +63,8 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
     for i in range(count):
         at = timestamps[i] if timestamps else None
         event = page_view(at=at)
-        events.append(event)
+        if kept >= 1.0 or random.random() < kept:
+            events.append(event)
         timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
         _send(producer, topic, json.dumps(event).encode(), event["app_id"].encode(), timestamp_ms)
     for i, value in enumerate(raw_values):

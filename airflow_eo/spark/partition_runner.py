@@ -153,8 +153,7 @@ class SparkPartitionRunner:
                     failpoint("after_task_dead_letters", scope=f"{route.batch_id}-{ctx.partitionId()}")
             yield pa.RecordBatch.from_pydict(
                 {"xid": [xid], "dead_xid": [dead_xid], "seen_xid": [seen_xid], "position_xid": [position_xid],
-                 "rows": [rows],
-                 "records": [seen["records"]], "bad": [seen["bad"]], "duplicates": [copies.duplicates],
+                 "rows": [rows], "records": [seen["records"]], "bad": [seen["bad"]], "duplicates": [copies.duplicates],
                  "oldest": [copies.oldest_ms]},
                 schema=pa.schema([("xid", pa.string()), ("dead_xid", pa.string()), ("seen_xid", pa.string()),
                                   ("position_xid", pa.string()), ("rows", pa.int64()), ("records", pa.int64()),

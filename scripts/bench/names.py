@@ -3,7 +3,7 @@ each job is compared with."""
 
 from __future__ import annotations
 
-from bench import cdc
+from bench import cdc, dedup
 
 EVENTS_PEERS = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic")
 PG_PEERS = ("spark_jdbc_append_pg",)
@@ -16,7 +16,7 @@ ICEBERG_PEERS = ("spark_iceberg_append", "structured_streaming_iceberg")
 ICEBERG_OURS = ("eo_iceberg_append", "eo_iceberg_merge")
 ICEBERG_JOBS = (*ICEBERG_PEERS, *ICEBERG_OURS)
 PEERS = (*EVENTS_PEERS, "spark_jdbc_append_counts", "spark_kafka_writer", *PG_PEERS, *DELTA_PEERS, *ICEBERG_PEERS,
-         *cdc.PEERS)
+         *cdc.PEERS, *dedup.PEERS)
 DEAD_LETTERS = ("eo_xa_dead_letters", "eo_xa_dead_letters_via_driver")
 PG_OURS = ("eo_pg_upsert", "eo_pg_two_phase")
 OURS = ("eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup", "eo_xa_counts", "eo_kafka_txn",
@@ -29,8 +29,9 @@ PEERS_OF = {
     "spark_kafka_writer": ("spark_kafka_writer",), "eo_kafka_txn": ("spark_kafka_writer",),
     # The same pipeline and events, the values Confluent-framed Avro instead of JSON: the format's cost.
     "eo_xa_events_avro": ("eo_xa_events",),
-    # The same pipeline with dedup_key on a topic where a tenth of the records re-send an event: the check's cost.
-    "eo_xa_events_dedup": ("eo_xa_events",),
+    # dedup_key on a topic where a tenth of the records re-send an event, against the tools that drop copies too (the
+    # ratio to the same job without dedup_key, eo_xa_events, is printed beside it: the check's cost).
+    **{name: dedup.PEERS for name in (*dedup.PEERS, "eo_xa_events_dedup")},
     # PostgreSQL: the same events into a table of the same shape on PostgreSQL.
     **{name: PG_PEERS for name in (*PG_PEERS, *PG_OURS)},
     # Delta Lake: the same parsed events into a fresh table at a local path (the MERGE against the appends too: what
@@ -43,5 +44,7 @@ PEERS_OF = {
 LIMITS = ("r_kafka", "r_db", "r_db_pg")
 EMPTY_BATCH = "eo_empty_batch"  # seconds, not records/s: no ratio, no limit, not in the chart
 EVENTS_SHAPE = ("structured_streaming_foreach_batch", "spark_jdbc_append", "airflow_consume_from_topic",
-                "eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup")
+                "eo_upsert", "eo_xa_events", "eo_xa_events_avro", "eo_xa_events_dedup", *dedup.PEERS)
+#: Jobs also compared with ``eo_xa_events`` (the same events into the same table): what their extra work costs.
+COMPARED_WITH_PLAIN = (*DEAD_LETTERS, "eo_xa_events_dedup")
 PG_EVENTS_SHAPE = (*PG_PEERS, *PG_OURS)

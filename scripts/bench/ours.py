@@ -41,6 +41,7 @@ from bench.common import (
     sql,
     table_rows,
 )
+from bench.dedup import DedupTopic
 from bench.names import EMPTY_BATCH
 from examples import ip_counts, page_views
 from examples.topics import ensure_topic
@@ -144,20 +145,17 @@ def eo_xa_events_dedup(bootstrap: str, events: int, parallelism: int) -> Job:
     batch (not measured) over ``events`` page views, then the measured batch over ``events`` records of which a tenth
     re-send events of either run (half under another key, so into another partition). The table must hold each
     event once and the batch must report every copy."""
-    topic = f"bench_dedup_{uuid.uuid4().hex[:8]}"
-    ensure_topic(bootstrap, topic)
-    first = page_views.produce_page_views(bootstrap, events, topic=topic)
+    topic = DedupTopic(bootstrap, events)
+    topic.first()
     table = fresh_table("page_view_events", "xadedup")
     sink = MySqlXaSink(table=table, key_columns=["event_id"])
     parse = ParseConfig(schema=page_views.SCHEMA, write_partitions=parallelism, dedup_key=("event_id",))
-    made_seen_ids.append(f"bench_eo_xa_events_dedup_{topic}")  # ours()'s pipeline id
-    ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse, run_id="previous")
-    second = page_views.produce_page_views(bootstrap, events - events // 10, topic=topic)
-    copies = page_views.resend_page_views(bootstrap, first + second, events // 10, topic=topic, seed=events)
-    del first
-    job = ours("eo_xa_events_dedup", sink, None, topic, events, parallelism, parse=parse)
+    made_seen_ids.append(f"bench_eo_xa_events_dedup_{topic.topic}")  # ours()'s pipeline id
+    ours("eo_xa_events_dedup", sink, None, topic.topic, events, parallelism, parse=parse, run_id="previous")
+    topic.second()
+    job = ours("eo_xa_events_dedup", sink, None, topic.topic, events, parallelism, parse=parse)
     expect("events in the XA table, copies dropped", (table_rows(table), job_duplicates["eo_xa_events_dedup"]),
-           (2 * events - events // 10, len(copies)))
+           (topic.unique_events, topic.copies))
     return job
 
 

@@ -16,6 +16,7 @@ from airflow_eo.spark.jars import maven_jars
 from bench import cdc
 from bench.cdc_jobs import cdc_peer, eo_cdc, warm_cdc
 from bench.common import CONNECTOR_J, PGJDBC, SETTINGS, DriverMemory, Job, drop_made_tables, spark_hook
+from bench.dedup import spark_anti_join_dedup, structured_streaming_dedup
 from bench.lakehouse import lakehouse_elsewhere
 from bench.limits import r_db_elsewhere, r_kafka, warm_python_workers
 from bench.names import DELTA_JOBS, EMPTY_BATCH, ICEBERG_JOBS, LIMITS, OURS, PEERS
@@ -104,6 +105,9 @@ def run_point(events: int, parallelism: int, only: Sequence[str]) -> dict[str, A
             ("eo_upsert", lambda: eo_upsert(topic, events, parallelism)),
             ("eo_xa_events", lambda: eo_xa_events(topic, events, parallelism)),
             ("eo_xa_events_avro", lambda: eo_xa_events_avro(avro_topic, events, parallelism)),
+            ("structured_streaming_dedup",
+             lambda: structured_streaming_dedup(bootstrap, events, parallelism, Path(tmp))),
+            ("spark_anti_join_dedup", lambda: spark_anti_join_dedup(bootstrap, events, parallelism)),
             ("eo_xa_events_dedup", lambda: eo_xa_events_dedup(bootstrap, events, parallelism)),
             ("spark_jdbc_append_counts", lambda: spark_jdbc_append_counts(topic, events, parallelism)),
             ("eo_xa_counts", lambda: eo_xa_counts(topic, events, parallelism)),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Job
-from bench.names import DEAD_LETTERS, EVENTS_SHAPE, OURS, PEERS, PEERS_OF, PG_EVENTS_SHAPE
+from bench.names import COMPARED_WITH_PLAIN, DEAD_LETTERS, EVENTS_SHAPE, OURS, PEERS, PEERS_OF, PG_EVENTS_SHAPE
 
 
 def print_job(job: Job) -> None:
@@ -26,7 +26,7 @@ def rate_point(point: dict[str, Any]) -> None:
             best = max(peers, key=lambda p: jobs[p]["records_per_s"])
             job["peer"] = best
             job["ratio_to_best_peer"] = round(job["records_per_s"] / jobs[best]["records_per_s"], 3)
-        if job["name"] in DEAD_LETTERS and good:
+        if job["name"] in COMPARED_WITH_PLAIN and good:
             job["ratio_to_good_records"] = round(job["records_per_s"] / good, 3)
         if job["name"] in EVENTS_SHAPE and kafka and db:
             limit = min(kafka, db)
@@ -48,7 +48,7 @@ def print_point(point: dict[str, Any]) -> None:
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
         if j.get("ratio_to_good_records") is not None:
-            ratio += f" ({j['ratio_to_good_records']:.2f}x good)"
+            ratio += f" ({j['ratio_to_good_records']:.2f}x {'good' if j['name'] in DEAD_LETTERS else 'plain'})"
         limit = f"{j['fraction_of_limit']:.2f}" if j["fraction_of_limit"] is not None else "-"
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
         rss = j["driver_peak_rss_mb"] or {}
