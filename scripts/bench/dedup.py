@@ -140,9 +140,10 @@ def spark_anti_join_dedup(bootstrap: str, events: int, parallelism: int) -> Job:
     first = whole_topic(topic.topic)
     read(first).dropDuplicates(["event_id"]).drop("timestamp").write.jdbc(url, table, "append", properties)
     expect("rows in the table after the first batch", table_rows(table), events)
-    ends = {r.partition: r.end for r in first}
+    ends = {r.partition: r.until_offset for r in first}
     topic.second()
-    second = tuple(OffsetRange(r.topic, r.partition, ends[r.partition], r.end) for r in whole_topic(topic.topic))
+    second = tuple(OffsetRange(r.topic, r.partition, ends[r.partition], r.until_offset)
+                   for r in whole_topic(topic.topic))
     started = time.monotonic()
     seen = spark.read.jdbc(url, f"(SELECT event_id FROM `{table}`) AS seen", properties=properties)
     new = read(second).dropDuplicates(["event_id"]).drop("timestamp").join(seen, "event_id", "left_anti")
