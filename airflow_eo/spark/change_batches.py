@@ -29,15 +29,9 @@ from airflow_eo.core.dedup import PURGE_LIMIT
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.write_strategy import WriteStrategy
+from airflow_eo.spark.change_positions import PositionPartitions, position_rows, purge_delete_markers
 from airflow_eo.spark.change_transforms import transform_changes
-from airflow_eo.spark.changes import (
-    SKIP,
-    PositionPartitions,
-    newest_changes,
-    position_rows,
-    purge_delete_markers,
-    truncate_position,
-)
+from airflow_eo.spark.changes import SKIP, newest_changes, truncate_position
 from airflow_eo.spark.parsing import metadata_columns
 from airflow_eo.spark.partition_runner import default_parallelism
 from airflow_eo.spark.record_counts import count_records, observed_counts, record_counts

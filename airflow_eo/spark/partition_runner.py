@@ -19,7 +19,7 @@ from airflow_eo.arrow_files import KeptBatches
 from airflow_eo.core.batch import DriverStream, PartitionWriter, WritePlan, WriteResult, dead_letter_partition
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.spark.changes import TASK_POSITION_COLUMNS, PositionPartitions, task_position_table
+from airflow_eo.spark.change_positions import TASK_POSITION_COLUMNS, PositionPartitions, task_position_table
 from airflow_eo.spark.columns import named_columns, positional
 from airflow_eo.spark.dead_letter_routes import DEAD_LETTER_SOURCE, dead_letter_batches
 from airflow_eo.spark.dedup import ID, MARKED_BY, SeenIdPartitions, TaskCopies

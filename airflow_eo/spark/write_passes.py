@@ -30,7 +30,7 @@ from airflow_eo.core.config import ParseConfig
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.write_strategy import WriteStrategy
-from airflow_eo.spark.changes import task_position_columns
+from airflow_eo.spark.change_positions import task_position_columns
 from airflow_eo.spark.columns import named_columns
 from airflow_eo.spark.dead_letter_routes import DEAD_LETTER_SOURCE, DeadLetterRoutes
 from airflow_eo.spark.dedup import position_columns, purge_seen_ids
