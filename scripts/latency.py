@@ -34,7 +34,7 @@ starts it again (one run must commit the backlog); and cuts the offset store off
 ``eo_offset_store`` connection goes through a :class:`~tests.support.tcp_gate.TcpGate`) while records arrive: no
 event while the store does not answer, then one run when it does.
 
-``--short`` (event mode, 3 bursts of 200 records, gaps of 2 to 6 s, a 20 s quiet period) with ``--faults`` is
+``--short`` (event mode, 2 bursts of 200 records, gaps of 2 to 6 s, a 10 s quiet period) with ``--faults`` is
 what ``tests/scheduler/test_event_driven_runs.py`` runs so that this script cannot rot.
 """
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gaps", default="5,30", help="min,max seconds between two bursts (uniform)")
     parser.add_argument("--quiet", type=float, default=30.0, help="seconds after the last commit with no new run")
     parser.add_argument("--seed", type=int, default=45)
-    parser.add_argument("--short", action="store_true", help="3 bursts of 200 records, gaps 2-6 s, 20 s quiet")
+    parser.add_argument("--short", action="store_true", help="2 bursts of 200 records, gaps 2-6 s, 10 s quiet")
     parser.add_argument("--faults", action="store_true", help="then kill the triggerer, and cut the store off")
     parser.add_argument("--spark-conn-id", default="", help="where the runs' Spark runs (a spark or spark_connect "
                         "connection in the environment, e.g. spark_connect of `make spark-cluster`); default: "
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="keep the deployment's AIRFLOW_HOME and logs in this folder")
     args = parser.parse_args(argv)
     if args.short:
-        args.bursts, args.records, args.gaps, args.quiet = 3, 200, "2,6", 20.0
+        args.bursts, args.records, args.gaps, args.quiet = 2, 200, "2,6", 10.0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - set(MODES) or (args.faults and "event" not in modes):
         parser.error(f"--modes: some of {', '.join(MODES)} (--faults needs event)")

@@ -1,10 +1,10 @@
-"""Run DAGs of ``dags/`` once with ``dag.test()``: ``python scripts/run_dag.py DAG_ID[,DAG_ID...] [LOGICAL_DATE
-[CONF_JSON]]``.
+"""Run DAGs of ``dags/`` once with ``dag.test()``: ``python scripts/run_dag.py DAG_ID[,DAG_ID...]
+[LOGICAL_DATE[,LOGICAL_DATE...] [CONF_JSON]]``.
 
 The same LOGICAL_DATE means the same DAG run (same run id): running it again is a
-clear + re-run of that run. Several DAG ids run one after the other in this process (one Python, one DAG folder
-parse and one Spark session for all: their sinks must need the same Spark conf). Exit code 0 when every run
-succeeded; the first that fails ends it.
+clear + re-run of that run. Several DAG ids, or several dates (each date's runs in turn), run one after the other in
+this process (one Python, one DAG folder parse and one Spark session for all: their sinks must need the same Spark
+conf). Exit code 0 when every run succeeded; the first that fails ends it.
 """
 
 from __future__ import annotations
@@ -35,13 +35,15 @@ def main() -> int:
         multiprocessing.set_forkserver_preload(["airflow.providers.openlineage.plugins.listener"])
         multiprocessing.set_start_method("forkserver")
     dag_ids = sys.argv[1].split(",")
-    logical_date = datetime.fromisoformat(sys.argv[2]) if len(sys.argv) > 2 else datetime.now(timezone.utc)
+    logical_dates = ([datetime.fromisoformat(d) for d in sys.argv[2].split(",")] if len(sys.argv) > 2
+                     else [datetime.now(timezone.utc)])
     run_conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     bag = DagBag(dag_folder=str(REPO / "dags"))
-    for dag_id in dag_ids:
-        if dag_id not in bag.dags:
-            print(f"no DAG {dag_id!r}; import errors: {bag.import_errors}", file=sys.stderr)
-            return 2
+    missing = [dag_id for dag_id in dag_ids if dag_id not in bag.dags]
+    if missing:
+        print(f"no DAG {missing[0]!r}; import errors: {bag.import_errors}", file=sys.stderr)
+        return 2
+    for logical_date, dag_id in ((date, dag_id) for date in logical_dates for dag_id in dag_ids):
         dag = bag.dags[dag_id]
         # Airflow 3.3.1-3.3.2's dag.test() crashes after a successful run of a DAG with a deadline
         # (apache/airflow#73428: the alerts stay serialized dicts where their ids are expected). A dag.test() run has

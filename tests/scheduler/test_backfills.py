@@ -146,26 +146,26 @@ def interval_epochs(mysql_kwargs: dict[str, Any], pipeline: str) -> list[int]:
 def test_backfill_of_interval_mode_dag_from_rest_api_and_cli(airflow, asset_setup, bootstrap, mysql_kwargs,
                                                              topic_name):
     create_topic(bootstrap, topic_name, 3)
-    events = produce_hours(bootstrap, topic_name, [120, 150, 90, 60])  # hour 3 ends hour 2 on every partition
+    events = produce_hours(bootstrap, topic_name, [120, 150, 60])  # hour 2 ends hour 1 on every partition
     dag_id, conf = "eo_hourly_declared", {"topic": topic_name}
     pipeline = f"{dag_id}.{topic_name}"
     ids = tuple(e["event_id"] for e in events)
     ours = f"SELECT * FROM page_view_events_hourly WHERE event_id IN ({', '.join(['%s'] * len(ids))}) ORDER BY 1"
 
     airflow.unpause(dag_id)
-    # The UI's Trigger → Backfill: hours 0..2 by their logical dates (interval starts), 3 at a time.
-    backfill = airflow.create_backfill(dag_id, hour(0)[0], hour(2)[0], max_active_runs=3, dag_run_conf=conf)
+    # The UI's Trigger → Backfill: hours 0..1 by their logical dates (interval starts), both at once.
+    backfill = airflow.create_backfill(dag_id, hour(0)[0], hour(1)[0], max_active_runs=2, dag_run_conf=conf)
     runs = airflow.backfill_runs(backfill)
-    assert sorted(from_iso(r["logical_date"]) for r in runs) == [hour(h)[0] for h in (0, 1, 2)]
+    assert sorted(from_iso(r["logical_date"]) for r in runs) == [hour(h)[0] for h in (0, 1)]
     run_ids = [r["dag_run_id"] for r in runs]
     succeeded(airflow, dag_id, run_ids)
     stored = rows(mysql_kwargs, ours, ids)
-    assert {r[0] for r in stored} == hours_truth(events, 0, 1, 2)
+    assert {r[0] for r in stored} == hours_truth(events, 0, 1)
     batches = sorted(batch_rows(mysql_kwargs, pipeline), key=lambda b: b["ranges"][0]["from_offset"])
-    assert [b["state"] for b in batches] == ["committed"] * 3
+    assert [b["state"] for b in batches] == ["committed"] * 2
     for earlier, later in zip(batches, batches[1:], strict=False):  # contiguous hours, no overlap
         assert [r["until_offset"] for r in earlier["ranges"]] == [r["from_offset"] for r in later["ranges"]]
-    assert interval_epochs(mysql_kwargs, pipeline) == [1, 1, 1]  # concurrent hours fenced nobody
+    assert interval_epochs(mysql_kwargs, pipeline) == [1, 1]  # concurrent hours fenced nobody
     # Each run's event is on the declared Asset: its batch, not yet a replay.
     first = [e for run_id in run_ids for e in airflow.asset_events(source_run_id=run_id)]
     assert {e["uri"] for e in first} == {asset_setup["hourly_uri"]}
@@ -175,16 +175,16 @@ def test_backfill_of_interval_mode_dag_from_rest_api_and_cli(airflow, asset_setu
     # The same range again from the CLI, reprocessing completed runs: every hour replays, nothing changes.
     airflow.wait_for_backfill(backfill["id"], timeout=120)  # one active backfill per DAG
     rerun_after = from_iso(max(r["end_date"] for r in airflow.backfill_runs(backfill)))
-    again = airflow.cli_backfill(dag_id, hour(0)[0], hour(2)[0], reprocess_behavior="completed",
-                                 max_active_runs=3, dag_run_conf=conf)
+    again = airflow.cli_backfill(dag_id, hour(0)[0], hour(1)[0], reprocess_behavior="completed",
+                                 max_active_runs=2, dag_run_conf=conf)
     assert sorted(r["dag_run_id"] for r in airflow.backfill_runs(again)) == sorted(run_ids)
     succeeded(airflow, dag_id, run_ids, ended_after=rerun_after)
     assert rows(mysql_kwargs, ours, ids) == stored
-    assert interval_epochs(mysql_kwargs, pipeline) == [2, 2, 2]
+    assert interval_epochs(mysql_kwargs, pipeline) == [2, 2]
     summaries = rows(mysql_kwargs, "SELECT summary FROM eo_batch WHERE pipeline_id = %s", (pipeline,))
-    assert [json.loads(s[0])["replayed"] for s in summaries] == [True] * 3
+    assert [json.loads(s[0])["replayed"] for s in summaries] == [True] * 2
     events = [e for run_id in run_ids for e in airflow.asset_events(source_run_id=run_id)]
-    assert sorted(e["extra"]["replayed"] for e in events) == [False] * 3 + [True] * 3
+    assert sorted(e["extra"]["replayed"] for e in events) == [False] * 2 + [True] * 2
     airflow.wait_for_backfill(again["id"], timeout=120)
     airflow.pause(dag_id)
 

@@ -49,6 +49,24 @@ def run(op: KafkaMicroBatchOperator, run_id: str | None = None,
     return op.execute(context)
 
 
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One operator run described as JSON-able data (``tests.support.operator_child``'s argument): ``topic``,
+    ``pipeline_id``, ``run_id``, ``sink`` (a registered kind's name and its options), and optional ``transform``,
+    ``offset_store_conn_id``, ``options`` (more operator options) and ``interval`` (``[start, end]`` in ISO 8601).
+    A crash test kills a child running it; the runs that must simply succeed (a retry after the kill, a later run)
+    run it in the test's own process, whose Spark session is warm (a child pays ~15 s for its Python and JVM)."""
+    from airflow_eo.sinks import SINK_KINDS
+
+    sink = dict(job["sink"])
+    spec = SINK_KINDS[sink.pop("kind")](**sink)
+    options = {k: job[k] for k in ("transform", "offset_store_conn_id") if job.get(k)}
+    options.update(job.get("options") or {})  # other operator options (key_format, schema, on_bad_record, ..)
+    interval = job.get("interval")
+    return run(operator(job["topic"], spec, pipeline_id=job["pipeline_id"], **options), run_id=job["run_id"],
+               interval=None if interval is None else (datetime.fromisoformat(interval[0]),
+                                                       datetime.fromisoformat(interval[1])))
+
+
 def adapters(sink: MySqlUpsertSink, pipeline_id: str, transform: Any = None,
              parse: ParseConfig | None = None) -> dict[str, Any]:
     """The operator's real adapters, for tests that drive ``run_batch`` step by step."""
