@@ -27,6 +27,7 @@ from airflow_eo.core.changes import (
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.columns import positional
+from airflow_eo.spark.json_text import has_lone_surrogate_escape, lone_surrogate_error
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -92,6 +93,7 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
         F.when(parsed.getField("payload").isNotNull(), parsed.getField("payload")).otherwise(bare))))
     df, columns, change_error, skip = change_columns(df, "_eo_e", row, key_columns, truncates=truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
+             .when(has_lone_surrogate_escape(text), F.lit(lone_surrogate_error("value")))
              .when(F.col("_eo_v").isNull() | F.col("_eo_v._eo_corrupt").isNotNull(), F.lit(
                  "value is malformed JSON, or a change event whose row does not match the schema (a column of "
                  "another type)"))

@@ -16,6 +16,7 @@ from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfi
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
 from airflow_eo.spark.changes import SKIP, decoded_changes, envelope_ddl, envelope_row, parse_changes
+from airflow_eo.spark.json_text import has_lone_surrogate_escape, lone_surrogate_error
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
 if TYPE_CHECKING:
@@ -27,26 +28,6 @@ if TYPE_CHECKING:
 METADATA_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "kafka_key", "kafka_headers")
 #: The parsed key (``key_format`` other than ``bytes``): a STRING, or a STRUCT of the key schema's fields.
 KEY_COLUMN = "key"
-#: A JSON escape of a UTF-16 surrogate without its pair (``"\ud800"``; I-JSON, RFC 7493, forbids them): Spark's JSON
-#: reader makes it ``?``, so no column would get the value produced. Java's regex syntax (``rlike``), matched in a
-#: text whose escaped backslashes are gone (:data:`ESCAPED_BACKSLASH`), where every backslash starts an escape: a
-#: low escape is paired only by a high escape right before it, never by ``\\ud800``'s text (an escaped backslash,
-#: then ``ud800``).
-LONE_SURROGATE_ESCAPE = (r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-                         r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
-#: An escaped backslash (``\\``), replaced by a character that is no escape (``_``) before the check: left to right,
-#: so ``\\\ud800`` keeps its escape; not by nothing, which would join ``\ud800\\\udc00``'s two lone escapes.
-ESCAPED_BACKSLASH = r"\\\\"
-
-
-def has_lone_surrogate_escape(json_text: Column) -> Column:
-    """Whether ``json_text`` (a JSON document) escapes a UTF-16 surrogate without its pair."""
-    from pyspark.sql import functions as F
-
-    return (F.instr(json_text, "\\u") > 0) & F.regexp_replace(  # instr first: most values escape nothing
-        json_text, ESCAPED_BACKSLASH, "_").rlike(LONE_SURROGATE_ESCAPE)
-
-
 def metadata_columns(parse: ParseConfig) -> tuple[str, ...]:
     """The columns a transform gets besides the payload's (dropped when there is no transform)."""
     return METADATA_COLUMNS + ((KEY_COLUMN,) if parse.key_format is not KeyFormat.BYTES else ())
@@ -211,9 +192,7 @@ def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what
                                                              F.from_json(text, as_text, options)))))
     # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
     error = F.when(~F.is_valid_utf8(text), F.lit(f"{what} is not valid UTF-8")).when(
-        has_lone_surrogate_escape(text),
-        F.lit(f"{what} has an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF): JSON readers turn it into '?', "
-              "no text column can keep it")).when(
+        has_lone_surrogate_escape(text), F.lit(lone_surrogate_error(what))).when(
         typed_row_failed & (F.col(as_text_col).isNull() | F.col(f"{as_text_col}._eo_corrupt").isNotNull()),
         F.lit(f"{prefix}malformed JSON"))
     for f in declared.fields:

@@ -93,6 +93,24 @@ def test_a_value_that_is_no_change_event_is_a_bad_record_saying_so():
     assert "delete without its 'before' image" in errors[2]
 
 
+def test_a_change_with_an_unpaired_surrogate_escape_is_a_bad_record():
+    """JSON's reader makes an unpaired ``\\ud800`` a ``?``: the row would not hold what the source wrote."""
+    from airflow_eo.spark.parsing import parse_records
+    from airflow_eo.spark.session import get_session
+
+    spark = get_session()
+    change = ('{{"op":"c","after":{{"id":{id},"name":"{name}","qty":1}},'
+              '"source":{{"lsn":{id},"sequence":"[null,\\"{id}\\"]"}}}}')
+    names = ["a\\ud800b", "a\\ud83d\\ude00b", "a\\\\ud800b"]  # lone; a pair (an emoji); an escaped backslash
+    records = [{"topic": "t", "partition": 0, "offset": n} for n in range(len(names))]
+    values = [change.format(id=n + 1, name=name).encode() for n, name in enumerate(names)]
+    parse = ParseConfig("json", ROW, changes="debezium", change_keys=("id",))
+    parsed, _ = parse_records(spark, kafka_frame(spark, records, [None] * len(names), values), parse)
+    found = [(r["_eo_error"], r["name"]) for r in parsed.orderBy("kafka_offset").collect()]
+    assert "unpaired UTF-16 surrogate escape" in found[0][0]
+    assert found[1:] == [(None, "a\U0001f600b"), (None, "a\\ud800b")]
+
+
 def test_an_integer_keys_id_is_the_hash_of_the_same_json_text_as_to_json_writes():
     """Stored key ids were hashed from ``to_json``'s text: the faster spelling must give the same (a key with a NULL
     has no id)."""

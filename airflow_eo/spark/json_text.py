@@ -1,0 +1,34 @@
+"""Checks of JSON text that Spark's JSON reader does not make: shared by the value parse (``parsing.py``) and the
+change-event parse (``changes.py``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+#: A JSON escape of a UTF-16 surrogate without its pair (``"\ud800"``; I-JSON, RFC 7493, forbids them): Spark's JSON
+#: reader makes it ``?``, so no column would get the value produced. Java's regex syntax (``rlike``), matched in a
+#: text whose escaped backslashes are gone (:data:`ESCAPED_BACKSLASH`), where every backslash starts an escape: a
+#: low escape is paired only by a high escape right before it, never by ``\\ud800``'s text (an escaped backslash,
+#: then ``ud800``).
+LONE_SURROGATE_ESCAPE = (r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                         r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+#: An escaped backslash (``\\``), replaced by a character that is no escape (``_``) before the check: left to right,
+#: so ``\\\ud800`` keeps its escape; not by nothing, which would join ``\ud800\\\udc00``'s two lone escapes.
+ESCAPED_BACKSLASH = r"\\\\"
+
+
+def lone_surrogate_error(what: str) -> str:
+    """The error of a record whose ``what`` (``value``, ``key``) :func:`has_lone_surrogate_escape`."""
+    return (f"{what} has an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF): JSON readers turn it into '?', no "
+            "text column can keep it")
+
+
+def has_lone_surrogate_escape(json_text: Column) -> Column:
+    """Whether ``json_text`` (a JSON document) escapes a UTF-16 surrogate without its pair."""
+    from pyspark.sql import functions as F
+
+    return (F.instr(json_text, "\\u") > 0) & F.regexp_replace(  # instr first: most values escape nothing
+        json_text, ESCAPED_BACKSLASH, "_").rlike(LONE_SURROGATE_ESCAPE)
