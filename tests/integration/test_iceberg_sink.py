@@ -1,7 +1,8 @@
 """Kafka → Spark → an Apache Iceberg table exactly once: the table's own commit (one snapshot per batch, its summary
 naming the batch) is the commit point. Each run is a child process (a Spark session of its own, started with the
 Iceberg conf the sink asks for, as an Airflow task's is); the table is read back with pyiceberg, which shares
-nothing with Spark.
+nothing with Spark. The SIGKILL chain around the table's commit is ``test_table_format_crash_chains.py``'s, shared
+with Delta.
 """
 
 from __future__ import annotations
@@ -17,18 +18,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import StaticTable
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import ancestors_of
 
 from examples.page_views import produce_page_views
 from examples.topics import read_records
 from tests.support.children import why
-from tests.support.cli import eo_json
 from tests.support.kafka import create_topic
 from tests.support.page_views import (
-    assert_contiguous,
     batch_rows,
-    committed_offsets,
     hour,
     hours_truth,
     produce_hours,
@@ -36,6 +32,7 @@ from tests.support.page_views import (
     run_child,
     start_held,
 )
+from tests.support.table_formats import batch_snapshots
 
 
 def child(job: dict[str, Any], run_id: str, fault: str | None = None) -> Any:
@@ -46,25 +43,6 @@ def table_rows(location: Path) -> list[dict[str, Any]]:
     if not (location / "metadata" / "version-hint.text").exists():
         return []
     return StaticTable.from_metadata(str(location)).scan().to_arrow().to_pylist()
-
-
-def batch_snapshots(table: Path | TableMetadata, pipeline: str | None = None) -> dict[int, dict[str, str]]:
-    """The summary of each snapshot in the table's history (the current snapshot's ancestry: a staged snapshot
-    never published is not the table's) that names an airflow_eo batch, by batch id (pyiceberg, not Spark). A
-    snapshot that cherry-picked a staged one names it (``source-snapshot-id``): the batch's summary is the
-    staged one's. ``table``: a Hadoop catalog's table folder, or a table's metadata; ``pipeline``: only its batches."""
-    metadata = StaticTable.from_metadata(str(table)).metadata if isinstance(table, Path) else table
-    found = {}
-    for snapshot in ancestors_of(metadata.current_snapshot(), metadata):
-        summary = dict(snapshot.summary.additional_properties) if snapshot.summary else {}
-        if "source-snapshot-id" in summary:
-            source = metadata.snapshot_by_id(int(summary["source-snapshot-id"]))
-            summary = dict(source.summary.additional_properties) if source and source.summary else summary
-        if "airflow-eo.batch" in summary and summary["airflow-eo.pipeline"] == (pipeline or
-                                                                                summary["airflow-eo.pipeline"]):
-            assert int(summary["airflow-eo.batch"]) not in found, "a batch committed two snapshots"
-            found[int(summary["airflow-eo.batch"])] = summary
-    return found
 
 
 def zombie_then_newer(job: dict[str, Any], folder: Path) -> str:
@@ -82,61 +60,6 @@ def zombie_then_newer(job: dict[str, Any], folder: Path) -> str:
     said = late.stdout + late.stderr
     assert late.returncode != 0, "the zombie must not commit its batch: " + said[-3000:]
     return said
-
-
-def test_merge_with_add_survives_sigkill_around_the_table_commit(bootstrap, mysql_kwargs, topic_name, tmp_path):
-    """MERGE INTO on app_id (``pv`` added, ``last_user`` the last event's in offset order) killed before the table's
-    commit, after it (the store does not know yet: the next run, another run, must roll the store forward and not
-    write the batch again), and after the store's commit point; then the same run, more events and a later run."""
-    create_topic(bootstrap, topic_name, 1)  # one partition: "the last event in offset order" is one event
-    location, pipeline = tmp_path / "lake" / "db" / "app_pv", f"iceberg_merge_{topic_name}"
-    job: dict[str, Any] = {
-        "topic": topic_name, "pipeline_id": pipeline, "offset_store_conn_id": "eo_offset_store",
-        "transform": "SELECT app_id, 1 AS pv, user_id AS last_user FROM kafka_batch",
-        "sink": {"kind": "IcebergTableSink", "table": "lake.db.app_pv", "warehouse": str(tmp_path / "lake"),
-                 "key_columns": ["app_id"], "updates": {"pv": "add"}}}
-    produce_page_views(bootstrap, 1000, topic=topic_name)
-
-    first = f"manual__{uuid.uuid4().hex}"
-    crashed = child(job, first, "before_table_commit")
-    assert crashed.returncode == -signal.SIGKILL, why(crashed)
-    assert table_rows(location) == [], "nothing of the batch may be in the table before its commit"
-
-    crashed = child(job, first, "after_table_commit")  # the same run again: resumes its batch, commits the table
-    assert crashed.returncode == -signal.SIGKILL, why(crashed)
-    [batch] = batch_rows(mysql_kwargs, pipeline)
-    assert batch["state"] == "planned", "the store must not know of the table's commit yet"
-    [(batch_id, summary)] = batch_snapshots(location).items()
-    assert batch_id == batch["batch_id"] and summary["airflow-eo.pipeline"] == pipeline
-    assert json.loads(summary["airflow-eo.ranges"]) == [[r["topic"], r["partition"], r["from_offset"],
-                                                          r["until_offset"]] for r in batch["ranges"]]
-    assert sum(r["pv"] for r in table_rows(location)) == 1000, "the table committed the whole batch"
-    status = eo_json("status", pipeline)  # asks the table, as recovery will
-    assert [u["recover"] for u in status["unfinished"]] == ["roll forward"]
-    current = StaticTable.from_metadata(str(location)).metadata.current_snapshot_id
-    assert f"Iceberg table lake.db.app_pv: snapshot {current}; this pipeline's last batch in it: batch {batch_id} " \
-           f"at snapshot {current}" in status["notes"]
-    produce_page_views(bootstrap, 300, topic=topic_name)
-
-    second = f"manual__{uuid.uuid4().hex}"  # another run meets the table's batch: rolls the store forward
-    crashed = child(job, second, "after_commit_point")
-    assert crashed.returncode == -signal.SIGKILL, why(crashed)
-    assert "rolling forward" in crashed.stdout + crashed.stderr
-    assert [b["state"] for b in batch_rows(mysql_kwargs, pipeline)] == ["committed", "committed"]
-
-    retried = child(job, second)  # the committed run again: nothing to do
-    assert retried.returncode == 0, why(retried)
-    produce_page_views(bootstrap, 200, topic=topic_name)
-    later = child(job, f"manual__{uuid.uuid4().hex}")
-    assert later.returncode == 0, why(later)
-
-    events = [json.loads(r.value) for r in read_records(bootstrap, topic_name)[0]]  # in offset order
-    last_user = {e["app_id"]: e["user_id"] for e in events}
-    truth = {app: (pv, last_user[app]) for app, pv in Counter(e["app_id"] for e in events).items()}
-    assert {r["app_id"]: (r["pv"], r["last_user"]) for r in table_rows(location)} == truth
-    assert sum(committed_offsets(mysql_kwargs, pipeline).values()) == len(events) == 1500
-    assert_contiguous(batch_rows(mysql_kwargs, pipeline))
-    assert sorted(batch_snapshots(location)) == [b["batch_id"] for b in batch_rows(mysql_kwargs, pipeline)]
 
 
 def jdbc_catalog() -> SqlCatalog:
