@@ -53,6 +53,8 @@ class BatchContext:
     epoch: int
     ranges: tuple[OffsetRange, ...]
     interval: Interval | None = None
+    #: the offset store's :meth:`~airflow_eo.core.protocol.OffsetStore.store_identity` ("": not known)
+    store_identity: str = ""
 
 
 @dataclass(frozen=True)

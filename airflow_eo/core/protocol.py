@@ -80,6 +80,9 @@ log = logging.getLogger(__name__)
 class OffsetStore(Protocol):
     """The durable batch log and committed offsets; every write after a take is fenced by its epoch."""
 
+    def store_identity(self) -> str:
+        """An id the store made once for itself: two stores never share one (a sink database keeps which store's
+        pipeline owns its rows of a pipeline id)."""
     def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int: ...
     def committed_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]: ...
     def batch_for_run(self, pipeline_id: str, run_id: str) -> BatchRecord | None: ...
@@ -325,7 +328,7 @@ class Attempt:
         failpoint("after_plan")
 
         context = BatchContext(batch.pipeline_id, batch.batch_id, self.request.run_id, epoch, tuple(batch.ranges),
-                               batch.interval)
+                               batch.interval, store.store_identity())
         result = ExecutionResult()
         storing = False  # set once the store's commit point is called: its outcome may then be unknown
         try:

@@ -96,4 +96,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         # A retired pipeline (``airflow eo retire``): its row stays as the tombstone that refuses its id's next take.
         "ALTER TABLE eo_pipeline ADD COLUMN retired_at TIMESTAMP(3) NULL",
     ]),
+    (6, [
+        # The store's identity, made once: a sink database keeps which store owns a pipeline id's rows (seen ids,
+        # change positions), so that two stores running one pipeline id against it are refused, not mixed.
+        "CREATE TABLE IF NOT EXISTS eo_store_identity (id INT NOT NULL PRIMARY KEY, identity VARCHAR(64) NOT NULL) "
+        "ENGINE=InnoDB",
+        "INSERT IGNORE INTO eo_store_identity (id, identity) VALUES (1, UUID())",
+    ]),
 ]

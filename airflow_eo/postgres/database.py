@@ -48,6 +48,7 @@ class PostgresDatabase(SqlDatabase):
                           "timestamp": "TIMESTAMPTZ", "timestamp_ntz": "TIMESTAMP", "date": "DATE", "binary": "BYTEA"}
     decimal_type = "NUMERIC({precision},{scale})"
     dead_letter_migrations = sql.DEAD_LETTER_MIGRATIONS
+    key_binary = "BYTEA"
     alter_role = "the table's owner"
     location_keys = ("host", "port", "dbname")
 

@@ -53,6 +53,8 @@ class SqlDatabase(ABC):
     refuses_nul_in_text: ClassVar[bool] = False
     #: the keys of connect_kwargs that say where the database is (an upsert sink there is fenced by the store)
     location_keys: ClassVar[tuple[str, ...]] = ("host", "port")
+    #: how it spells a column of ``{n}`` bytes (the keys of the tables kept beside a sink's output)
+    key_binary: ClassVar[str] = "BINARY({n})"
 
     # -- connections and errors
 

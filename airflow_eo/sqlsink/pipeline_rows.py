@@ -1,7 +1,8 @@
 """The rows a SQL sink keeps of a pipeline beside its output, for ``airflow eo retire`` (removed) and ``rename``
-(moved to the new id): the seen ids of ``dedup_key`` and the change positions of ``changes=`` (keyed by the
-pipeline's 8-byte key), and the dead letters (keyed by its id). The :class:`~airflow_eo.core.lifecycle.PipelineRows`
-role of the SQL table sinks; each operation is one transaction on the sink's database."""
+(moved to the new id): the seen ids of ``dedup_key``, the change positions of ``changes=`` and the store owning them
+(keyed by the pipeline's 8-byte key), and the dead letters (keyed by its id). The
+:class:`~airflow_eo.core.lifecycle.PipelineRows` role of the SQL table sinks; each operation is one transaction on
+the sink's database."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from typing import Any, ClassVar
 from airflow_eo.core.dedup import seen_pipeline_key
 from airflow_eo.sqlsink.change_positions import CHANGE_POSITION_TABLE
 from airflow_eo.sqlsink.database import SqlDatabase
+from airflow_eo.sqlsink.pipeline_owners import OWNER_TABLE
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
 
 #: Seconds a prune's DELETE of dead letters waits on a row lock (a prepared branch's) before it fails, and with it the
 #: prune of that pipeline (a note; its batches are gone, the dead letters left go at the next prune).
 PRUNE_LOCK_WAIT_S = 2
 #: The tables keyed by the pipeline's key (``pipeline_key``), in the sink's database.
-KEYED_TABLES = (SEEN_ID_TABLE, CHANGE_POSITION_TABLE)
+KEYED_TABLES = (SEEN_ID_TABLE, CHANGE_POSITION_TABLE, OWNER_TABLE)
 
 
 class SqlPipelineRows:
@@ -106,8 +108,9 @@ class SqlPipelineRows:
         new_values = {"pipeline_key": seen_pipeline_key(new), "pipeline_id": new}
         with self._rows_transaction() as cur:
             for table, column, value in self._tables(cur, old, dead_letters=True):
-                cur.execute(f"UPDATE {self.database.quote_table(table)} SET {column} = %s WHERE {column} = %s",
-                            (new_values[column], value))
+                also = ", pipeline_id = %s" if table == OWNER_TABLE else ""  # the owner row names the id too
+                cur.execute(f"UPDATE {self.database.quote_table(table)} SET {column} = %s{also} WHERE {column} = %s",
+                            (new_values[column], *((new,) if also else ()), value))
                 moved[table] = max(cur.rowcount, 0)
         return moved
 

@@ -40,6 +40,7 @@ from airflow_eo.sqlsink.dead_letters import (
     read_dead_letters,
     write_dead_letters_through_driver,
 )
+from airflow_eo.sqlsink.pipeline_owners import claim_pipeline_rows
 from airflow_eo.sqlsink.pipeline_rows import SqlPipelineRows
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE, SeenIdLookup, create_seen_id_table, purge_seen_ids
 from airflow_eo.sqlsink.writer import SqlPartitionWriter
@@ -235,6 +236,7 @@ class SqlTableSink(SqlPipelineRows, KindAdapter):
         id, each task in its own branch / fenced transaction as the good rows are, committed with the batch's.
         Creates the table when missing, on the driver before any transaction of the batch starts."""
         create_seen_id_table(self.database, self.connect_kwargs, SEEN_ID_TABLE)
+        claim_pipeline_rows(self.database, self.connect_kwargs, batch.pipeline_id, batch.store_identity)
         return self._writer(batch, SEEN_ID_TABLE, SEEN_ID_FIELDS, SEEN_ID_KEY,
                             {c: "replace" for c in SEEN_ID_FIELDS if c not in SEEN_ID_KEY},
                             **self._seen_id_writer_options())
@@ -313,6 +315,7 @@ class SqlUpsertAdapter(SqlTableSink):
         pipeline and key id, each task in its own branch / fenced transaction after its output's. Creates the table
         when missing, on the driver before any transaction of the batch starts."""
         create_change_position_table(self.database, self.connect_kwargs, CHANGE_POSITION_TABLE)
+        claim_pipeline_rows(self.database, self.connect_kwargs, batch.pipeline_id, batch.store_identity)
         return self._writer(batch, CHANGE_POSITION_TABLE, CHANGE_POSITION_FIELDS, CHANGE_POSITION_KEY,
                             {c: "replace" for c in CHANGE_POSITION_FIELDS if c not in CHANGE_POSITION_KEY},
                             **self._seen_id_writer_options())

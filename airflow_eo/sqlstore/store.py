@@ -81,6 +81,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     #: the room's descriptor: connections, migrations, dialect
     database: ClassVar[StoreDatabase]
     _migrated = False
+    _identity: str | None = None
     #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.
     read_only = False
 
@@ -214,6 +215,20 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
                         (sink.kind, sink.accumulating, sink.dead_letter_table, sink.to_json(), pipeline_id))
 
     # ------------------------------------------------------------------ reads
+
+    def store_identity(self) -> str:
+        """The id its migration made (:class:`~airflow_eo.core.protocol.OffsetStore`); read once."""
+        if self._identity is None:
+            self.migrate()
+            with self.transaction() as cur:
+                cur.execute("SELECT identity FROM eo_store_identity WHERE id = 1")
+                row = cur.fetchone()
+            if row is None:
+                raise OperationError("the offset store has no identity row (eo_store_identity): its migration 'the "
+                                     "store's identity' did not run to its end; run any `airflow eo` command to "
+                                     "migrate it")
+            self._identity = str(row["identity"])
+        return self._identity
 
     def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int:
         self.migrate()

@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -32,6 +31,7 @@ from tests.support.operator_harness import operator, run, run_job
 from tests.support.page_views import run_child
 from tests.support.postgres import PG_STORE, store_batches
 from tests.support.stores import MYSQL_STORE
+from tests.support.table_formats import format_table
 
 pytestmark = pytest.mark.stack
 
@@ -308,34 +308,6 @@ LAKE_STEPS = ["after_plan", "before_table_commit", "after_table_commit"]
 LAKE_LAST_STEP = "after_commit_point"
 
 
-def lake_sink(kind: str, folder: Path) -> tuple[dict[str, Any], Callable[[], list[tuple]]]:
-    """The sink's spec (a Delta table at a path, an Iceberg table of a Hadoop catalog) and a reader of the target's
-    rows (delta-rs / pyiceberg: nothing shared with Spark), with each row's position column."""
-    from deltalake import DeltaTable
-    from pyiceberg.table import StaticTable
-
-    if kind == "delta":
-        path = folder / "customers"
-        spec = {"kind": "DeltaTableSink", "path": str(path), "key_columns": ["id"]}
-
-        def read() -> list[dict[str, Any]]:
-            return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").exists() else []
-    else:
-        location = folder / "lake" / "db" / "customers"
-        spec = {"kind": "IcebergTableSink", "table": "lake.db.customers", "warehouse": str(folder / "lake"),
-                "key_columns": ["id"]}
-
-        def read() -> list[dict[str, Any]]:
-            if not (location / "metadata" / "version-hint.text").exists():
-                return []
-            return StaticTable.from_metadata(str(location)).scan().to_arrow().to_pylist()
-
-    def rows() -> list[tuple]:
-        return sorted((r["id"], r["name"], r["qty"], r["_eo_change_position"]) for r in read())
-
-    return spec, rows
-
-
 def resend(bootstrap: str, topic: str, records: list[Record]) -> None:
     """``records`` produced again, byte for byte, as a connector restarted from an older offset re-sends them."""
     from confluent_kafka import Producer
@@ -353,12 +325,16 @@ def test_a_table_format_target_equals_the_source_through_sigkills_and_re_sent_ch
     the first batches SIGKILLed at every protocol step in turn, then run to their end; then real change events re-sent
     after the rows' deletes (a create older than the delete) do not bring the rows back (the delete markers); the
     target equals the source after every batch, and no row's position goes back."""
-    spec, target = lake_sink(kind, tmp_path)
+    table = format_table(kind, tmp_path, "customers", key_columns=["id"])  # created by the sink, with the position
+
+    def target() -> list[tuple]:
+        return sorted((r["id"], r["name"], r["qty"], r["_eo_change_position"]) for r in table.rows())
+
     source_sql(postgres_kwargs, *(f"INSERT INTO {source} VALUES ({i}, 'row{i}', {i})" for i in range(1, 21)))
     connector = debezium(source, schemas_enable=False)
     pipeline_id = f"cdc_{kind}_{uuid.uuid4().hex[:8]}"
     job = {"topic": connector.topic, "pipeline_id": pipeline_id, "offset_store_conn_id": "eo_offset_store",
-           "options": {"schema": ROW, "changes": "debezium"}, "sink": spec}
+           "options": {"schema": ROW, "changes": "debezium"}, "sink": table.sink}
 
     def run_to_end(run_id: str, faults: Sequence[str] = ()) -> None:
         argv = ["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})]

@@ -5,6 +5,7 @@ records beside copies, retention and its purge, and a rewind that replays the sa
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -13,15 +14,19 @@ from typing import Any
 import pytest
 
 from airflow_eo.core.dedup import seen_pipeline_key
+from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.sinks import MySqlUpsertSink, PostgresTwoPhaseSink
+from airflow_eo.ops.lifecycle import PipelineLifecycle
+from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
+from airflow_eo.sqlsink.pipeline_owners import OWNER_TABLE
+from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
 from examples.page_views import produce_page_views, resend_page_views
 from examples.topics import read_topic
 from tests.support.kafka import create_topic
-from tests.support.operator_harness import operator, run
-from tests.support.postgres import COUNTS_DDL, EVENTS_DDL
+from tests.support.operator_harness import example_table, operator, rows, run
+from tests.support.postgres import COUNTS_DDL, EVENTS_DDL, PG_STORE
 from tests.support.seen_ids import seen_rows
 from tests.support.sql import database_query
 
@@ -230,3 +235,41 @@ def test_the_purge_removes_every_id_past_retention_not_one_chunk_per_batch(airfl
         with conn.cursor() as cur:
             cur.execute(f"DELETE FROM {SEEN_ID_TABLE} WHERE pipeline_key = %s", (key,))
         conn.close()
+
+
+def test_one_pipeline_id_run_from_a_second_offset_store_is_refused_not_mixed(bootstrap, mysql_kwargs, airflow_db,
+                                                                             monkeypatch):
+    """Two offset stores (the stack's MariaDB and PostgreSQL) each running a pipeline of one id against one sink
+    database, on topics that carry the same events (a second deployment reading a replica): the seen-id rows there are
+    the first store's pipeline's. Without the owner check the second's batch took every event for a copy of the
+    first's and wrote none of them (events lost). It is refused before anything is written; the first store's
+    pipeline goes on; retire frees the id, and the other store's pipeline then writes every event."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{PG_STORE.upper()}", os.environ["AIRFLOW_CONN_POSTGRES_DEFAULT"])
+    suffix = uuid.uuid4().hex[:8]
+    topic, replica = (create_topic(bootstrap, f"dedup_{name}_{suffix}", 3) for name in ("own", "replica"))
+    pipeline = f"dedup_owner_{suffix}"
+    tables = [example_table(mysql_kwargs, "page_view_events") for _ in range(2)]
+    options: dict[str, Any] = {"dedup_key": ["event_id"]}
+
+    def pipeline_of(store: str, table: str, source: str) -> Any:
+        return operator(source, MySqlXaSink(table=table, key_columns=["event_id"]), pipeline,
+                        offset_store_conn_id=store, **options)
+
+    events = produce_page_views(bootstrap, 100, topic=topic)
+    first = run(pipeline_of("eo_offset_store", tables[0], topic))
+    assert (first["rows_out"], first["duplicates"]) == (100, 0)
+    sent = resend_page_views(bootstrap, events, 100, topic=replica, seed=5)  # the same events, on the replica
+
+    with pytest.raises(ConfigurationError, match="belong to a pipeline of the same id in another offset store"):
+        run(pipeline_of(PG_STORE, tables[1], replica))
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {tables[1]}") == [(0,)]
+
+    produce_page_views(bootstrap, 50, topic=topic)  # the owner goes on
+    assert run(pipeline_of("eo_offset_store", tables[0], topic))["rows_out"] == 50
+    retired = PipelineLifecycle(pipeline_operations("eo_offset_store")).retire(pipeline, apply=True, reason="moved",
+                                                                               idle_s=0)
+    assert retired.removed[OWNER_TABLE] == 1 and retired.removed[SEEN_ID_TABLE] == 150
+    moved = run(pipeline_of(PG_STORE, tables[1], replica))  # the id is free: every event of the replica is new
+    distinct = {e["event_id"] for e in sent}
+    assert (moved["rows_out"], moved["duplicates"]) == (len(distinct), len(sent) - len(distinct))
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {tables[1]}") == [(len(distinct),)]

@@ -35,6 +35,7 @@ from airflow_eo.mysql.xa import xa_session
 from airflow_eo.ops.lifecycle import PipelineLifecycle
 from airflow_eo.postgres.prepared import prepared_session
 from airflow_eo.sinks import MySqlXaSink, PostgresTwoPhaseSink
+from airflow_eo.sqlsink.pipeline_owners import OWNER_TABLE
 from airflow_eo.sqlsink.seen_ids import SEEN_ID_TABLE
 from examples.page_views import produce_page_views
 from tests.support.children import why
@@ -119,7 +120,7 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
     assert len(kafka.group_offsets(pipeline, partitions)) == 3, "the run mirrors its offsets into its group"
     ops = pipeline_operations()
     lifecycle = PipelineLifecycle(ops)
-    assert nonzero(lifecycle.retire(pipeline).plan.sink_rows) == {SEEN_ID_TABLE: 200}
+    assert nonzero(lifecycle.retire(pipeline).plan.sink_rows) == {SEEN_ID_TABLE: 200, OWNER_TABLE: 1}
     first_done = time.monotonic()
 
     # A run held right after its branches were prepared: retire is refused, dry run and --apply alike.
@@ -146,7 +147,7 @@ def test_retire_is_refused_while_a_run_is_held_then_resolves_its_killed_runs_bra
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["epoch"] is not None and report["group_deleted"] is True, report
-    assert nonzero(report["removed"]) == {SEEN_ID_TABLE: 200, "eo_dead_letter": 2}, report
+    assert nonzero(report["removed"]) == {SEEN_ID_TABLE: 200, OWNER_TABLE: 1, "eo_dead_letter": 2}, report
     assert [b["action"] for b in report["recovery"]["branches"]] and \
         {b["action"] for b in report["recovery"]["branches"]} == {"rollback"}, report
     with xa_session(mysql_kwargs) as xa:
@@ -228,6 +229,9 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
     seen = pg_rows(postgres_kwargs, f"SELECT pipeline_key, COUNT(*) FROM {SEEN_ID_TABLE} WHERE pipeline_key IN "
                                     "(%s, %s) GROUP BY pipeline_key", (seen_pipeline_key(old), seen_pipeline_key(new)))
     assert {bytes(k): n for k, n in seen} == {seen_pipeline_key(new): 300}
+    owners = pg_rows(postgres_kwargs, f"SELECT pipeline_key, pipeline_id FROM {OWNER_TABLE} WHERE pipeline_key IN "
+                                      "(%s, %s)", (seen_pipeline_key(old), seen_pipeline_key(new)))
+    assert [(bytes(k), p) for k, p in owners] == [(seen_pipeline_key(new), new)], "the owner row moves with the id"
     kafka = KafkaOffsetSource({"bootstrap.servers": bootstrap})
     assert kafka.group_offsets(new, [(topic, p) for p in range(3)]) == ops.store.committed_offsets(new)
     audit = [a.action for a in ops.store.audit_log(new, 10)]
@@ -237,7 +241,7 @@ def test_rename_after_a_killed_run_is_refused_until_recovered_then_the_new_id_co
     # Moved to another store (MariaDB's, the default): retired here, seeded there with its committed offsets under a
     # new id, as docs/how-to/retire-and-rename.md shows; its first batch there reads exactly the records after them.
     retired = lifecycle.retire(new, apply=True, reason="moved to the MariaDB store")
-    assert retired.epoch is not None and nonzero(retired.removed) == {SEEN_ID_TABLE: 300}, retired
+    assert retired.epoch is not None and nonzero(retired.removed) == {SEEN_ID_TABLE: 300, OWNER_TABLE: 1}, retired
     offsets = ops.store.committed_offsets(new)
     moved = f"rename_moved_{suffix}"
     cleanup["pipelines"].append(moved)

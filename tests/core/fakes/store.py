@@ -111,6 +111,9 @@ class FakeStore:
 
     # ------------------------------------------------------------------ takes
 
+    def store_identity(self) -> str:
+        return "fake-store"
+
     def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int:
         row = self._claim(pipeline_id, owner, "continuous", sink)
         row["epoch"] += 1
