@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from datetime import datetime
 
 import pytest
@@ -13,6 +12,7 @@ from airflow_eo.core.errors import PipelineConflictError
 from airflow_eo.sinks import MySqlUpsertSink
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
+from tests.support import fork_server
 from tests.support.children import output_within, why
 from tests.support.operator_harness import events_table, operator, rows, run
 from tests.support.page_views import REPO, committed_offsets, run_dag
@@ -37,8 +37,8 @@ def test_two_dags_from_one_factory_run_concurrently_and_a_mapped_task_reads_both
     for region in REGIONS:
         produce_page_views(bootstrap, 400, f"page_views_{region}")
     # Both factory DAGs at the same time, as the scheduler would run them.
-    children = [subprocess.Popen([sys.executable, str(REPO / "scripts" / "run_dag.py"), f"page_view_events_{r}"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in REGIONS]
+    children = [fork_server.start([str(REPO / "scripts" / "run_dag.py"), f"page_view_events_{r}"], os.environ,
+                                  stderr_to_stdout=True) for r in REGIONS]
     outputs = [output_within(child, 900, python_stacks=True) for child in children]
     assert [child.returncode for child in children] == [0, 0], "\n".join(out[-3000:] for out in outputs)
     ids, ends = region_truth(bootstrap)

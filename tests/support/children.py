@@ -11,9 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from tests.support.fork_server import Child
 
 
 def dump_stacks_on_sigusr1() -> None:
@@ -69,13 +72,13 @@ def why(child: subprocess.CompletedProcess, limit: int = 6000) -> str:
 _ERROR = re.compile(r"(Error|Exception|Caused by)[:\s]")
 
 
-def output_within(child: subprocess.Popen, timeout: float, python_stacks: bool = False) -> str:
+def output_within(child: Child, timeout: float, python_stacks: bool = False) -> str:
     """The child's output (its stdout, with its stderr when merged into it) once it ends (see
     :func:`communicate_within`)."""
     return communicate_within(child, timeout, python_stacks)[0]
 
 
-def communicate_within(child: subprocess.Popen, timeout: float, python_stacks: bool = False) -> tuple[str, str]:
+def communicate_within(child: Child, timeout: float, python_stacks: bool = False) -> tuple[str, str]:
     """The child's stdout and stderr once it ends. Still running after ``timeout`` seconds: an AssertionError with
     what it waits for (:func:`diagnose_hang`; ``python_stacks`` when the child called :func:`dump_stacks_on_sigusr1`)
     and its output, the child and its JVMs killed (they hold its output open: a wait would last until pytest's own
@@ -91,7 +94,7 @@ def communicate_within(child: subprocess.Popen, timeout: float, python_stacks: b
                              f"{(out or '')[-20000:]}{(err or '')[-20000:]}") from None
 
 
-def diagnose_hang(child: subprocess.Popen, python_stacks: bool = True) -> str:
+def diagnose_hang(child: Child, python_stacks: bool = True) -> str:
     """What a child that hangs is waiting for, before it is killed: its Python stacks (SIGUSR1, when it called
     :func:`dump_stacks_on_sigusr1`: SIGUSR1 ends any other) and its JVMs' thread dumps (SIGQUIT) go to its own
     output; the databases' sessions that are not idle (a lock wait shows there) are returned."""
@@ -111,7 +114,7 @@ def diagnose_hang(child: subprocess.Popen, python_stacks: bool = True) -> str:
     return "\n".join([f"processes: {[(p.pid, _name(p)) for p in family]}", _postgres_sessions(), _mysql_sessions()])
 
 
-def kill_family(child: subprocess.Popen) -> None:
+def kill_family(child: Child) -> None:
     """SIGKILL the child and every process under it (its Spark JVM keeps the child's output pipes open)."""
     for process in _family(child):
         try:
@@ -120,7 +123,7 @@ def kill_family(child: subprocess.Popen) -> None:
             pass
 
 
-def _family(child: subprocess.Popen) -> list[psutil.Process]:
+def _family(child: Child) -> list[psutil.Process]:
     """The child and every process under it; none when it is gone."""
     try:
         parent = psutil.Process(child.pid)

@@ -1,23 +1,21 @@
-"""``airflow eo`` as people run it: the venv's ``airflow`` in a child process, with this test session's connections."""
+"""``airflow eo`` as people run it: Airflow's command line in a child process (forked from the tests' fork server:
+:mod:`tests.support.fork_server`), with this test session's connections."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from airflow_eo.core.failpoints import FAILPOINTS_ENV
-
-AIRFLOW = str(Path(sys.executable).parent / "airflow")
+from tests.support import fork_server
 
 
 def eo(*args: str) -> subprocess.CompletedProcess:
     """``airflow eo ARGS`` in a child process, with this test session's connections (environment)."""
     env = {k: v for k, v in os.environ.items() if k != FAILPOINTS_ENV}
-    return subprocess.run([AIRFLOW, "eo", *args], capture_output=True, text=True, timeout=120, env=env)
+    return fork_server.run(["-m", "airflow", "eo", *args], env, timeout=120)
 
 
 def eo_json(*args: str) -> Any:

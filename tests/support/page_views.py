@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import pymysql
 from airflow_eo.core.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, arm, register_process
 from examples import page_views
 from examples.state import our_prepared_branches, reset_page_views, sink_state
+from tests.support import fork_server
 from tests.support.children import communicate_within
 from tests.support.operator_harness import rows
 
@@ -71,32 +71,28 @@ def run_child(args: list[str], fault: str | None = None, env: dict[str, str] | N
         if not child_env.get(FAILPOINT_DIR_ENV):
             made = tempfile.mkdtemp(prefix="eo-fp-")
         child_env.update(arm(fault, directory=child_env.get(FAILPOINT_DIR_ENV) or made))
-    args = [sys.executable, *args]
     try:
-        with subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) as child:
+        with fork_server.start(args, child_env) as child:
             if fault:
                 register_process(child_env[FAILPOINT_DIR_ENV], "driver", child.pid)
             stdout, stderr = communicate_within(child, timeout, python_stacks=True)
     finally:
         if made:
             shutil.rmtree(made, ignore_errors=True)
-    return subprocess.CompletedProcess(args, child.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
 
 
-def start_held(job: dict[str, Any], run_id: str, point: str, folder: Path, wait: bool = True) -> subprocess.Popen:
+def start_held(job: dict[str, Any], run_id: str, point: str, folder: Path, wait: bool = True) -> fork_server.Child:
     """An operator run (``tests.support.operator_child``) held at ``point`` (``pause``, its first pass only)
     until :func:`release`; with ``wait``, returns once it is held there (:func:`wait_held`)."""
     env = {**os.environ, **arm(f"{point}=1*pause", directory=str(folder))}
-    held = subprocess.Popen([sys.executable, "-m", "tests.support.operator_child",
-                             json.dumps({**job, "run_id": run_id})], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    held = fork_server.start(["-m", "tests.support.operator_child", json.dumps({**job, "run_id": run_id})], env)
     if wait:
         wait_held(held, point, folder)
     return held
 
 
-def wait_held(held: subprocess.Popen, point: str, folder: Path) -> None:
+def wait_held(held: fork_server.Child, point: str, folder: Path) -> None:
     deadline = time.monotonic() + 300
     while not (folder / f"held-{point}").exists():
         if held.poll() is not None or time.monotonic() > deadline:
@@ -106,7 +102,7 @@ def wait_held(held: subprocess.Popen, point: str, folder: Path) -> None:
         time.sleep(0.2)
 
 
-def release(held: subprocess.Popen, point: str, folder: Path) -> subprocess.CompletedProcess:
+def release(held: fork_server.Child, point: str, folder: Path) -> subprocess.CompletedProcess:
     """Let a held run go on (:func:`start_held`) and wait for its end."""
     (folder / f"release-{point}").touch()
     try:
