@@ -7,11 +7,12 @@ no thread and no JVM, that imports :data:`PRELOAD` once, then forks a child per 
 process of its own, SIGKILLed for real by a failpoint or a test; its exit status comes back as a
 :class:`subprocess.Popen`'s would (``-9`` for a SIGKILL).
 
-What Python reads at import (Airflow's configuration, the interpreter's flags) is the server's: a child whose
-environment differs from the server's in anything but :data:`READ_AT_RUN_TIME` gets a server started with its
-environment (the old one stopped). A child that cannot be forked (``AIRFLOW__OPENLINEAGE__TRANSPORT`` set: its
-process pool wants a fork server of its own) is started as a plain process, as is every child when
-``EO_TEST_FORK_SERVER=0``.
+What Python reads at import (Airflow's configuration, the interpreter's flags) is the server's, made with the
+environment of the first child it forks: a child whose environment differs from that in anything but
+:data:`READ_AT_RUN_TIME` is started as a plain process (a server is not restarted: it waits for every child it forked
+to end first, a held one included). So is a child that cannot be forked (``AIRFLOW__OPENLINEAGE__TRANSPORT`` set:
+its process pool wants a fork server of its own), and every child when ``EO_TEST_FORK_SERVER=0``.
+``EO_TEST_FORK_SERVER_LOG=<file>``: each child's way (forked, or started and why) is appended there.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ PRELOAD = [
 ]
 
 # Environment variables read when they are used, not at import: a child may differ from the server in these.
-READ_AT_RUN_TIME = re.compile(r"EO_FAILPOINTS?(_DIR)?$|EO_.*|AIRFLOW_CONN_.*|AIRFLOW_EO_.*|PYTEST_.*")
+READ_AT_RUN_TIME = re.compile(r"EO_.*|AIRFLOW_CONN_.*|AIRFLOW_EO_.*|PYTEST_.*")
 FORK_REFUSED = ("AIRFLOW__OPENLINEAGE__TRANSPORT",)
 
 _lock = threading.Lock()
@@ -58,13 +59,13 @@ def start(args: list[str], env: Mapping[str, str], cwd: str | None = None,
     """``python *args`` (a script path or ``-m module``, then its arguments) as a child: forked from the fork server
     when its environment allows (see the module's docstring), else a plain process. Its stdout and stderr (or both
     in stdout) are text, collected by ``communicate``."""
-    if (os.environ.get("EO_TEST_FORK_SERVER") == "0" or any(env.get(name) for name in FORK_REFUSED)
-            or not (args[0] == "-m" or args[0].endswith(".py"))):
-        return subprocess.Popen([sys.executable, *args], env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE, text=True)
     with _lock:
-        _ensure_server(env)
-        return ForkedChild(args, env, cwd or os.getcwd(), stderr_to_stdout)
+        why = _why_not_forked(args, env)
+        _log(why or "forked", args)
+        if why is None:
+            return ForkedChild(args, env, cwd or os.getcwd(), stderr_to_stdout)
+    return subprocess.Popen([sys.executable, *args], env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE, text=True)
 
 
 def run(args: list[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
@@ -78,23 +79,37 @@ def run(args: list[str], env: Mapping[str, str], timeout: float) -> subprocess.C
     return subprocess.CompletedProcess(child.args, child.returncode or 0, out, err)
 
 
-def _ensure_server(env: Mapping[str, str]) -> None:
+def _why_not_forked(args: list[str], env: Mapping[str, str]) -> str | None:
+    """Why ``args`` with ``env`` is started as a plain process; None: it is forked (the server started if need be)."""
     global _server_env
+    if os.environ.get("EO_TEST_FORK_SERVER") == "0":
+        return "EO_TEST_FORK_SERVER=0"
+    refused = [name for name in FORK_REFUSED if env.get(name)]
+    if refused:
+        return f"{refused[0]} set"
+    if not (args[0] == "-m" or args[0].endswith(".py")):
+        return "not a module or a script"
     wanted = _at_import(env)
-    if _server_env is not None and _server_env == wanted:
-        return
-    server = multiprocessing.forkserver._forkserver
-    server._stop()  # type: ignore[attr-defined]
-    multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
-    saved = dict(os.environ)
-    try:  # the server is started with os.environ as it is now: the child's
-        os.environ.clear()
-        os.environ.update(env)
-        server.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    _server_env = wanted
+    if _server_env is None:
+        multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
+        saved = dict(os.environ)
+        try:  # the server is started with os.environ as it is now: the child's
+            os.environ.clear()
+            os.environ.update(env)
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        _server_env = wanted
+    differ = sorted(k for k in wanted.keys() | _server_env.keys() if wanted.get(k) != _server_env.get(k))
+    return f"environment read at import differs: {differ}" if differ else None
+
+
+def _log(way: str, args: list[str]) -> None:
+    log = os.environ.get("EO_TEST_FORK_SERVER_LOG")
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\t{way}\t{' '.join(args)[:120]}\n")
 
 
 def _at_import(env: Mapping[str, str]) -> dict[str, str]:
