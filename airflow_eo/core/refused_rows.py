@@ -5,15 +5,17 @@ known only from the database's error, which names no record.
 
 When a batch's write fails on one, the failed write's rows are written again by the same partition writers in
 transactions that are always rolled back (probes): slices of a task's rows first, then halves of each slice that
-fails, down to the single rows the table refuses. Those records become bad records (dead letters, or the batch
-fails naming the first), and the batch is written again without them. The probes change nothing that anyone can
-see, so exactly-once is untouched: what commits is still the one write the protocol commits.
+fails, down to the single rows the table refuses; then, in the rows left, each row the table refuses only after an
+earlier one (two records of one value of a unique index: the later is refused). Those records become bad records
+(dead letters, or the batch fails naming the first), and the batch is written again without them. The probes change
+nothing that anyone can see, so exactly-once is untouched: what commits is still the one write the protocol
+commits.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 #: Marks a write task's failure on a value the table refuses, so the driver can tell it from any other failure in
@@ -21,51 +23,85 @@ from dataclasses import dataclass
 REFUSED_MARK = "[airflow_eo: the table refused a row]"
 #: Rows of the first probes of a task: the task's rows in slices of this many.
 PROBE_ROWS = 4096
-#: Refused rows one task may isolate; beyond that the batch fails (a table that refuses this many rows of one
-#: batch has a problem a dead-letter table does not solve, and each row found costs a dozen probes).
+#: Refused rows one task isolates one by one; past that, the rows of each slice the table still refuses are refused
+#: as one set (a producer sending thousands of refused records would otherwise hold the batch for hours of probes, a
+#: dozen per row).
 MAX_REFUSED_PER_TASK = 500
-#: Times a batch is written again without the rows found: a second write can still meet a row that the table
-#: refused only together with another (two rows of one unique value in two slices).
+#: Times a batch is written again without the rows found: a second write can still meet a row refused (a value of
+#: a unique index that another write task of the batch wrote, say).
 REFUSAL_ROUNDS = 3
+
+Probe = Callable[[Sequence[int]], "str | None"]
 
 
 @dataclass(frozen=True)
 class RefusedRow:
-    """One row of a task's rows (its index in the task's order) and the database's error for it alone."""
+    """One row of a task's rows (its index in the task's order) and the database's error for it."""
 
     index: int
     error: str
 
 
-class TooManyRefused(Exception):
-    """More than ``limit`` rows of one task are refused."""
+def isolate_refused(count: int, probe: Probe, *, first_slice: int = PROBE_ROWS,
+                    limit: int = MAX_REFUSED_PER_TASK) -> tuple[list[RefusedRow], bool]:
+    """The rows (of ``count``, in index order) that the table refuses, and whether the search went past ``limit``:
+    ``probe(rows)`` writes the rows of those indexes (in that order) in a transaction it rolls back and returns the
+    database's error when the table refused one (None when it took them all).
 
-    def __init__(self, found: list[RefusedRow], limit: int) -> None:
-        super().__init__(f"more than {limit} rows of one write task are refused by the table")
-        self.found = found
-
-
-def isolate_refused(count: int, probe: Callable[[int, int], str | None], *, first_slice: int = PROBE_ROWS,
-                    limit: int = MAX_REFUSED_PER_TASK) -> list[RefusedRow]:
-    """The rows (of ``count``, in index order) that the table refuses alone: ``probe(lo, hi)`` writes rows
-    ``lo..hi-1`` in a transaction it rolls back and returns the database's error when the table refused one (None
-    when it took them all). Slices that fail are halved until single rows are left; raises :class:`TooManyRefused`
-    past ``limit``. A slice that fails while both its halves pass (rows refused only together) yields no row."""
+    First the rows refused alone: slices that fail are halved until single rows are left. Then the rows refused only
+    together with earlier ones (two records of one value of a unique index): while the rows left fail, the shortest
+    prefix of them that fails is found by halving, and its last row is refused, as the database would refuse the
+    later of two inserts; the earlier row is written. Past ``limit`` rows found, each slice that still fails is
+    refused whole (and, of the rows left, every row from the first refused after an earlier one on): a set that
+    holds every refused row, and may hold rows the table would take."""
     refused: list[RefusedRow] = []
     pending = [(lo, min(lo + first_slice, count)) for lo in range(0, count, first_slice)][::-1]
     while pending:
         lo, hi = pending.pop()  # the lowest first: the rows come out in index order
-        error = probe(lo, hi)
+        error = probe(range(lo, hi))
         if error is None:
             continue
-        if hi - lo == 1:
+        if len(refused) >= limit:
+            refused += _a_set(range(lo, hi), error, limit)
+        elif hi - lo == 1:
             refused.append(RefusedRow(lo, error))
-            if len(refused) > limit:
-                raise TooManyRefused(refused, limit)
-            continue
-        mid = (lo + hi) // 2
-        pending += [(mid, hi), (lo, mid)]
-    return refused
+        else:
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
+    refused += _refused_with_earlier_rows(count, refused, probe, limit)
+    return sorted(refused, key=lambda row: row.index), len(refused) > limit
+
+
+def _refused_with_earlier_rows(count: int, alone: list[RefusedRow], probe: Probe, limit: int) -> list[RefusedRow]:
+    """The rows the table refuses only after earlier rows (see :func:`isolate_refused`): one probe of the rows left
+    when there are none, about log2(rows) probes of a prefix for each one found. A prefix of rows the table took is
+    taken again (a subset of rows a table takes is taken), so each search starts past the last row refused."""
+    skipped = {row.index for row in alone}
+    left = [i for i in range(count) if i not in skipped]
+    found: list[RefusedRow] = []
+    passing = 0  # a prefix of ``left`` this long is taken
+    error = probe(left) if left else None
+    while error is not None:
+        lo, hi = max(passing, 1), len(left)  # left[:lo] is taken (one row alone is), left[:hi] is refused
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            refusal = probe(left[:mid])
+            if refusal is None:
+                lo = mid
+            else:
+                hi, error = mid, refusal
+        if len(alone) + len(found) >= limit:
+            return found + _a_set(left[hi - 1:], f"{error} (with an earlier record of the batch)", limit)
+        found.append(RefusedRow(left.pop(hi - 1), f"{error} (with an earlier record of the batch)"))
+        passing = hi - 1
+        error = probe(left)
+    return found
+
+
+def _a_set(rows: Sequence[int], error: str, limit: int) -> list[RefusedRow]:
+    why = (f"{error}; refused with the {len(rows) - 1} other record(s) of its slice, not searched one by one: more "
+           f"than {limit} records of this write task refused")
+    return [RefusedRow(i, why) for i in rows]
 
 
 _AT_ROW = re.compile(r" at row \d+")

@@ -75,17 +75,22 @@ class RefusalRounds:
                         "transform (filter what the table refuses) or the table.") from refused
                 found, more = find_refused(parsed, refused.writer,
                                            self.parse.write_partitions or default_parallelism(spark))
-                if not found:
+                if not found:  # every record of each task taken by probes: a refusal the probes do not meet again
                     raise BadRecordError(
-                        f"table {table} refused a row of this batch ({refused.error}), but no record alone: rows "
-                        "refused only together (two records of one unique value?). Nothing was committed.") from refused
+                        f"table {table} refused a row of this batch ({refused.error}), but no record when written "
+                        "again task by task (two write tasks' records of one value of a unique index?). Nothing was "
+                        "committed.") from refused
                 first = found[0]
                 where = f"{first.topic}[{first.partition}] offset {first.offset}"
-                if more:
+                if more and self.parse.on_bad_record is BadRecordPolicy.FAIL:
                     raise BadRecordError(
                         f"table {table} refuses more than {MAX_REFUSED_PER_TASK} records of one write task; the "
                         f"first: {where}: {first.error}. Nothing was committed. Fix the table or the producer."
                     ) from refused
+                if more:  # a producer's flood must not hold the pipeline: the rest of the batch goes on
+                    log.warning("table %s refuses more than %s records of one write task: the slices it still "
+                                "refused after those become dead letters whole (they may hold records it would "
+                                "take; replay them from the dead-letter table)", table, MAX_REFUSED_PER_TASK)
                 if self.parse.on_bad_record is BadRecordPolicy.FAIL:
                     raise BadRecordError(
                         f"table {table} refused {len(found)} record(s) of this batch; the first: {where}: "

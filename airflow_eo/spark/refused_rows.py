@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.refused_rows import REFUSED_MARK, TooManyRefused, isolate_refused
+from airflow_eo.core.refused_rows import REFUSED_MARK, isolate_refused
 from airflow_eo.spark.columns import named_columns, positional
 
 if TYPE_CHECKING:
@@ -59,10 +59,11 @@ def refused_write(writer: Any, exc: BaseException) -> WriteRefused | None:
 
 
 def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[RefusedRecord], bool]:
-    """The good records whose rows ``writer``'s table refuses alone, in one Spark job: every task gets the rows the
-    write's task of its number got (the same spread by key) and isolates its refused rows with probes, in
-    transactions its writer rolls back (which also roll back the failed write's prepared branches of the task).
-    Returns the records found, by position, and whether some task found more than it may isolate."""
+    """The good records whose rows ``writer``'s table refuses (alone, or after an earlier record of the task: one
+    value of a unique index), in one Spark job: every task gets the rows the write's task of its number got (the same
+    spread by key) and isolates its refused rows with probes, in transactions its writer rolls back (which also
+    roll back the failed write's prepared branches of the task). Returns the records found, by position, and
+    whether some task found more than it isolates one by one (its records refused as sets are among them)."""
     from pyspark.sql import functions as F
 
     columns = list(writer.columns)
@@ -79,14 +80,18 @@ def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[
         batches = [batch.rename_columns(names) for batch in renamed if batch.num_rows]
         if not batches:
             return
-        table = pa.Table.from_batches(batches)
+        # In the records' order: of two records the table takes only one of (one value of a unique index), the
+        # later is refused, whichever order the shuffle brought them in.
+        table = pa.Table.from_batches(batches).sort_by([(name, "ascending") for name in _POSITION])
         rows = table.select(columns)
         ctx = TaskContext.get()
         assert ctx is not None, "mapInArrow runs this inside a Spark task"
 
-        def probe(lo: int, hi: int) -> str | None:
+        def probe(indexes: Sequence[int]) -> str | None:
+            some = (rows.slice(indexes[0], len(indexes)) if isinstance(indexes, range) and indexes.step == 1
+                    else rows.take(pa.array(indexes, pa.int64())))
             try:
-                probing(rows.slice(lo, hi - lo).to_batches(), ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
+                probing(some.to_batches(), ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId())
             except Exception as exc:
                 text = probing.refusal(exc)
                 if text is None:
@@ -94,10 +99,7 @@ def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[
                 return str(text)
             return None
 
-        try:
-            found, more = isolate_refused(table.num_rows, probe), False
-        except TooManyRefused as exc:
-            found, more = exc.found, True
+        found, more = isolate_refused(table.num_rows, probe)
         at = table.select(list(_POSITION)).take(pa.array([row.index for row in found], pa.int64()))
         yield pa.RecordBatch.from_pydict(
             {"topic": at.column(0).combine_chunks(), "partition": at.column(1).combine_chunks(),

@@ -17,15 +17,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from airflow_eo.core.failpoints import arm, register_process
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink
 from examples.page_views import produce_page_views
-from tests.support import REPO
+from tests.support import REPO, fork_server
 from tests.support.children import output_within
 from tests.support.kafka import create_topic
 from tests.support.operator_harness import events_table, operator, rows, run
@@ -68,8 +66,8 @@ def test_dead_letters_of_a_task_survive_a_sigkill_after_it_wrote_them(kind, boot
 
     pipeline = f"p_{topic_name}"
     env = {**os.environ, **arm("after_task_dead_letters=1*kill(driver)", directory=str(tmp_path))}
-    with subprocess.Popen([sys.executable, "-c", ATTEMPT, topic_name, table, kind], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+    with fork_server.start(["-c", ATTEMPT, topic_name, table, kind], env, cwd=str(REPO),
+                           stderr_to_stdout=True) as child:
         register_process(str(tmp_path), "driver", child.pid)
         output = output_within(child, 600)
     assert child.returncode == -signal.SIGKILL, f"not killed at after_task_dead_letters:\n{output[-3000:]}"

@@ -191,3 +191,58 @@ def test_a_row_refused_where_the_write_tasks_mark_copies_is_found_and_its_copies
     assert [(d["kafka_offset"], f"{table}_small" in d["error"]) for d in dead] == [(3, True)]
     seen = seen_rows(adapter.database, adapter.connect_kwargs, pipeline)  # type: ignore[attr-defined]
     assert sorted(r["kafka_offset"] for r in seen) == [0, 1, 2, 3, 4, 5]  # the refused event counts as seen
+
+
+@pytest.mark.parametrize("kind", ["postgres-two-phase", "postgres-upsert"])
+def test_of_records_sharing_a_value_of_a_unique_index_the_later_becomes_a_dead_letter(kind, bootstrap, mysql_kwargs,
+                                                                                     postgres_kwargs, topic_name):
+    """Two records with one value of a unique index other than the key: each is taken alone, so no probe of one
+    record finds them; the later (by offset) is refused as the database refuses the later of two inserts, the batch
+    commits the rest. Before, the batch failed on every run ("refused only together"): a producer stalled it.
+    (MySQL's ``INSERT .. ON DUPLICATE KEY UPDATE`` refuses neither: any unique key matches the earlier row.)"""
+    database, spec_class, options, table, query = _setup(kind, mysql_kwargs, postgres_kwargs)
+    query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, code VARCHAR(8) NOT NULL, "
+          f"CONSTRAINT {table}_code UNIQUE (code))")
+    create_topic(bootstrap, topic_name, 1)
+    codes = ["a", "b", "c", "a", "d", "b", "e", "b"]  # e3 repeats e0's code; e5 and e7 repeat e1's
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "code": code} for i, code in enumerate(codes)])
+    spec = spec_class(table=table, key_columns=["id"], **options)
+    op = operator(topic_name, spec, pipeline_id=f"dead_{topic_name}", schema="id STRING, code STRING",
+                  on_bad_record="dead_letter", write_partitions=1)  # one write task: its one transaction refuses
+    summary = run(op)
+    assert (summary["records_in"], summary["dead_letters"]) == (8, 3)
+    assert sorted(query(f"SELECT id, code FROM {table}")) == [("e0", "a"), ("e1", "b"), ("e2", "c"), ("e4", "d"),
+                                                              ("e6", "e")]
+    dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
+    assert sorted(d["kafka_offset"] for d in dead) == [3, 5, 7]
+    for letter in dead:
+        assert letter["error"].startswith(f"table {table} refused it: ") and \
+            letter["error"].endswith("(with an earlier record of the batch)"), letter["error"]
+        assert f"{table}_code" in letter["error"], letter["error"]
+
+
+def test_a_flood_of_refused_records_past_the_limit_becomes_dead_letters_and_the_batch_commits(
+        bootstrap, mysql_kwargs, topic_name):
+    """More refused records in one write task than it isolates one by one (500): past those, the slices the table
+    still refuses become dead letters whole. Before, the batch failed on every run: a producer stalled it. Nothing is
+    lost: every record is in the table or in the dead-letter table, and no refused record is in the table."""
+    table = f"flood_{uuid.uuid4().hex[:8]}"
+    rows(mysql_kwargs, f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, n INTEGER NULL, "
+                       f"CONSTRAINT {table}_small CHECK (n < 100))")
+    create_topic(bootstrap, topic_name, 1)
+    events = [{"id": f"e{i:04d}", "n": 100 if i % 4 else i % 100} for i in range(800)]  # 600 refused
+    produce_json(bootstrap, topic_name, events)
+    spec = MySqlXaSink(table=table, key_columns=["id"])
+    op = operator(topic_name, spec, pipeline_id=f"flood_{topic_name}", schema="id STRING, n BIGINT",
+                  on_bad_record="dead_letter", write_partitions=1)
+    summary = run(op)
+    stored = {r[0] for r in rows(mysql_kwargs, f"SELECT id FROM {table}")}
+    dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 1_000)  # type: ignore[attr-defined]
+    dead_ids = {json.loads(bytes(d["raw_value"]))["id"] for d in dead}
+    refused = {e["id"] for e in events if e["n"] >= 100}
+    assert summary["dead_letters"] == len(dead) == len(dead_ids) and not stored & dead_ids
+    assert stored | dead_ids == {e["id"] for e in events} and refused <= dead_ids
+    assert len(stored) >= 100, "the slices refused whole hold a few good records, not the batch"
+    errors = [d["error"] for d in dead]
+    assert sum("not searched one by one: more than 500 records of this write task refused" in e for e in errors) \
+        == len(dead) - 500

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from confluent_kafka import Producer
 
 from airflow_eo.core.failpoints import arm
 from airflow_eo.sinks import MySqlUpsertSink
-from tests.support import REPO
+from tests.support import REPO, fork_server
 from tests.support.kafka import create_topic
 from tests.support.operator_harness import events_table, operator, rows, run
 
@@ -57,8 +56,8 @@ def test_a_held_back_executor_of_an_older_attempt_cannot_overwrite_a_newer_batch
     pipeline = f"zexec_{topic_name}"
     produce_version(bootstrap, topic_name, "u_old")
     env = {**os.environ, **arm("task_write=1*pause", directory=str(tmp_path))}
-    older = subprocess.Popen([sys.executable, "-c", OLD_ATTEMPT, topic_name, table, pipeline], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    older = fork_server.start(["-c", OLD_ATTEMPT, topic_name, table, pipeline], env, cwd=str(REPO),
+                              stderr_to_stdout=True)
     try:
         wait_for(tmp_path / "held-task_write", older)  # planned, read, its writer waiting
         op = operator(topic_name, MySqlUpsertSink(table=table, key_columns=["event_id"]), pipeline_id=pipeline)

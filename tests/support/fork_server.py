@@ -56,9 +56,9 @@ _server_env: dict[str, str] | None = None
 
 def start(args: list[str], env: Mapping[str, str], cwd: str | None = None,
           stderr_to_stdout: bool = False) -> Child:
-    """``python *args`` (a script path or ``-m module``, then its arguments) as a child: forked from the fork server
-    when its environment allows (see the module's docstring), else a plain process. Its stdout and stderr (or both
-    in stdout) are text, collected by ``communicate``."""
+    """``python *args`` (a script path, ``-m module`` or ``-c code``, then its arguments) as a child: forked from
+    the fork server when its environment allows (see the module's docstring), else a plain process. Its stdout and
+    stderr (or both in stdout) are text, collected by ``communicate``."""
     with _lock:
         why = _why_not_forked(args, env)
         _log(why or "forked", args)
@@ -87,8 +87,8 @@ def _why_not_forked(args: list[str], env: Mapping[str, str]) -> str | None:
     refused = [name for name in FORK_REFUSED if env.get(name)]
     if refused:
         return f"{refused[0]} set"
-    if not (args[0] == "-m" or args[0].endswith(".py")):
-        return "not a module or a script"
+    if not (args[0] in ("-m", "-c") or args[0].endswith(".py")):
+        return "not a module, a script or -c code"
     wanted = _at_import(env)
     if _server_env is None:
         multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
@@ -109,7 +109,7 @@ def _log(way: str, args: list[str]) -> None:
     log = os.environ.get("EO_TEST_FORK_SERVER_LOG")
     if log:
         with open(log, "a") as out:
-            out.write(f"{os.getpid()}\t{way}\t{' '.join(args)[:120]}\n")
+            out.write(f"{os.getpid()}\t{way}\t{' '.join(args)[:120]!r}\n")
 
 
 def _at_import(env: Mapping[str, str]) -> dict[str, str]:
@@ -188,6 +188,10 @@ def _child_main(args: list[str], env: dict[str, str], cwd: str, stdout: str, std
         sys.argv = [args[1], *args[2:]]
         sys.path[:] = [cwd, *rest]
         run = lambda: runpy.run_module(args[1], run_name="__main__", alter_sys=True)  # noqa: E731
+    elif args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        sys.path[:] = ["", *rest]
+        run = lambda: exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: E731
     else:
         script = str(Path(cwd, args[0]))
         sys.argv = [script, *args[1:]]
