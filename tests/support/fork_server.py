@@ -46,8 +46,9 @@ PRELOAD = [
     "airflow_eo.hooks.connected_sinks",
 ]
 
-# Environment variables read when they are used, not at import: a child may differ from the server in these.
-READ_AT_RUN_TIME = re.compile(r"EO_.*|AIRFLOW_CONN_.*|AIRFLOW_EO_.*|PYTEST_.*")
+# Environment variables read when they are used, not at import: a child may differ from the server in these (a Spark
+# session in the test's process sets PYSPARK_PYTHON, SPARK_BUFFER_SIZE and others in its environment).
+READ_AT_RUN_TIME = re.compile(r"EO_.*|AIRFLOW_CONN_.*|AIRFLOW_EO_.*|PYTEST_.*|PYSPARK_.*|SPARK_.*")
 FORK_REFUSED = ("AIRFLOW__OPENLINEAGE__TRANSPORT",)
 
 _lock = threading.Lock()
@@ -59,6 +60,7 @@ def start(args: list[str], env: Mapping[str, str], cwd: str | None = None,
     """``python *args`` (a script path, ``-m module`` or ``-c code``, then its arguments) as a child: forked from
     the fork server when its environment allows (see the module's docstring), else a plain process. Its stdout and
     stderr (or both in stdout) are text, collected by ``communicate``."""
+    env = dict(env)  # a copy: ``os.environ`` itself is emptied while the server starts
     with _lock:
         why = _why_not_forked(args, env)
         _log(why or "forked", args)
