@@ -1,7 +1,7 @@
 """Offset store kinds, chosen by the connection type of the store's connection (``mysql`` by default; a new
 database registers its own with :func:`register_store`, see ``docs/architecture.md``, "How to add a database").
 
-:class:`PipelineLedger` is what the operations (``airflow eo``, the DAG tab, sensors) read and change of a store,
+:class:`ManagedOffsetStore` is what the operations (``airflow eo``, the DAG tab, sensors) read and change of a store,
 beyond the protocol's :class:`~airflow_eo.core.protocol.OffsetStore` role.
 """
 
@@ -21,7 +21,7 @@ from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.rewind import RewindPlan
 
 
-class PipelineLedger(OffsetStore, Protocol):
+class ManagedOffsetStore(OffsetStore, Protocol):
     """An offset store as the operations use it: the protocol's role plus reads, the audit log and the rewind."""
 
     read_only: bool  # reads only: migrate() checks the schema instead of changing it
@@ -59,7 +59,7 @@ class PipelineLedger(OffsetStore, Protocol):
     def delete_audit(self, pipeline_id: str, audit_ids: Sequence[int], before: datetime) -> int: ...
 
 
-StoreFactory = Callable[[ConnectionInfo], PipelineLedger]
+StoreFactory = Callable[[ConnectionInfo], ManagedOffsetStore]
 _STORES: dict[str, StoreFactory] = {}
 
 
@@ -68,7 +68,7 @@ def register_store(conn_type: str, build: StoreFactory) -> None:
     _STORES[conn_type] = build
 
 
-def store_for(connection: ConnectionInfo) -> PipelineLedger:
+def store_for(connection: ConnectionInfo) -> ManagedOffsetStore:
     """The offset store on ``connection``, by its connection type (a clear error when the type's driver is not
     installed: :func:`~airflow_eo.core.drivers.require_driver`)."""
     build = _STORES.get(connection.conn_type or "")

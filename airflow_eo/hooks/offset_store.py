@@ -9,7 +9,7 @@ from airflow.sdk import BaseHook
 import airflow_eo.integrations  # noqa: F401  (registers every offset store kind)
 from airflow_eo import DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.ranges import OffsetRange
-from airflow_eo.core.stores import PipelineLedger, store_for
+from airflow_eo.core.stores import ManagedOffsetStore, store_for
 from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 
 
@@ -28,12 +28,12 @@ class OffsetStoreHook(BaseHook):
         super().__init__()
         self.offset_store_conn_id = offset_store_conn_id
 
-    def get_store(self) -> PipelineLedger:
+    def get_store(self) -> ManagedOffsetStore:
         """The offset store of the connection's type."""
         return store_for(AirflowConnectionResolver().connection(self.offset_store_conn_id))
 
     @cached_property
-    def reader(self) -> PipelineLedger:
+    def reader(self) -> ManagedOffsetStore:
         """One store for repeated reads (a trigger's looks): its schema is checked and migrated once, not at every
         read. Every read opens a connection of its own, so a store that restarted in between is read again."""
         return self.get_store()

@@ -12,7 +12,7 @@ from airflow_eo import CONFIG_SECTION, DEFAULT_OFFSET_STORE_CONN_ID
 from airflow_eo.core.config import SinkRecord
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.protocol import Sink
-from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.stores import ManagedOffsetStore
 from airflow_eo.core.verify import TaskRun
 from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 from airflow_eo.hooks.kafka import KafkaClusterHook
@@ -44,7 +44,7 @@ class AirflowConnections:
         self.sink_conn_id = sink_conn_id
         self.mysql_conn_id = mysql_conn_id
 
-    def store(self) -> PipelineLedger:
+    def store(self) -> ManagedOffsetStore:
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()
         if self.read_only:
             store.read_only = True

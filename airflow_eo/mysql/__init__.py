@@ -9,7 +9,7 @@ from __future__ import annotations
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.sink_kinds import register_sink
-from airflow_eo.core.stores import PipelineLedger, register_store
+from airflow_eo.core.stores import ManagedOffsetStore, register_store
 from airflow_eo.mysql.specs import MySqlUpsertSink, MySqlXaSink, build_upsert, build_xa
 from airflow_eo.sqlsink.specs import two_phase_capabilities, upsert_capabilities
 
@@ -27,7 +27,7 @@ register_sink(MySqlUpsertSink, upsert_capabilities("mysql"), build_upsert)
 register_sink(MySqlXaSink, two_phase_capabilities("mysql"), build_xa)
 
 
-def _store(connection: ConnectionInfo) -> PipelineLedger:
+def _store(connection: ConnectionInfo) -> ManagedOffsetStore:
     from airflow_eo.mysql.connection import connect_kwargs
     from airflow_eo.mysql.store import MySqlOffsetStore
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pymysql
 from pymysql.constants import ER
 
-from airflow_eo.arrow_files import KeptBatches
+from airflow_eo.arrow.kept_batches import KeptBatches
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.refused_rows import refusal_text

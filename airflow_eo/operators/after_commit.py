@@ -15,7 +15,7 @@ from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.history import check_retention
 from airflow_eo.core.orphans import parse_duration
 from airflow_eo.core.sink_kinds import capabilities_of
-from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.stores import ManagedOffsetStore
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
@@ -45,7 +45,7 @@ def retention_seconds(value: timedelta | float | str | None, where: str = "histo
     return seconds
 
 
-def emit_metrics(summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook, mode: Mode,
+def emit_metrics(summary: BatchSummary, store: ManagedOffsetStore, kafka_hook: KafkaClusterHook, mode: Mode,
                  topics: Sequence[str], starting_offsets: str | int, log: TaskLog) -> None:
     """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``)."""
     try:
@@ -58,7 +58,7 @@ def emit_metrics(summary: BatchSummary, store: PipelineLedger, kafka_hook: Kafka
         log.warning("could not emit the batch's metrics", exc_info=True)
 
 
-def mirror_group(summary: BatchSummary, store: PipelineLedger, kafka_hook: KafkaClusterHook, mode: Mode,
+def mirror_group(summary: BatchSummary, store: ManagedOffsetStore, kafka_hook: KafkaClusterHook, mode: Mode,
                  sink: SinkRecord, log: TaskLog) -> None:
     """The store's committed offsets into the consumer group ``airflow_eo.<pipeline_id>``, where lag tools
     (kafka-consumer-groups, Burrow, exporters) look; never read back."""

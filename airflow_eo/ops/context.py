@@ -24,7 +24,7 @@ from airflow_eo.core.protocol import Sink
 from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.recovery import decide_branch, decide_unfinished
 from airflow_eo.core.sink_kinds import capabilities_of
-from airflow_eo.core.stores import PipelineLedger
+from airflow_eo.core.stores import ManagedOffsetStore
 from airflow_eo.core.verify import TaskRun
 from airflow_eo.kafka.offsets import KafkaOffsetSource
 from airflow_eo.ops.reports import InDoubtBranch, UnfinishedBatch
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class Connections(Protocol):
     """Where the offset store, the source cluster and a pipeline's sink are (Airflow connections, for the CLI)."""
 
-    def store(self) -> PipelineLedger: ...
+    def store(self) -> ManagedOffsetStore: ...
     def offset_source(self) -> KafkaOffsetSource: ...
     def sink(self, pipeline_id: str, record: SinkRecord) -> Sink:
         """The adapter of the recorded sink (its recovery is the one a task attempt runs), built by its kind."""

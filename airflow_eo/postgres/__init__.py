@@ -9,7 +9,7 @@ from __future__ import annotations
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.sink_kinds import register_sink
-from airflow_eo.core.stores import PipelineLedger, register_store
+from airflow_eo.core.stores import ManagedOffsetStore, register_store
 from airflow_eo.postgres.specs import PostgresTwoPhaseSink, PostgresUpsertSink, build_two_phase, build_upsert
 from airflow_eo.sqlsink.specs import two_phase_capabilities, upsert_capabilities
 
@@ -20,7 +20,7 @@ register_sink(PostgresUpsertSink, upsert_capabilities("postgres"), build_upsert)
 register_sink(PostgresTwoPhaseSink, two_phase_capabilities("postgres"), build_two_phase)
 
 
-def _store(connection: ConnectionInfo) -> PipelineLedger:
+def _store(connection: ConnectionInfo) -> ManagedOffsetStore:
     from airflow_eo.postgres.connection import connect_kwargs
     from airflow_eo.postgres.store import PostgresOffsetStore
 

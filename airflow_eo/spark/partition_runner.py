@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.arrow_files import KeptBatches
+from airflow_eo.arrow.kept_batches import KeptBatches
 from airflow_eo.core.batch import DriverStream, PartitionWriter, WritePlan, WriteResult, dead_letter_partition
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint

@@ -8,7 +8,7 @@ compare-and-sets (:meth:`commit_batch`). ``eo_interval`` fences interval-mode
 batches; ``eo_audit`` records what people did to a pipeline (``airflow eo rewind``,
 ``recover``). One SQL text for every database (``%s`` placeholders, rows as dicts); what differs is the
 :class:`~airflow_eo.sqlstore.dialect.StoreDialect`. Each database's room supplies its connections, migrations and
-dialect in one descriptor (:class:`StoreDatabase`, the store's part of
+dialect in one descriptor (:class:`OffsetStoreDatabase`, the store's part of
 :class:`~airflow_eo.sqlsink.database.SqlDatabase`); the fence: ``fence.py``; the operations' reads
 and the audited rewind: ``reads.py``.
 """
@@ -49,7 +49,7 @@ class _NoSchemaVersion(Exception):
     """The store has no schema version table."""
 
 
-class StoreDatabase(Protocol):
+class OffsetStoreDatabase(Protocol):
     """What the store asks of its database's descriptor (:class:`~airflow_eo.sqlsink.database.SqlDatabase`)."""
 
     @property
@@ -72,14 +72,14 @@ class StoreDatabase(Protocol):
 
 class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
-    :class:`~airflow_eo.core.stores.PipelineLedger` on a SQL database. A room subclasses it naming its
+    :class:`~airflow_eo.core.stores.ManagedOffsetStore` on a SQL database. A room subclasses it naming its
     :attr:`database`.
 
     :param connect_kwargs: the driver's arguments (from the store's Airflow connection).
     """
 
     #: the room's descriptor: connections, migrations, dialect
-    database: ClassVar[StoreDatabase]
+    database: ClassVar[OffsetStoreDatabase]
     _migrated = False
     _identity: str | None = None
     #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.

@@ -1,6 +1,6 @@
 """In-doubt work found without its pipeline (``airflow eo verify --all``, ``recover --orphans``): the decisions of
 ``airflow_eo/core/orphans.py`` and the operations over them, against in-memory fakes of our own roles (the store's
-:class:`~airflow_eo.core.stores.PipelineLedger` reads and audit, a database's
+:class:`~airflow_eo.core.stores.ManagedOffsetStore` reads and audit, a database's
 :class:`~airflow_eo.core.orphans.InDoubtServer`)."""
 
 from __future__ import annotations

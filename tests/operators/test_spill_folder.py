@@ -17,7 +17,7 @@ def test_kept_batches_give_every_pass_the_same_batches_while_the_stream_is_read_
     stream's batches are read once, and the files go with the block."""
     import pyarrow as pa
 
-    from airflow_eo.arrow_files import KeptBatches
+    from airflow_eo.arrow.kept_batches import KeptBatches
 
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
     read: list[int] = []
