@@ -24,7 +24,7 @@ from airflow_eo.sqlstore.dialect import StoreDialect
 MYSQL = StoreDialect(
     name="MySQL",
     insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
-    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3)",
+    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = {now}",
     share_lock="LOCK IN SHARE MODE",
     utc_session="SET time_zone = '+00:00'",
     identifier_quote="`",

@@ -24,7 +24,7 @@ POSTGRES = StoreDialect(
     name="PostgreSQL",
     insert_ignore="INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({key}) DO NOTHING",
     increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = {table}.epoch + 1, "
-                           "taken_at = CURRENT_TIMESTAMP(3)"),
+                           "taken_at = {now}"),
     share_lock="FOR SHARE",
     utc_session="SET LOCAL TIME ZONE 'UTC'",
     identifier_quote='"',

@@ -18,12 +18,13 @@ class StoreDialect:
     :param insert_ignore: ``INSERT`` that skips a row whose key exists: ``{table}``, ``{columns}``, ``{values}``
         and ``{key}`` (the conflict target) are filled in.
     :param increment_on_conflict: the tail of an ``INSERT`` that instead adds one to ``epoch`` of the existing
-        row (``{table}``, ``{key}``).
+        row and sets ``taken_at`` (``{table}``, ``{key}`` and ``{now}`` are filled in).
     :param share_lock: the clause that locks a read row against writers only.
     :param utc_session: the statement that makes this transaction's timestamps read as UTC.
     :param identifier_quote: the character that quotes identifiers.
     :param exclusive_lock: the clause that locks a read row against readers that lock and writers.
     :param limit: the clause that keeps the first ``{n}`` rows.
+    :param now: the current time to the millisecond, as the store's timestamp columns take it.
     """
 
     name: str
@@ -34,6 +35,7 @@ class StoreDialect:
     identifier_quote: str
     exclusive_lock: str = "FOR UPDATE"
     limit: str = "LIMIT {n}"
+    now: str = "CURRENT_TIMESTAMP(3)"
 
     def insert_ignoring(self, table: str, columns: tuple[str, ...], key: tuple[str, ...],
                         values: tuple[str, ...] | None = None) -> str:
@@ -45,7 +47,7 @@ class StoreDialect:
         """``INSERT`` of a row with ``epoch`` 1, or ``epoch + 1`` (and ``taken_at`` now) of the existing one."""
         placeholders = ", ".join(["%s"] * (len(columns) - 1) + ["1"])
         return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders}) "
-                + self.increment_on_conflict.format(table=table, key=", ".join(key)))
+                + self.increment_on_conflict.format(table=table, key=", ".join(key), now=self.now))
 
     def qualifier(self, schema: str | None) -> str:
         """``"schema".`` (quoted, validated by the caller) to qualify the store's tables, or nothing."""

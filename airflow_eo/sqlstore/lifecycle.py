@@ -55,7 +55,7 @@ class StoreLifecycle:
         return dict(row)
 
     def _take(self, cur: Any, pipeline_id: str, epoch: int, extra_sql: str = "") -> int:
-        cur.execute(f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3){extra_sql} "
+        cur.execute(f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = {self.dialect.now}{extra_sql} "
                     "WHERE pipeline_id = %s", (pipeline_id,))
         return epoch + 1
 
@@ -76,7 +76,7 @@ class StoreLifecycle:
             row = self._locked(cur, pipeline_id, expected_epoch)
             if row["retired_at"] is not None:
                 raise OperationError(f"pipeline {pipeline_id!r} is retired already")
-            epoch = self._take(cur, pipeline_id, int(row["epoch"]), ", retired_at = CURRENT_TIMESTAMP(3)")
+            epoch = self._take(cur, pipeline_id, int(row["epoch"]), f", retired_at = {self.dialect.now}")
             insert_audit(cur, pipeline_id, epoch, actor, RETIRE_ACTION, reason, details)
             return epoch
 

@@ -171,7 +171,7 @@ class StoreOperations:
         """
         self.migrate()
         with self.transaction() as cur:
-            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+            cur.execute(f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = {self.dialect.now} "
                         "WHERE pipeline_id = %s", (pipeline_id,))
             if cur.rowcount != 1:
                 raise UnknownPipelineError(f"the offset store has no pipeline {pipeline_id!r}")
@@ -244,7 +244,7 @@ class StoreOperations:
                     raise OperationError(f"{change.topic}[{change.partition}] of pipeline {p!r} moved since the "
                                          "rewind was planned (a batch committed meanwhile); nothing was changed: "
                                          "run the command again")
-            cur.execute("UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) "
+            cur.execute(f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = {self.dialect.now} "
                         "WHERE pipeline_id = %s", (p,))
             epoch = info.epoch + 1
             insert_audit(cur, p, epoch, actor, "rewind", reason, {**plan.to_dict(), "overrides": list(overrides)})

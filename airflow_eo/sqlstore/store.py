@@ -235,7 +235,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         with self.transaction() as cur:
             self._claim(cur, pipeline_id, owner, "continuous", sink)  # refused: no epoch moved, nobody fenced
             cur.execute(
-                "UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s",
+                f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = {self.dialect.now} WHERE pipeline_id = %s",
                 (pipeline_id,),
             )
             cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
@@ -326,7 +326,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
             )
         sources = [s.value for s in BatchState if can_transition(s, target)]
         cur.execute(
-            f"UPDATE eo_batch SET state = %s, epoch = %s, updated_at = CURRENT_TIMESTAMP(3){extra_sql} "
+            f"UPDATE eo_batch SET state = %s, epoch = %s, updated_at = {self.dialect.now}{extra_sql} "
             f"WHERE pipeline_id = %s AND batch_id = %s AND state IN ({', '.join(['%s'] * len(sources))})",
             (target.value, epoch, *extra_args, batch.pipeline_id, batch.batch_id, *sources),
         )
@@ -341,7 +341,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         with self.transaction() as cur:
             self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             cur.execute(
-                "UPDATE eo_batch SET epoch = %s, state = %s, xids = NULL, updated_at = CURRENT_TIMESTAMP(3) "
+                f"UPDATE eo_batch SET epoch = %s, state = %s, xids = NULL, updated_at = {self.dialect.now} "
                 "WHERE pipeline_id = %s AND batch_id = %s AND state IN (%s, %s)",
                 (epoch, BatchState.PLANNED.value, batch.pipeline_id, batch.batch_id,
                  *[s.value for s in UNFINISHED]),
@@ -396,7 +396,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
                 )
             self._transition(
                 cur, batch, epoch, BatchState.COMMITTED,
-                ", committed_at = CURRENT_TIMESTAMP(3), records_in = %s, rows_out = %s, "
+                f", committed_at = {self.dialect.now}, records_in = %s, rows_out = %s, "
                 "dead_letters = %s, summary = %s",
                 (summary.records_in, summary.rows_out, summary.dead_letters, json.dumps(summary.to_dict())),
             )
@@ -409,7 +409,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
             self._fence(cur, batch.pipeline_id, batch.interval, epoch)
             cur.execute(
                 "UPDATE eo_batch SET epoch = %s, summary = %s, records_in = %s, rows_out = %s, dead_letters = %s, "
-                "updated_at = CURRENT_TIMESTAMP(3) WHERE pipeline_id = %s AND batch_id = %s AND state = %s",
+                f"updated_at = {self.dialect.now} WHERE pipeline_id = %s AND batch_id = %s AND state = %s",
                 (epoch, json.dumps(summary.to_dict()), summary.records_in, summary.rows_out, summary.dead_letters,
                  batch.pipeline_id, batch.batch_id, BatchState.COMMITTED.value),
             )

@@ -8,16 +8,27 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from airflow_eo.core import drivers, sink_kinds
-from airflow_eo.core.batch import BatchContext, BatchRecord, DeadLetter, WritePlan, WriteResult
+from airflow_eo.core import drivers, sink_kinds, stores
+from airflow_eo.core.batch import (
+    BatchContext,
+    BatchRecord,
+    DeadLetter,
+    ExecutionResult,
+    RunRequest,
+    WritePlan,
+    WriteResult,
+)
 from airflow_eo.core.batch_states import BatchState
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.core.planning import PartitionOffsets
+from airflow_eo.core.protocol import run_batch
 from airflow_eo.core.ranges import OffsetRange
 from tests.support import toy_database as toy
 
@@ -79,6 +90,7 @@ def toy_room(monkeypatch, tmp_path):
     """The toy room registered for this test only; its database file with two empty tables."""
     monkeypatch.setattr(sink_kinds, "_KINDS", dict(sink_kinds._KINDS))
     monkeypatch.setattr(drivers, "_DRIVERS", dict(drivers._DRIVERS))
+    monkeypatch.setattr(stores, "_STORES", dict(stores._STORES))
     toy.register()
     path = str(tmp_path / "toy.db")
     conn = sqlite3.connect(path)
@@ -162,3 +174,78 @@ def test_the_two_phase_sink_runs_on_a_registered_toy_database(toy_room):
 def test_the_toy_drivers_errors_read_as_one_line(toy_room):
     assert drivers.describe_driver_error(sqlite3.OperationalError("database is locked\n")) == \
         "Toy SQL error: database is locked"
+
+
+class _Topic:
+    """The input topic (``OffsetSource``): one partition; record ``i`` is a page view of app ``APPS[i % 3]``."""
+
+    APPS = ("a", "b", "c")
+
+    def __init__(self) -> None:
+        self.end = 0
+
+    def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
+        return [PartitionOffsets("views", 0, log_start=0, last_stable=self.end, initial=0)]
+
+    def interval_offsets(self, topics: Sequence[str], interval: Any) -> list[Any]:
+        raise NotImplementedError
+
+
+class _CountingEngine:
+    """``Engine``: reads exactly the batch's ranges of :class:`_Topic`, one row per record (``pv`` 1, added up by
+    the sink)."""
+
+    def check(self) -> None:
+        return None
+
+    def execute(self, batch: BatchContext, sink: Any) -> ExecutionResult:
+        rows = [{"app": _Topic.APPS[offset % 3], "pv": 1} for r in batch.ranges
+                for offset in range(r.from_offset, r.until_offset)]
+        written = sink.write(_plan(rows, {"app": "string", "pv": "bigint"}), batch)
+        return ExecutionResult(records_in=len(rows), rows_out=written.rows, xids=list(written.xids))
+
+
+def test_a_pipeline_runs_end_to_end_with_its_offset_store_and_sink_on_the_toy_database(toy_room):
+    """The store registered by the room (the shared store SQL over the toy's dialect: its timestamps, no row locks)
+    and its two-phase sink run the protocol: batches commit their offsets and counts together, a run that dies
+    after its write leaves a prepared branch that the next run rolls back, and each record counts once."""
+    store = stores.store_for(ConnectionInfo("eo_store", toy.CONN_TYPE, schema=toy_room))
+    assert isinstance(store, toy.ToyOffsetStore)
+    kind = sink_kinds.sink_kind("ToyTwoPhaseSink")
+    sink = kind.build(toy.ToyTwoPhaseSink(table="counts", key_columns=["app"], updates={"pv": "add"}),
+                      "toy_counts", _Connections(toy_room), "eo_store")
+    topic = _Topic()
+
+    def run(run_id: str) -> Any:
+        return run_batch(RunRequest("toy_counts", run_id, ["views"]), store, topic, _CountingEngine(), sink)
+
+    topic.end = 7
+    first = run("manual__1")
+    assert (first.batch_id, first.records_in) == (0, 7)
+    assert _rows(toy_room, "counts") == [("a", 3), ("b", 2), ("c", 2)]
+
+    topic.end = 12
+    commit_batch = store.commit_batch
+
+    def die(*args: Any) -> None:  # the process dies as it calls the commit point: nothing of it is cleaned up
+        raise SystemExit("killed at the commit point")
+
+    store.commit_batch = die  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        run("manual__2")
+    store.commit_batch = commit_batch  # type: ignore[method-assign]
+    [branch] = sink.in_doubt("toy_counts")  # prepared, recorded in the batch row, not committed
+    assert store.get_batch("toy_counts", 1).xids == [branch.encode()]
+    assert _rows(toy_room, "counts") == [("a", 3), ("b", 2), ("c", 2)]
+    retried = run("manual__2")  # the retry rolls the branch back and resumes the batch with its recorded range
+    assert (retried.batch_id, retried.records_in, retried.resumed) == (1, 5, True)
+    assert sink.in_doubt("toy_counts") == []
+    assert run("manual__2").already_committed  # a third attempt finds its run committed
+
+    assert _rows(toy_room, "counts") == [("a", 4), ("b", 4), ("c", 4)], "each of the 12 records counted once"
+    assert store.committed_offsets("toy_counts") == {("views", 0): 12}
+    [info] = store.pipelines("toy_counts")
+    assert info.epoch == 4, "four takes: each attempt fences the ones before it"
+    assert abs((datetime.now(timezone.utc) - info.taken_at).total_seconds()) < 60  # the dialect's spelling of now
+    assert store.latest_committed_batch_id("toy_counts") == 1
+    assert len(store.store_identity()) == 32

@@ -13,6 +13,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from airflow_eo.core.config import TombstonePolicy, UpdateMode
@@ -21,6 +22,7 @@ from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import validate_identifier
 from airflow_eo.core.sink_kinds import SinkAsset, register_sink
+from airflow_eo.core.stores import register_store
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.xid import Xid
 from airflow_eo.sqlsink.database import SqlDatabase, dead_letter_table_ddl
@@ -28,6 +30,7 @@ from airflow_eo.sqlsink.sink import SqlTableSink, SqlTwoPhaseAdapter, SqlUpsertA
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory, two_phase_capabilities, upsert_capabilities
 from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 from airflow_eo.sqlstore.dialect import StoreDialect
+from airflow_eo.sqlstore.store import SqlOffsetStore
 
 CONN_TYPE = "toysql"
 
@@ -76,10 +79,22 @@ class _Cursor:
     def fetchall(self) -> list[Any]:
         return self._cur.fetchall()
 
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+
+def _timestamp(text: bytes) -> datetime:
+    return datetime.fromisoformat(text.decode())
+
 
 class _Connection:
-    def __init__(self, path: str, autocommit: bool, dicts: bool) -> None:
-        self._conn = sqlite3.connect(path, isolation_level=None if autocommit else "DEFERRED")
+    """``timestamps``: columns declared ``TIMESTAMP`` read as (naive, UTC) datetimes, as the store's are read on
+    a server."""
+
+    def __init__(self, path: str, autocommit: bool, dicts: bool, timestamps: bool = False) -> None:
+        self._conn = sqlite3.connect(path, isolation_level=None if autocommit else "DEFERRED",
+                                     detect_types=sqlite3.PARSE_DECLTYPES if timestamps else 0)
         if dicts:
             self._conn.row_factory = lambda cur, row: {d[0]: v for d, v in zip(cur.description, row, strict=True)}
 
@@ -94,6 +109,9 @@ class _Connection:
 
     def close(self) -> None:
         self._conn.close()
+
+
+sqlite3.register_converter("TIMESTAMP", _timestamp)  # for the connections that ask (PARSE_DECLTYPES)
 
 
 def connect_kwargs(info: ConnectionInfo) -> dict[str, Any]:
@@ -144,13 +162,43 @@ class ToyPreparedBranches:
 # -- the descriptor (a room's database.py)
 
 
+_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"  # UTC, to the millisecond
+
+
 class ToyDatabase(SqlDatabase):
     name = "Toy SQL"
     conn_type = CONN_TYPE
+    # SQLite locks the whole file for a writer: no row locks to spell.
     dialect = StoreDialect(name="Toy SQL", insert_ignore="INSERT OR IGNORE INTO {table} ({columns}) VALUES ({values})",
-                           increment_on_conflict="ON CONFLICT ({key}) DO UPDATE SET epoch = epoch + 1",
-                           share_lock="", utc_session="SELECT 1", identifier_quote='"', exclusive_lock="")
-    migrations = ()  # the offset store stays on MySQL or PostgreSQL
+                           increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = epoch + 1, "
+                                                  "taken_at = {now}"),
+                           share_lock="", utc_session="SELECT 1", identifier_quote='"', exclusive_lock="", now=_NOW)
+    # The offset store's tables as the shared store SQL (airflow_eo/sqlstore) reads and writes them; JSON is text.
+    migrations = ((1, (
+        f"""CREATE TABLE IF NOT EXISTS eo_pipeline (pipeline_id TEXT NOT NULL PRIMARY KEY, epoch INTEGER NOT NULL,
+            created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), taken_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), owner TEXT,
+            mode TEXT, sink_kind TEXT, sink_accumulating BOOLEAN, dead_letter_table TEXT, sink TEXT,
+            owner_dag_id TEXT, owner_task_id TEXT, retired_at TIMESTAMP)""",
+        f"""CREATE TABLE IF NOT EXISTS eo_batch (pipeline_id TEXT NOT NULL, batch_id INTEGER NOT NULL,
+            run_id TEXT NOT NULL, run_key TEXT, interval_start TIMESTAMP, interval_end TIMESTAMP,
+            epoch INTEGER NOT NULL, state TEXT NOT NULL, ranges TEXT NOT NULL, skipped TEXT, xids TEXT,
+            records_in INTEGER, rows_out INTEGER, dead_letters INTEGER, summary TEXT,
+            created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), updated_at TIMESTAMP NOT NULL DEFAULT ({_NOW}),
+            committed_at TIMESTAMP,
+            PRIMARY KEY (pipeline_id, batch_id), UNIQUE (pipeline_id, run_key),
+            UNIQUE (pipeline_id, interval_start, interval_end))""",
+        """CREATE TABLE IF NOT EXISTS eo_offset (pipeline_id TEXT NOT NULL, topic TEXT NOT NULL,
+            kafka_partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, batch_id INTEGER NOT NULL,
+            PRIMARY KEY (pipeline_id, topic, kafka_partition))""",
+        f"""CREATE TABLE IF NOT EXISTS eo_interval (pipeline_id TEXT NOT NULL, interval_start TIMESTAMP NOT NULL,
+            interval_end TIMESTAMP NOT NULL, epoch INTEGER NOT NULL, taken_at TIMESTAMP NOT NULL DEFAULT ({_NOW}),
+            PRIMARY KEY (pipeline_id, interval_start, interval_end))""",
+        f"""CREATE TABLE IF NOT EXISTS eo_audit (audit_id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pipeline_id TEXT NOT NULL, created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), actor TEXT NOT NULL,
+            action TEXT NOT NULL, reason TEXT, epoch INTEGER, details TEXT)""",
+        "CREATE TABLE IF NOT EXISTS eo_store_identity (id INTEGER NOT NULL PRIMARY KEY, identity TEXT NOT NULL)",
+        "INSERT OR IGNORE INTO eo_store_identity (id, identity) VALUES (1, lower(hex(randomblob(16))))",
+    )),)
     spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "INTEGER", "double": "REAL"}
     dead_letter_migrations = ((2, "kafka_headers", "TEXT"),)
     location_keys = ("path",)
@@ -159,7 +207,7 @@ class ToyDatabase(SqlDatabase):
         return _Connection(connect_kwargs["path"], options.get("autocommit", False), options.get("dicts", False))
 
     def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
-        return _Connection(connect_kwargs["path"], False, True)
+        return _Connection(connect_kwargs["path"], False, True, timestamps=True)
 
     def errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error,)
@@ -184,6 +232,9 @@ class ToyDatabase(SqlDatabase):
 
     def lock_migrations(self, cur: Any) -> None:
         cur.execute("BEGIN IMMEDIATE")
+
+    def already_applied(self, exc: BaseException) -> bool:
+        return "already exists" in str(exc) or "duplicate column name" in str(exc)
 
     def quote_table(self, table: str) -> str:
         return quote_table(table)
@@ -210,6 +261,19 @@ class ToyDatabase(SqlDatabase):
 
 
 DATABASE = ToyDatabase()
+
+
+# -- the offset store (a room's store.py)
+
+
+class ToyOffsetStore(SqlOffsetStore):
+    """The offset store on the toy database: the shared store SQL over its descriptor."""
+
+    database = DATABASE
+
+
+def _store(connection: ConnectionInfo) -> ToyOffsetStore:
+    return ToyOffsetStore(connect_kwargs(connection))
 
 
 # -- the partition writer (a room's writer.py)
@@ -298,8 +362,10 @@ class ToyTwoPhaseSink(ToyUpsertSink):
 
 
 def register() -> None:
-    """The room's registration: its driver, and its two kinds with their capabilities and factories."""
+    """The room's registration: its driver, its offset store, and its two kinds with their capabilities and
+    factories."""
     register_driver(Driver(CONN_TYPE, "Toy SQL", "sqlite3", ("Error",)))
+    register_store(CONN_TYPE, _store)
     # The shared SQL kinds' capabilities, less what the toy's SQL does not do (deletes; seen ids and change positions:
     # its dialect has no table for them).
     register_sink(ToyUpsertSink, replace(upsert_capabilities(CONN_TYPE), deletes=False, seen_ids=False,
