@@ -14,8 +14,9 @@ import pymysql
 from airflow_eo.core.xid import pipeline_key
 from airflow_eo.kafka.offsets import retry_transient
 from airflow_eo.kafka.sink import group_id
-from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.mysql.database import DATABASE as MYSQL
 from airflow_eo.mysql.xa import XaFacade
+from airflow_eo.sqlstore.store import SqlOffsetStore
 from examples import ip_counts, page_views
 
 
@@ -40,7 +41,7 @@ def forget_pipeline(connect_kwargs: dict[str, Any], pipeline_id: str) -> None:
     Not fenced: a running attempt of the pipeline fails at its next store write. The sink's rows and any
     prepared XA branches are the caller's to clear.
     """
-    MySqlOffsetStore(connect_kwargs).migrate()  # the tables exist, at the current version
+    SqlOffsetStore(MYSQL, connect_kwargs).migrate()  # the tables exist, at the current version
     conn = pymysql.connect(**connect_kwargs, autocommit=False)
     try:
         with conn.cursor() as cur:
@@ -132,11 +133,11 @@ def reset_page_views_pg(connect_kwargs: dict[str, Any], pipeline_id: str = "page
 
     if table not in page_views.POSTGRES_TABLES_DDL:  # a name of ours goes into the TRUNCATE, nothing else
         raise ValueError(f"not an example table: {table!r}")
+    from airflow_eo.postgres.database import DATABASE as POSTGRES
     from airflow_eo.postgres.prepared import prepared_session
-    from airflow_eo.postgres.store import PostgresOffsetStore
 
     page_views.ensure_postgres_tables(connect_kwargs)
-    PostgresOffsetStore(connect_kwargs).migrate()
+    SqlOffsetStore(POSTGRES, connect_kwargs).migrate()
     with prepared_session(connect_kwargs) as prepared:
         for xid in prepared.recover(pipeline_id):
             prepared.rollback(xid)

@@ -29,9 +29,10 @@ register_sink(MySqlXaSink, two_phase_capabilities("mysql"), build_xa)
 
 def _store(connection: ConnectionInfo) -> ManagedOffsetStore:
     from airflow_eo.mysql.connection import connect_kwargs
-    from airflow_eo.mysql.store import MySqlOffsetStore
+    from airflow_eo.mysql.database import DATABASE
+    from airflow_eo.sqlstore.store import SqlOffsetStore
 
-    return MySqlOffsetStore(connect_kwargs(connection))
+    return SqlOffsetStore(DATABASE, connect_kwargs(connection))
 
 
 register_store("mysql", _store)

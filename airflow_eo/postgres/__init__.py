@@ -22,9 +22,10 @@ register_sink(PostgresTwoPhaseSink, two_phase_capabilities("postgres"), build_tw
 
 def _store(connection: ConnectionInfo) -> ManagedOffsetStore:
     from airflow_eo.postgres.connection import connect_kwargs
-    from airflow_eo.postgres.store import PostgresOffsetStore
+    from airflow_eo.postgres.database import DATABASE
+    from airflow_eo.sqlstore.store import SqlOffsetStore
 
-    return PostgresOffsetStore(connect_kwargs(connection))
+    return SqlOffsetStore(DATABASE, connect_kwargs(connection))
 
 
 register_store("postgres", _store)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
 from airflow_eo.core.batch_states import UNFINISHED, BatchState, can_transition
@@ -72,20 +72,20 @@ class OffsetStoreDatabase(Protocol):
 
 class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     """The protocol's :class:`~airflow_eo.core.protocol.OffsetStore` and the operations'
-    :class:`~airflow_eo.core.stores.ManagedOffsetStore` on a SQL database. A room subclasses it naming its
-    :attr:`database`.
+    :class:`~airflow_eo.core.stores.ManagedOffsetStore` on a SQL database: the same class for every database,
+    built over the room's descriptor (a room's ``register_store`` factory).
 
+    :param database: the room's descriptor: connections, migrations, dialect.
     :param connect_kwargs: the driver's arguments (from the store's Airflow connection).
     """
 
-    #: the room's descriptor: connections, migrations, dialect
-    database: ClassVar[OffsetStoreDatabase]
     _migrated = False
     _identity: str | None = None
     #: Reads only (the UI's GET endpoints): never migrate (DDL, a lock); a schema behind is refused instead.
     read_only = False
 
-    def __init__(self, connect_kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, database: OffsetStoreDatabase, connect_kwargs: Mapping[str, Any]) -> None:
+        self.database = database
         self._connect_kwargs = dict(connect_kwargs)
 
     @property

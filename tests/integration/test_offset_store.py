@@ -7,6 +7,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from importlib import import_module
 
 import pytest
@@ -25,11 +26,11 @@ from airflow_eo.core.errors import (
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
-from airflow_eo.mysql.store import MySqlOffsetStore
-from airflow_eo.postgres.store import PostgresOffsetStore
+from airflow_eo.mysql.database import DATABASE as MYSQL
+from airflow_eo.postgres.database import DATABASE as POSTGRES
 from airflow_eo.sqlstore.store import SqlOffsetStore
 
-STORES = {"mysql": MySqlOffsetStore, "postgres": PostgresOffsetStore}
+STORES = {"mysql": partial(SqlOffsetStore, MYSQL), "postgres": partial(SqlOffsetStore, POSTGRES)}
 
 
 @pytest.fixture(params=sorted(STORES))

@@ -28,9 +28,10 @@ from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import RewindKind, RewindTarget
 from airflow_eo.hooks.operations import pipeline_operations
 from airflow_eo.kafka.offsets import KafkaOffsetSource
-from airflow_eo.mysql.store import MySqlOffsetStore
+from airflow_eo.mysql.database import DATABASE as MYSQL
 from airflow_eo.ops.service import PipelineOperations
 from airflow_eo.sinks import KafkaTransactionalSink, MySqlUpsertSink, MySqlXaSink
+from airflow_eo.sqlstore.store import SqlOffsetStore
 from examples import page_views
 from examples.page_views import produce_page_views
 from examples.topics import read_topic
@@ -260,7 +261,7 @@ def test_a_rewind_refused_under_the_store_lock_leaves_the_kafka_group_where_it_w
         producer.produce(topic, b"x", partition=i % 2)
     producer.flush(30)
     spec = KafkaTransactionalSink(topic=f"{pipeline}_out")
-    store = MySqlOffsetStore(mysql_kwargs)
+    store = SqlOffsetStore(MYSQL, mysql_kwargs)
     store.migrate()
     epoch = store.take_pipeline(pipeline, sink=spec.record())
     batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange(topic, 0, 0, 5)], [])
@@ -270,7 +271,7 @@ def test_a_rewind_refused_under_the_store_lock_leaves_the_kafka_group_where_it_w
 
     class Connections:
         def store(self) -> Any:
-            return BatchStartsDuringRewind(MySqlOffsetStore(mysql_kwargs))
+            return BatchStartsDuringRewind(SqlOffsetStore(MYSQL, mysql_kwargs))
 
         def offset_source(self) -> Any:
             return KafkaOffsetSource({"bootstrap.servers": bootstrap})

@@ -13,7 +13,8 @@ from airflow_eo.core.stores import store_for
 from airflow_eo.hooks.connected_sinks import AirflowConnectionResolver
 from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.operations import pipeline_operations
-from airflow_eo.postgres.store import PostgresOffsetStore
+from airflow_eo.mysql.database import DATABASE as MYSQL
+from airflow_eo.postgres.database import DATABASE as POSTGRES
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink
 from examples.page_views import ground_truth, produce_page_views
 from examples.state import our_prepared_branches
@@ -37,8 +38,8 @@ def pg_rows(postgres_kwargs, sql: str, args: tuple = ()) -> list[tuple]:
 
 def test_the_store_connections_type_chooses_postgres(pg_store):
     store = OffsetStoreHook(pg_store).get_store()
-    assert isinstance(store, PostgresOffsetStore)
-    assert type(store_for(AirflowConnectionResolver().connection("eo_offset_store"))).__name__ == "MySqlOffsetStore"
+    assert store.database is POSTGRES
+    assert store_for(AirflowConnectionResolver().connection("eo_offset_store")).database is MYSQL
 
 
 @pytest.mark.parametrize("kind", ["xa", "upsert"])

@@ -210,7 +210,7 @@ def test_a_pipeline_runs_end_to_end_with_its_offset_store_and_sink_on_the_toy_da
     and its two-phase sink run the protocol: batches commit their offsets and counts together, a run that dies
     after its write leaves a prepared branch that the next run rolls back, and each record counts once."""
     store = stores.store_for(ConnectionInfo("eo_store", toy.CONN_TYPE, schema=toy_room))
-    assert isinstance(store, toy.ToyOffsetStore)
+    assert store.database is toy.DATABASE
     kind = sink_kinds.sink_kind("ToyTwoPhaseSink")
     sink = kind.build(toy.ToyTwoPhaseSink(table="counts", key_columns=["app"], updates={"pv": "add"}),
                       "toy_counts", _Connections(toy_room), "eo_store")

@@ -266,14 +266,9 @@ DATABASE = ToyDatabase()
 # -- the offset store (a room's store.py)
 
 
-class ToyOffsetStore(SqlOffsetStore):
+def _store(connection: ConnectionInfo) -> SqlOffsetStore:
     """The offset store on the toy database: the shared store SQL over its descriptor."""
-
-    database = DATABASE
-
-
-def _store(connection: ConnectionInfo) -> ToyOffsetStore:
-    return ToyOffsetStore(connect_kwargs(connection))
+    return SqlOffsetStore(DATABASE, connect_kwargs(connection))
 
 
 # -- the partition writer (a room's writer.py)

@@ -1,7 +1,7 @@
 """In-memory fakes of the roles of the commit protocol (``airflow_eo.core.protocol``) for ``test_protocol.py``,
 ``test_operations.py`` and ``test_sink_registry.py``; one module per role.
 
-- :class:`FakeStore` copies :class:`airflow_eo.mysql.store.MySqlOffsetStore`: every write after a
+- :class:`FakeStore` copies :class:`airflow_eo.sqlstore.store.SqlOffsetStore`: every write after a
   take is fenced by the attempt's epoch (the pipeline's, or in interval mode the interval's), the commit point
   is one atomic compare-and-set of every partition's offset plus the batch state, transitions follow
   ``core.batch_states``, ``adopt_batch`` resets a batch to ``planned`` and drops its xids, ``abort_batch`` frees

@@ -51,7 +51,7 @@ STORE_WRITES = frozenset({"take_pipeline", "take_interval", "insert_batch", "ado
 
 
 class FakeStore:
-    """``OffsetStore`` in memory with the semantics of ``MySqlOffsetStore`` (each method is one transaction:
+    """``OffsetStore`` in memory with the semantics of ``SqlOffsetStore`` (each method is one transaction:
     it checks everything before it changes anything)."""
 
     def __init__(self) -> None:
@@ -98,7 +98,7 @@ class FakeStore:
         return self.batches.get(batch.pipeline_id, {}).get(batch.batch_id)
 
     def _transition(self, batch: BatchRecord, target: BatchState) -> _BatchRow:
-        """The checks of ``MySqlOffsetStore._transition``: the caller's state, then the row's (``state IN``)."""
+        """The checks of ``SqlOffsetStore._transition``: the caller's state, then the row's (``state IN``)."""
         if not can_transition(batch.state, target):
             raise CommitConflictError(f"batch {batch.batch_id} of {batch.pipeline_id!r} cannot go from "
                                       f"{batch.state.value} to {target.value}")
