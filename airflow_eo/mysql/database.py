@@ -19,16 +19,6 @@ from airflow_eo.mysql.xa import xa_session
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
-from airflow_eo.sqlstore.dialect import StoreDialect
-
-MYSQL = StoreDialect(
-    name="MySQL",
-    insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
-    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = {now}",
-    share_lock="LOCK IN SHARE MODE",
-    utc_session="SET time_zone = '+00:00'",
-    identifier_quote="`",
-)
 
 # A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
 _ALREADY_APPLIED = {ER.TABLE_EXISTS_ERROR, ER.DUP_FIELDNAME}
@@ -43,7 +33,7 @@ class MySqlDatabase(SqlDatabase):
 
     name = "MySQL"
     conn_type = "mysql"
-    dialect = MYSQL
+    dialect = migrations.DIALECT
     branch_name = "prepared XA branch"
     spark_column_types = {"string": "LONGTEXT", "int": "INT", "bigint": "BIGINT", "smallint": "SMALLINT",
                           "tinyint": "TINYINT", "boolean": "BOOLEAN", "double": "DOUBLE", "float": "FLOAT",
@@ -90,7 +80,7 @@ class MySqlDatabase(SqlDatabase):
         conn = self.connect(connect_kwargs, autocommit=True, cursorclass=pymysql.cursors.DictCursor)
         try:
             with conn.cursor() as cur:
-                cur.execute(MYSQL.utc_session)  # TIMESTAMP columns in UTC
+                cur.execute(migrations.DIALECT.utc_session)  # TIMESTAMP columns in UTC
                 cur.execute(statement, args)
                 return list(cur.fetchall())
         finally:

@@ -1,49 +1,32 @@
-"""The offset store's tables on MySQL / MariaDB: versioned migrations, append only, each statement idempotent."""
+"""The offset store on MySQL / MariaDB: its spellings (:data:`DIALECT`) and its versioned migrations (append only,
+each statement idempotent; the tables themselves are written once, ``airflow_eo/sqlstore``)."""
 
 from __future__ import annotations
 
+from airflow_eo.sqlstore.dialect import StoreDialect
+from airflow_eo.sqlstore.schema import store_tables
+
+DIALECT = StoreDialect(
+    name="MySQL",
+    insert_ignore="INSERT IGNORE INTO {table} ({columns}) VALUES ({values})",
+    increment_on_conflict="ON DUPLICATE KEY UPDATE epoch = epoch + 1, taken_at = {now}",
+    share_lock="LOCK IN SHARE MODE",
+    utc_session="SET time_zone = '+00:00'",
+    identifier_quote="`",
+    random_id="UUID()",
+    utc_datetime_type="DATETIME(3)",
+    identity_column="BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+    # Ids and topics compared byte for byte: under a server's default collation (often case-insensitive) pipelines
+    # "p" and "P", or topics "Orders" and "orders", would share rows.
+    table_options=" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+    inline_indexes=True,
+)
+
 # Versioned migrations: (version, statements). Append only; each statement is idempotent.
 MIGRATIONS: list[tuple[int, list[str]]] = [
-    (1, [
-        """CREATE TABLE IF NOT EXISTS eo_pipeline (
-            pipeline_id VARCHAR(190) NOT NULL PRIMARY KEY,
-            epoch BIGINT NOT NULL,
-            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
-            taken_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
-        ) ENGINE=InnoDB""",
-        """CREATE TABLE IF NOT EXISTS eo_batch (
-            pipeline_id VARCHAR(190) NOT NULL,
-            batch_id BIGINT NOT NULL,
-            run_id VARCHAR(250) NOT NULL,
-            run_key VARCHAR(250) NULL,
-            interval_start TIMESTAMP(3) NULL,
-            interval_end TIMESTAMP(3) NULL,
-            epoch BIGINT NOT NULL,
-            state VARCHAR(16) NOT NULL,
-            ranges JSON NOT NULL,
-            skipped JSON NULL,
-            xids JSON NULL,
-            records_in BIGINT NULL,
-            rows_out BIGINT NULL,
-            dead_letters BIGINT NULL,
-            summary JSON NULL,
-            created_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
-            updated_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
-            committed_at TIMESTAMP(3) NULL,
-            PRIMARY KEY (pipeline_id, batch_id),
-            UNIQUE KEY eo_batch_run (pipeline_id, run_key),
-            UNIQUE KEY eo_batch_interval (pipeline_id, interval_start, interval_end),
-            KEY eo_batch_state (pipeline_id, state)
-        ) ENGINE=InnoDB""",
-        """CREATE TABLE IF NOT EXISTS eo_offset (
-            pipeline_id VARCHAR(190) NOT NULL,
-            topic VARCHAR(249) NOT NULL,
-            kafka_partition INT NOT NULL,
-            next_offset BIGINT NOT NULL,
-            batch_id BIGINT NOT NULL,
-            PRIMARY KEY (pipeline_id, topic, kafka_partition)
-        ) ENGINE=InnoDB""",
-    ]),
+    # A new store: the tables as this release has them (written once, airflow_eo/sqlstore/schema.py). The versions
+    # after 1 are what a store made by an earlier release lacks; a new store passes over them (each is idempotent).
+    (1, store_tables(DIALECT)),
     (2, [
         # Who runs the pipeline (``<dag_id>.<task_id>``) and in which mode: a second DAG
         # declaring the same pipeline id is refused instead of splitting its offsets.

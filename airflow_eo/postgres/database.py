@@ -18,17 +18,6 @@ from airflow_eo.postgres.prepared import prepared_session
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
-from airflow_eo.sqlstore.dialect import StoreDialect
-
-POSTGRES = StoreDialect(
-    name="PostgreSQL",
-    insert_ignore="INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT ({key}) DO NOTHING",
-    increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = {table}.epoch + 1, "
-                           "taken_at = {now}"),
-    share_lock="FOR SHARE",
-    utc_session="SET LOCAL TIME ZONE 'UTC'",
-    identifier_quote='"',
-)
 
 # Any 64-bit key; one per purpose (pg_advisory_xact_lock): serializes two DAGs migrating at once.
 MIGRATION_LOCK = 0x616972666C6F77  # "airflow"
@@ -41,7 +30,7 @@ class PostgresDatabase(SqlDatabase):
     name = "PostgreSQL"
     conn_type = "postgres"
     refuses_nul_in_text = True
-    dialect = POSTGRES
+    dialect = migrations.DIALECT
     branch_name = "prepared transaction"
     spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "smallint": "SMALLINT",
                           "tinyint": "SMALLINT", "boolean": "BOOLEAN", "double": "DOUBLE PRECISION", "float": "REAL",

@@ -30,6 +30,7 @@ from airflow_eo.sqlsink.sink import SqlTableSink, SqlTwoPhaseAdapter, SqlUpsertA
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory, two_phase_capabilities, upsert_capabilities
 from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 from airflow_eo.sqlstore.dialect import StoreDialect
+from airflow_eo.sqlstore.schema import store_tables
 from airflow_eo.sqlstore.store import SqlOffsetStore
 
 CONN_TYPE = "toysql"
@@ -162,43 +163,18 @@ class ToyPreparedBranches:
 # -- the descriptor (a room's database.py)
 
 
-_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"  # UTC, to the millisecond
-
-
 class ToyDatabase(SqlDatabase):
     name = "Toy SQL"
     conn_type = CONN_TYPE
-    # SQLite locks the whole file for a writer: no row locks to spell.
+    # SQLite locks the whole file for a writer: no row locks to spell; JSON is text.
     dialect = StoreDialect(name="Toy SQL", insert_ignore="INSERT OR IGNORE INTO {table} ({columns}) VALUES ({values})",
                            increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = epoch + 1, "
                                                   "taken_at = {now}"),
-                           share_lock="", utc_session="SELECT 1", identifier_quote='"', exclusive_lock="", now=_NOW)
-    # The offset store's tables as the shared store SQL (airflow_eo/sqlstore) reads and writes them; JSON is text.
-    migrations = ((1, (
-        f"""CREATE TABLE IF NOT EXISTS eo_pipeline (pipeline_id TEXT NOT NULL PRIMARY KEY, epoch INTEGER NOT NULL,
-            created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), taken_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), owner TEXT,
-            mode TEXT, sink_kind TEXT, sink_accumulating BOOLEAN, dead_letter_table TEXT, sink TEXT,
-            owner_dag_id TEXT, owner_task_id TEXT, retired_at TIMESTAMP)""",
-        f"""CREATE TABLE IF NOT EXISTS eo_batch (pipeline_id TEXT NOT NULL, batch_id INTEGER NOT NULL,
-            run_id TEXT NOT NULL, run_key TEXT, interval_start TIMESTAMP, interval_end TIMESTAMP,
-            epoch INTEGER NOT NULL, state TEXT NOT NULL, ranges TEXT NOT NULL, skipped TEXT, xids TEXT,
-            records_in INTEGER, rows_out INTEGER, dead_letters INTEGER, summary TEXT,
-            created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), updated_at TIMESTAMP NOT NULL DEFAULT ({_NOW}),
-            committed_at TIMESTAMP,
-            PRIMARY KEY (pipeline_id, batch_id), UNIQUE (pipeline_id, run_key),
-            UNIQUE (pipeline_id, interval_start, interval_end))""",
-        """CREATE TABLE IF NOT EXISTS eo_offset (pipeline_id TEXT NOT NULL, topic TEXT NOT NULL,
-            kafka_partition INTEGER NOT NULL, next_offset INTEGER NOT NULL, batch_id INTEGER NOT NULL,
-            PRIMARY KEY (pipeline_id, topic, kafka_partition))""",
-        f"""CREATE TABLE IF NOT EXISTS eo_interval (pipeline_id TEXT NOT NULL, interval_start TIMESTAMP NOT NULL,
-            interval_end TIMESTAMP NOT NULL, epoch INTEGER NOT NULL, taken_at TIMESTAMP NOT NULL DEFAULT ({_NOW}),
-            PRIMARY KEY (pipeline_id, interval_start, interval_end))""",
-        f"""CREATE TABLE IF NOT EXISTS eo_audit (audit_id INTEGER PRIMARY KEY AUTOINCREMENT,
-            pipeline_id TEXT NOT NULL, created_at TIMESTAMP NOT NULL DEFAULT ({_NOW}), actor TEXT NOT NULL,
-            action TEXT NOT NULL, reason TEXT, epoch INTEGER, details TEXT)""",
-        "CREATE TABLE IF NOT EXISTS eo_store_identity (id INTEGER NOT NULL PRIMARY KEY, identity TEXT NOT NULL)",
-        "INSERT OR IGNORE INTO eo_store_identity (id, identity) VALUES (1, lower(hex(randomblob(16))))",
-    )),)
+                           share_lock="", utc_session="SELECT 1", identifier_quote='"', exclusive_lock="",
+                           random_id="lower(hex(randomblob(16)))", now="(strftime('%Y-%m-%d %H:%M:%f', 'now'))",
+                           timestamp_type="TIMESTAMP", utc_datetime_type="TIMESTAMP", json_type="TEXT",
+                           identity_column="INTEGER PRIMARY KEY AUTOINCREMENT")
+    migrations = ((1, store_tables(dialect)),)  # the offset store's tables: written once, spelled by the dialect
     spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "INTEGER", "double": "REAL"}
     dead_letter_migrations = ((2, "kafka_headers", "TEXT"),)
     location_keys = ("path",)
