@@ -6,10 +6,9 @@ Importing this module is cheap (no pymysql, no pyarrow): the factories import th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_eo.core.config import TombstonePolicy, UpdateMode
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.sink_kinds import SinkAsset
@@ -44,12 +43,8 @@ class MySqlUpsertSink(SqlTableSinkSpec):
     """
 
     conn_id: str = "mysql_default"
-    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
     rows_per_statement: int = 500
-    dead_letter_table: str = "eo_dead_letter"
     bulk_load: bool = True
-    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
-    add_missing_columns: bool = False
 
     connect_kwargs_function: ClassVar[str] = "airflow_eo.mysql.connection:connect_kwargs"
 

@@ -6,10 +6,9 @@ Importing this module is cheap (no psycopg, no pyarrow): the factories import th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_eo.core.config import TombstonePolicy, UpdateMode
 from airflow_eo.core.sink_kinds import SinkAsset
 from airflow_eo.postgres.sql import split_table, validate_identifier
 from airflow_eo.sqlsink.specs import SqlTableSinkSpec, table_sink_factory
@@ -39,10 +38,6 @@ class PostgresUpsertSink(SqlTableSinkSpec):
     """
 
     conn_id: str = "postgres_default"
-    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
-    dead_letter_table: str = "eo_dead_letter"
-    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
-    add_missing_columns: bool = False
 
     connect_kwargs_function: ClassVar[str] = "airflow_eo.postgres.connection:connect_kwargs"
 

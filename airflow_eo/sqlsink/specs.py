@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_eo.core.abilities import SinkCapabilities
-from airflow_eo.core.config import UpdateMode, table_sink_keys_and_updates, tombstone_policy
+from airflow_eo.core.config import TombstonePolicy, UpdateMode, table_sink_keys_and_updates, tombstone_policy
 from airflow_eo.core.connections import ConnectionInfo, Connections
 from airflow_eo.core.drivers import require_driver
 from airflow_eo.core.sink_kinds import SinkAsset, SinkSpec
@@ -56,11 +56,14 @@ def fencing_store(connections: Connections, offset_store_conn_id: str | None, co
 
 @dataclass(frozen=True)
 class SqlTableSinkSpec(SinkSpec):
-    """The base of a database's two table sink specs (a frozen dataclass declaring ``table``, ``key_columns``,
-    ``updates``, ``dead_letter_table``, ``on_tombstone``, ``add_missing_columns`` and its own options).
+    """The base of a database's two table sink specs: ``table`` and ``key_columns``, the options every database's
+    spec has (keyword-only), and the checks. A database's spec (a frozen dataclass) declares its ``conn_id`` and its
+    own options, names its kinds, its connection type and how it reads a table's name; its ``__post_init__`` calls
+    :meth:`_check_table_sink`.
 
-    A database's spec names its kinds, its connection type and how it reads a table's name; its ``__post_init__``
-    calls :meth:`_check_table_sink`. The options every database's spec has:
+    :param updates: per non-key column, ``"replace"`` (default: the new value) or, for a two-phase kind only,
+        ``"add"`` (the new value added to the stored one).
+    :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
 
     :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
         it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
@@ -78,9 +81,10 @@ class SqlTableSinkSpec(SinkSpec):
     table: str
     #: the upsert key
     key_columns: Sequence[str]
-
-    if TYPE_CHECKING:  # a subclass's fields (after its conn_id, in the order its users know)
-        updates: Mapping[str, Any]
+    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict, kw_only=True)
+    dead_letter_table: str = field(default="eo_dead_letter", kw_only=True)
+    on_tombstone: TombstonePolicy | str = field(default=TombstonePolicy.BAD_RECORD, kw_only=True)
+    add_missing_columns: bool = field(default=False, kw_only=True)
 
     @property
     def conn_type(self) -> str:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from airflow_eo.core.config import TombstonePolicy, UpdateMode
 from airflow_eo.core.connections import ConnectionInfo
 from airflow_eo.core.drivers import Driver, register_driver
 from airflow_eo.core.errors import ConfigurationError
@@ -313,10 +312,6 @@ class ToyUpsertSink(SqlTableSinkSpec):
     """The toy database's upsert sink."""
 
     conn_id: str = "toy_default"
-    updates: Mapping[str, UpdateMode | str] = field(default_factory=dict)
-    dead_letter_table: str = "eo_dead_letter"
-    on_tombstone: TombstonePolicy | str = TombstonePolicy.BAD_RECORD
-    add_missing_columns: bool = False
 
     connect_kwargs_function = "tests.support.toy_database:connect_kwargs"
 
