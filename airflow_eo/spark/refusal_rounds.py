@@ -20,7 +20,7 @@ from airflow_eo.core.errors import BadRecordError
 from airflow_eo.core.protocol import Sink
 from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
 from airflow_eo.spark.partition_runner import default_parallelism
-from airflow_eo.spark.refused_rows import WriteRefused, find_refused, mark_refused
+from airflow_eo.spark.refused_rows import WriteRefused, find_refused, mark_all_refused, mark_refused
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,17 +69,18 @@ class RefusalRounds:
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
                 table = role(sink, RowRefusals).output_table
                 if self.transformed:
-                    raise BadRecordError(
-                        f"table {table} refused a row of the transform's output: {refused.error}. A transformed row "
-                        "is not one record, so it cannot become a dead letter: nothing was committed. Change the "
-                        "transform (filter what the table refuses) or the table.") from refused
-                found, more = find_refused(parsed, refused.writer,
-                                           self.parse.write_partitions or default_parallelism(spark))
-                if not found:  # every record of each task taken by probes: a refusal the probes do not meet again
+                    parsed = self._all_refused(parsed, table, refused, originals)
+                    continue
+                tasks = self.parse.write_partitions or default_parallelism(spark)
+                found, more = find_refused(parsed, refused.writer, tasks)
+                if not found and tasks > 1:
+                    # Each task's records taken alone: two records of one value of a unique index in two tasks. In
+                    # one task, in the records' order, the later is refused.
+                    found, more = find_refused(parsed, refused.writer, 1)
+                if not found:  # every record taken by probes: a refusal the probes do not meet again
                     raise BadRecordError(
                         f"table {table} refused a row of this batch ({refused.error}), but no record when written "
-                        "again task by task (two write tasks' records of one value of a unique index?). Nothing was "
-                        "committed.") from refused
+                        "again one by one and in order. Nothing was committed.") from refused
                 first = found[0]
                 where = f"{first.topic}[{first.partition}] offset {first.offset}"
                 if more and self.parse.on_bad_record is BadRecordPolicy.FAIL:
@@ -101,3 +102,20 @@ class RefusalRounds:
                 parsed = mark_refused(parsed, found, table, originals)
         raise BadRecordError(f"table {role(sink, RowRefusals).output_table} still refused rows after "
                              f"{REFUSAL_ROUNDS} rounds of finding them: nothing was committed")
+
+    def _all_refused(self, parsed: DataFrame, table: str, refused: WriteRefused,
+                     originals: DataFrame | None) -> DataFrame:
+        """A row of the transform's output refused: no one record made it, so under ``dead_letter`` every record of
+        the batch becomes a dead letter (the set, byte for byte, to replay once the transform or the table is
+        fixed) and the pipeline goes on; under ``fail`` the batch fails."""
+        if self.parse.on_bad_record is BadRecordPolicy.FAIL:
+            raise BadRecordError(
+                f"table {table} refused a row of the transform's output: {refused.error}. A transformed row is not "
+                "one record: nothing was committed. Change the transform (filter what the table refuses) or the "
+                "table, or set on_bad_record='dead_letter' to divert the batch's records to the dead-letter "
+                "table.") from refused
+        log.warning("table %s refused a row of the transform's output (%s): every record of the batch becomes a "
+                    "dead letter", table, refused.error)
+        return mark_all_refused(
+            parsed, f"table {table} refused a row of the transform's output: {refused.error} (a transformed row is "
+                    "not one record: every record of its batch is a dead letter)", originals)

@@ -131,11 +131,30 @@ def mark_refused(parsed: DataFrame, refused: list[RefusedRecord], table: str,
     if originals is None:
         return marked
     # A job over the batch's records again, on a path rare by nature: a refusal already costs a round of probes.
-    raw = originals.join(F.broadcast(found), on, "left_semi").select(
-        *(F.col(c).alias(a) for c, a in zip(("kafka_topic", "kafka_partition", "kafka_offset"), _POSITION,
-                                            strict=True)),
-        *(F.col(c).alias(f"_eo_ref_{c}") for c in RAW_FIELDS))
-    return marked.join(F.broadcast(raw), on, "left").select(
+    return _raw_fields_back(marked, originals.join(F.broadcast(found), on, "left_semi"), few=True)
+
+
+def mark_all_refused(parsed: DataFrame, error: str, originals: DataFrame | None = None) -> DataFrame:
+    """``parsed`` with every good record a bad record whose ``_eo_error`` is ``error`` (a refused row that no record
+    can be blamed for alone: a transform's output). ``originals`` as for :func:`mark_refused`."""
+    from pyspark.sql import functions as F
+
+    marked = parsed.withColumn("_eo_error", F.coalesce(F.col("_eo_error"), F.lit(error)))
+    return marked if originals is None else _raw_fields_back(marked, originals)
+
+
+def _raw_fields_back(marked: DataFrame, originals: DataFrame, few: bool = False) -> DataFrame:
+    """``marked`` with the raw fields its records lack taken from ``originals`` (the records, by position; ``few``:
+    so few that every task gets them all)."""
+    from pyspark.sql import functions as F
+
+    position = ("kafka_topic", "kafka_partition", "kafka_offset")
+    raw = originals.select(*(F.col(c).alias(a) for c, a in zip(position, _POSITION, strict=True)),
+                           *(F.col(c).alias(f"_eo_ref_{c}") for c in RAW_FIELDS))
+    if few:
+        raw = F.broadcast(raw)
+    on = [F.col(c) == F.col(a) for c, a in zip(position, _POSITION, strict=True)]
+    return marked.join(raw, on, "left").select(
         *(F.coalesce(F.col(c), F.col(f"_eo_ref_{c}")).alias(c) if c in RAW_FIELDS else F.col(c)
           for c in marked.columns))
 

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from airflow_eo.core.errors import BadRecordError
 from airflow_eo.hooks.connected_sinks import build_sink
@@ -163,8 +164,39 @@ def test_a_row_refused_at_the_write_fails_the_batch_naming_its_record_under_fail
     if database == "mysql":  # a transform's row is no one record: the batch fails saying so
         with pytest.raises(BadRecordError, match=rf"table {table} refused a row of the transform's output"):
             run(operator(topic_name, spec, pipeline_id=f"transformed_{topic_name}", schema="id STRING, n BIGINT",
-                         on_bad_record="dead_letter", transform="SELECT id, n * 50 AS n FROM kafka_batch"))
+                         transform="SELECT id, n * 50 AS n FROM kafka_batch"))
         assert query(f"SELECT COUNT(*) FROM {table}")[0][0] == 0
+
+
+def test_a_row_of_a_transforms_output_refused_makes_the_batchs_records_dead_letters(bootstrap, mysql_kwargs,
+                                                                                     topic_name):
+    """No record can be blamed alone for a transformed row, so under ``dead_letter`` the batch's records become dead
+    letters, byte for byte, and the pipeline goes on. Before, the batch failed on every run: a producer stalled it."""
+    table = f"refused_{uuid.uuid4().hex[:8]}"
+    rows(mysql_kwargs, f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, n INTEGER NULL, "
+                       f"CONSTRAINT {table}_small CHECK (n < 100))")
+    create_topic(bootstrap, topic_name, 1)
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "n": i} for i in range(5)])
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic_name, b"{not json")  # offset 5: a bad record before the write
+    assert producer.flush(30) == 0
+    spec = MySqlXaSink(table=table, key_columns=["id"])
+    op = operator(topic_name, spec, pipeline_id=f"transformed_{topic_name}", schema="id STRING, n BIGINT",
+                  on_bad_record="dead_letter", transform="SELECT id, n * 30 AS n FROM kafka_batch")  # e4: 120
+    summary = run(op)
+    assert (summary["records_in"], summary["dead_letters"]) == (6, 6)
+    assert rows(mysql_kwargs, f"SELECT COUNT(*) FROM {table}") == [(0,)]
+    dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
+    assert sorted(d["kafka_offset"] for d in dead) == list(range(6))
+    for letter in dead:
+        if letter["kafka_offset"] == 5:  # a bad record before the write keeps its own error
+            assert "refused" not in letter["error"], letter["error"]
+            continue
+        assert json.loads(bytes(letter["raw_value"]))["id"] == f"e{letter['kafka_offset']}"
+        assert letter["error"].startswith(f"table {table} refused a row of the transform's output: ") and \
+            f"{table}_small" in letter["error"] and "every record of its batch" in letter["error"], letter["error"]
+    produce_json(bootstrap, topic_name, [{"id": "e9", "n": 1}])  # the next batch goes on
+    assert run(op)["rows_out"] == 1 and rows(mysql_kwargs, f"SELECT id, n FROM {table}") == [("e9", 30)]
 
 
 def test_a_row_refused_where_the_write_tasks_mark_copies_is_found_and_its_copies_still_dropped(
@@ -193,12 +225,15 @@ def test_a_row_refused_where_the_write_tasks_mark_copies_is_found_and_its_copies
     assert sorted(r["kafka_offset"] for r in seen) == [0, 1, 2, 3, 4, 5]  # the refused event counts as seen
 
 
-@pytest.mark.parametrize("kind", ["postgres-two-phase", "postgres-upsert"])
-def test_of_records_sharing_a_value_of_a_unique_index_the_later_becomes_a_dead_letter(kind, bootstrap, mysql_kwargs,
-                                                                                     postgres_kwargs, topic_name):
+@pytest.mark.parametrize("kind, tasks", [("postgres-two-phase", 2), ("postgres-upsert", 1)])
+def test_of_records_sharing_a_value_of_a_unique_index_the_later_becomes_a_dead_letter(kind, tasks, bootstrap,
+                                                                                     mysql_kwargs, postgres_kwargs,
+                                                                                     topic_name):
     """Two records with one value of a unique index other than the key: each is taken alone, so no probe of one
     record finds them; the later (by offset) is refused as the database refuses the later of two inserts, the batch
     commits the rest. Before, the batch failed on every run ("refused only together"): a producer stalled it.
+    With two write tasks, Spark's hash of the key puts e0 and e5 in one task, the rest in the other: e3 and e5
+    meet their earlier record only in another task (found when the records are probed in one task, in order).
     (MySQL's ``INSERT .. ON DUPLICATE KEY UPDATE`` refuses neither: any unique key matches the earlier row.)"""
     database, spec_class, options, table, query = _setup(kind, mysql_kwargs, postgres_kwargs)
     query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, code VARCHAR(8) NOT NULL, "
@@ -208,7 +243,7 @@ def test_of_records_sharing_a_value_of_a_unique_index_the_later_becomes_a_dead_l
     produce_json(bootstrap, topic_name, [{"id": f"e{i}", "code": code} for i, code in enumerate(codes)])
     spec = spec_class(table=table, key_columns=["id"], **options)
     op = operator(topic_name, spec, pipeline_id=f"dead_{topic_name}", schema="id STRING, code STRING",
-                  on_bad_record="dead_letter", write_partitions=1)  # one write task: its one transaction refuses
+                  on_bad_record="dead_letter", write_partitions=tasks)
     summary = run(op)
     assert (summary["records_in"], summary["dead_letters"]) == (8, 3)
     assert sorted(query(f"SELECT id, code FROM {table}")) == [("e0", "a"), ("e1", "b"), ("e2", "c"), ("e4", "d"),
