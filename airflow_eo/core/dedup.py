@@ -141,6 +141,11 @@ def seen_pipeline_key(pipeline_id: str) -> bytes:
     return bytes.fromhex(pipeline_key(pipeline_id))[:8]
 
 
+def is_seen_id_partition(partition: int) -> bool:
+    """Whether ``partition`` (of an xid) is a seen-id writer's (:func:`seen_id_partition`)."""
+    return partition <= -(1 << 30)
+
+
 def seen_id_partition(partition: int) -> int:
     """The partition number (in its xid) of the seen-id writer of Spark partition ``partition``: its own branch or
     transaction, never that of the good rows (``partition``), of the dead letters (-2 - partition) or of the

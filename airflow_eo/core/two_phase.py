@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from airflow_eo.core.dedup import is_seen_id_partition
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.recovery import BranchAction, BranchDecision, decide_branch
@@ -74,6 +75,14 @@ def commit_batch_branches(branches: PreparedBranches, batch: BatchRecord, xids: 
     for xid in branches.recover(batch.pipeline_id):
         if xid.batch_id == batch.batch_id and xid.encode() not in reported:
             branches.rollback(xid)
+
+
+def refused_write_branches(branches: PreparedBranches, batch: BatchContext) -> list[Xid]:
+    """The branches a write job of this attempt prepared before its table refused a row: every branch of the batch and
+    epoch but the seen ids a marking job wrote before it (those are committed with the batch). Void: a prepared
+    branch keeps its row locks, and the probes and the next write's tasks of other numbers would wait on them."""
+    return sorted(x for x in branches.recover(batch.pipeline_id)
+                  if (x.batch_id, x.epoch) == (batch.batch_id, batch.epoch) and not is_seen_id_partition(x.partition))
 
 
 def attempt_branches(branches: PreparedBranches, batch: BatchContext, xids: Sequence[str]) -> list[Xid]:

@@ -61,7 +61,7 @@ class DuplicateDropping:
         (:func:`~airflow_eo.core.dedup.marks_in_write_tasks`): one Spark job reads, spreads by id, looks up, writes the
         events and the ids seen first. None when they cannot, or when the table refused a row: then the copies are
         marked by a job of their own (:meth:`by_marking_job`) and the refused records found against the marked
-        batch (what this write prepared is rolled back by the next write's tasks, as after any refusal)."""
+        batch (what this write prepared rolled back first)."""
         seen = role(sink, SeenIds, "dedup_key")  # refused at parse time; a sink built by hand is refused here
         strategy = self.choose_strategy(spark, parsed, payload, sink)
         if not marks_in_write_tasks(self.parse.dedup_key, tuple(seen.key_columns),
@@ -76,6 +76,11 @@ class DuplicateDropping:
         except WriteRefused as refused:
             log.warning("table %s refused a row (%s): the copies are marked apart and the batch written again, to "
                         "find the records it refuses", sink.name, refused.error)
+            # Every branch this write's tasks prepared goes now: a task that prepared its seen ids before another
+            # task's refusal failed the job holds their row locks, and the marking job spreads the ids over its tasks
+            # otherwise (a task of another number, or one with nothing to write, rolls none of them back): its loads
+            # of the same ids waited for the lock timeout and failed the batch.
+            sink.discard(batch, [])
             return None
 
     def by_marking_job(self, spark: SparkSession, parsed: DataFrame, batch: BatchContext,

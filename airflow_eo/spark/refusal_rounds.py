@@ -68,19 +68,17 @@ class RefusalRounds:
                 if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
                 table = role(sink, RowRefusals).output_table
+                role(sink, RowRefusals).void_refused_write(batch)
                 if self.transformed:
                     parsed = self._all_refused(parsed, table, refused, originals)
                     continue
-                tasks = self.parse.write_partitions or default_parallelism(spark)
-                found, more = find_refused(parsed, refused.writer, tasks)
-                if not found and tasks > 1:
-                    # Each task's records taken alone: two records of one value of a unique index in two tasks. In
-                    # one task, in the records' order, the later is refused.
-                    found, more = find_refused(parsed, refused.writer, 1)
-                if not found:  # every record taken by probes: a refusal the probes do not meet again
+                found, more = find_refused(parsed, refused.writer,
+                                           self.parse.write_partitions or default_parallelism(spark))
+                if not found:  # every record of each task taken by probes: a refusal the probes do not meet again
                     raise BadRecordError(
                         f"table {table} refused a row of this batch ({refused.error}), but no record when written "
-                        "again one by one and in order. Nothing was committed.") from refused
+                        "again task by task (two write tasks' records of one value of a unique index?). Nothing was "
+                        "committed.") from refused
                 first = found[0]
                 where = f"{first.topic}[{first.partition}] offset {first.offset}"
                 if more and self.parse.on_bad_record is BadRecordPolicy.FAIL:

@@ -23,7 +23,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.orphans import ScannedBranch
 from airflow_eo.core.recovery import BranchAction, SinkRecovery
 from airflow_eo.core.sink_kinds import KindAdapter
-from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, resolve_branches
+from airflow_eo.core.two_phase import attempt_branches, commit_batch_branches, refused_write_branches, resolve_branches
 from airflow_eo.core.value_checks import ColumnFacts, ValueRule, value_rules
 from airflow_eo.core.xid import Xid, pipeline_key
 from airflow_eo.sqlsink.change_positions import (
@@ -111,6 +111,10 @@ class SqlTableSink(SqlPipelineRows, KindAdapter):
         """A refusal is the output table's when its writer writes that table (not the dead-letter or seen-id
         table's writer)."""
         return isinstance(writer, SqlPartitionWriter) and writer.table == self.table
+
+    def void_refused_write(self, batch: BatchContext) -> None:
+        """Nothing prepared to roll back: an upsert's tasks end their transactions (a refused one rolled back)."""
+        return None
 
     def _check_target(self, conn: Any) -> None:
         """The database's reads of its server and of the target table (sets :attr:`table_columns`)."""
@@ -386,6 +390,11 @@ class SqlTwoPhaseAdapter(SqlTableSink):
     def finalize(self, batch: BatchRecord, xids: Sequence[str]) -> None:
         with self.database.two_phase_session(self.connect_kwargs) as branches:
             commit_batch_branches(branches, batch, xids)
+
+    def void_refused_write(self, batch: BatchContext) -> None:
+        with self.database.two_phase_session(self.connect_kwargs) as branches:
+            for xid in refused_write_branches(branches, batch):
+                branches.rollback(xid)
 
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         """Roll back this attempt's branches of the batch (:func:`~airflow_eo.core.two_phase.attempt_branches`)."""
