@@ -243,3 +243,17 @@ def test_a_rest_catalogs_credential_is_redacted_in_the_sql_tab_and_event_log():
         modified[str(key)] = str(last.apply(key))
     assert f"spark.sql.catalog.{name}.credential" in modified  # the SQL tab lists it ...
     assert not [k for k, v in modified.items() if secret in v], "a catalog secret is shown in the SQL tab"
+
+
+def test_icebergs_runtime_resolved_by_the_runs_above_joins_spark_jars(monkeypatch):
+    """The Iceberg runs above resolved Iceberg's runtime into the cache (checked against its pin): a session's conf
+    names its jar in ``spark.jars`` and leaves Spark no package to resolve. (In ``tests/operators`` this was skipped
+    whenever it ran before any Iceberg run.)"""
+    from airflow_eo.spark import jars, session
+
+    runtime = "iceberg-spark-runtime-4.0_2.13-1.10.0"
+    monkeypatch.delenv("EO_CACHE_DIR", raising=False)
+    assert (jars.connector_cache_dir() / runtime / ".complete").exists(), "the Iceberg runs above resolve it"
+    conf = session.session_conf({"spark.jars.packages": "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"})
+    assert {Path(j).name for j in conf["spark.jars"].split(",") if "iceberg" in j} == {f"{runtime}.jar"}
+    assert "spark.jars.packages" not in conf

@@ -3,8 +3,6 @@ pinned; a Hadoop catalog)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from airflow_eo.core.config import Mode, ParseConfig, check_pipeline
@@ -14,7 +12,7 @@ from airflow_eo.core.spark_conf import with_sink_spark_conf
 from airflow_eo.iceberg.catalog import catalog_properties
 from airflow_eo.iceberg.specs import ICEBERG_PACKAGE, POSTGRES_JDBC_PACKAGE
 from airflow_eo.sinks import IcebergTableSink, spec_from_record
-from airflow_eo.spark import jars, session
+from airflow_eo.spark import jars
 from airflow_eo.spark.jars import JAR_SHA256
 
 RUNTIME = "iceberg-spark-runtime-4.0_2.13-1.10.0"
@@ -106,15 +104,6 @@ def test_icebergs_runtime_is_refused_unless_it_matches_its_pin(tmp_path, monkeyp
     (tmp_path / RUNTIME / ".complete").touch()
     with pytest.raises(ConfigurationError, match=f"{RUNTIME}.jar has SHA-256"):
         jars.pinned_package_jars("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0")
-
-
-def test_icebergs_runtime_resolved_here_joins_spark_jars(monkeypatch):
-    monkeypatch.delenv("EO_CACHE_DIR", raising=False)
-    if not (jars.connector_cache_dir() / RUNTIME / ".complete").exists():
-        pytest.skip("Iceberg's runtime is not resolved here yet (an Iceberg sink's first run resolves it)")
-    conf = session.session_conf({"spark.jars.packages": "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.0"})
-    assert {Path(j).name for j in conf["spark.jars"].split(",") if "iceberg" in j} == {f"{RUNTIME}.jar"}
-    assert "spark.jars.packages" not in conf
 
 
 def test_a_cherry_picked_snapshot_names_its_batch_by_its_staged_source_or_its_wap_id(tmp_path):
