@@ -177,8 +177,8 @@ class RowRefusals(Protocol):
         """Whether a refusal raised by ``writer`` (a partition writer this sink made) is the output table's, whose
         rows are the batch's records (not the dead-letter or seen-id table's)."""
     def void_refused_write(self, batch: BatchContext) -> None:
-        """Roll back what the refused write job's tasks prepared (:func:`~airflow_eo.core.two_phase.
-        refused_write_branches`), before the probes and the next write."""
+        """Roll back what the refused write job's tasks prepared, before the probes and the next write
+        (:func:`~airflow_eo.core.two_phase.refused_write_branches`)."""
 
 
 @runtime_checkable

@@ -80,7 +80,7 @@ class MySqlDatabase(SqlDatabase):
         conn = self.connect(connect_kwargs, autocommit=True, cursorclass=pymysql.cursors.DictCursor)
         try:
             with conn.cursor() as cur:
-                cur.execute(migrations.DIALECT.utc_session)  # TIMESTAMP columns in UTC
+                cur.execute(self.dialect.utc_session)  # TIMESTAMP columns in UTC
                 cur.execute(statement, args)
                 return list(cur.fetchall())
         finally:

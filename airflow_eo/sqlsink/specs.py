@@ -64,7 +64,6 @@ class SqlTableSinkSpec(SinkSpec):
     :param updates: per non-key column, ``"replace"`` (default: the new value) or, for a two-phase kind only,
         ``"add"`` (the new value added to the stored one).
     :param dead_letter_table: where ``on_bad_record="dead_letter"`` writes bad records.
-
     :param on_tombstone: ``"bad_record"`` (default: a record with a null value is a bad record) or ``"delete"``:
         it deletes the row whose key columns its Kafka key gives (``key_format="string"`` for one key column,
         ``"json"``/``"avro"`` with ``key_schema`` naming them); of several events of one key in a batch the last
