@@ -42,7 +42,8 @@ up: venv maven postgres
 	$(PY) scripts/stack.py up
 
 # A Kafka Connect worker (distributed mode, REST on 127.0.0.1:28083 or EO_STACK_CONNECT_PORT) with Debezium's
-# PostgreSQL connector, jars from Maven Central (scripts/stack_connect.py); `down` stops it. Harmless when it runs.
+# PostgreSQL and MariaDB connectors, jars from Maven Central (scripts/stack_connect.py); `down` stops it.
+# Harmless when it runs.
 connect: up
 	$(PY) scripts/stack.py connect
 

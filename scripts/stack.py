@@ -1,10 +1,12 @@
 """Local stack for airflow_eo: a single-node Kafka (KRaft), a MariaDB and a PostgreSQL, on loopback.
 
 Usage: ``python scripts/stack.py up|down|status|clean`` (``postgres up|down``: the PostgreSQL alone; ``connect``: a
-Kafka Connect worker with Debezium's PostgreSQL connector, scripts/stack_connect.py); for fault tests
+Kafka Connect worker with Debezium's PostgreSQL and MariaDB connectors, scripts/stack_connect.py); for fault tests
 ``kill mariadb|postgres|kafka|connect`` (SIGKILL, as a crash would), ``restart mariadb|postgres|kafka`` (SIGKILL, then
 start it again on the same data) and ``second-mariadb up|down`` / ``second-postgres up|down`` (another MariaDB /
-PostgreSQL server on the next port, for a store and a sink on two servers).
+PostgreSQL server on the next port, for a store and a sink on two servers); ``binlog-mariadb up|down``: a MariaDB
+that writes a row-based binlog, two ports above the stack's (a change-data-capture source for Debezium's MariaDB
+connector).
 
 Everything the stack writes lives under ``.stack/`` in the repo (ignored by git), with one exception: as root, in a
 repo whose folder (or a parent) is closed to other users, PostgreSQL's data and socket live in a folder of the
@@ -64,7 +66,13 @@ from stack_services.layout import (  # noqa: E402
     SECOND_POSTGRES,
     STACK,
 )
-from stack_services.mariadb import mariadb_up, second_mariadb_down, second_mariadb_up  # noqa: E402
+from stack_services.mariadb import (  # noqa: E402
+    binlog_mariadb_down,
+    binlog_mariadb_up,
+    mariadb_up,
+    second_mariadb_down,
+    second_mariadb_up,
+)
 from stack_services.postgres import (  # noqa: E402
     postgres_bin_dir,
     postgres_settings,
@@ -79,14 +87,14 @@ from stack_services.processes import die, pid_alive, port_open, require, spawn, 
 from airflow_eo.core.failpoints import running  # noqa: E402
 
 __all__ = [
-    "CACHE", "KAFKA_CLUSTER_PORT", "KAFKA_PORT", "MARIADB_PORT", "PID_FILES", "POSTGRES_HOME", "POSTGRES_PORT", "REPO",
-    "SECOND_MARIADB", "SECOND_POSTGRES", "STACK", "airflow_dags_reserialize", "airflow_db_migrate", "clean",
-    "connect", "connect_module", "die", "down", "kafka_cluster_down", "kafka_cluster_up", "kafka_up",
-    "kafka_version", "kill", "mariadb_up", "pid_alive", "pid_file_of", "port_open", "postgres_bin_dir",
-    "postgres_settings", "postgres_up", "postgres_user", "reaches", "require", "restart", "running",
-    "second_mariadb_down", "second_mariadb_up", "second_postgres_down", "second_postgres_up", "shell_quote",
-    "spawn", "stack_env", "start", "status", "stop", "up", "wait_for", "wait_until_deleted_records_stay_deleted",
-    "write_env",
+    "CACHE", "KAFKA_CLUSTER_PORT", "KAFKA_PORT", "MARIADB_PORT", "PID_FILES", "POSTGRES_HOME", "POSTGRES_PORT",
+    "REPO", "SECOND_MARIADB", "SECOND_POSTGRES", "STACK", "airflow_dags_reserialize", "airflow_db_migrate",
+    "binlog_mariadb_down", "binlog_mariadb_up", "clean", "connect", "connect_module", "die", "down",
+    "kafka_cluster_down", "kafka_cluster_up", "kafka_up", "kafka_version", "kill", "mariadb_up", "pid_alive",
+    "pid_file_of", "port_open", "postgres_bin_dir", "postgres_settings", "postgres_up", "postgres_user", "reaches",
+    "require", "restart", "running", "second_mariadb_down", "second_mariadb_up", "second_postgres_down",
+    "second_postgres_up", "shell_quote", "spawn", "stack_env", "start", "status", "stop", "up", "wait_for",
+    "wait_until_deleted_records_stay_deleted", "write_env",
 ]
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The stack's Kafka Connect worker, with Debezium's PostgreSQL connector: ``python scripts/stack.py connect``.
+"""The stack's Kafka Connect worker, with Debezium's PostgreSQL and MariaDB connectors: ``python scripts/stack.py
+connect``.
 
 One worker in distributed mode on loopback (REST API on ``http://127.0.0.1:28083``, ``EO_STACK_CONNECT_PORT`` to
 change it), its connector configurations, source offsets and statuses in topics of the stack's Kafka
 (``eo-connect-configs``, ``eo-connect-offsets``, ``eo-connect-status``, one replica): registered connectors and
 their progress survive a restart of the worker, as in production. Apache Kafka's ``connect-runtime`` (with the JSON
-converter) at the broker's version and Debezium's PostgreSQL connector (a plugin, in its own class loader) come
+converter) at the broker's version and Debezium's PostgreSQL and MariaDB connectors (plugins, each in its own class
+loader) come
 from Maven Central into ``~/.cache/airflow-eo`` like the broker's jars. Its files are under ``.stack/connect``: the
 worker's settings (``worker.properties``), its log (``connect.log``) and its pid.
 
@@ -36,6 +38,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 CONNECT_POM = HERE / "connect" / "pom.xml"
 DEBEZIUM_POM = HERE / "connect" / "debezium-postgres" / "pom.xml"
+# Debezium's MariaDB connector (its own version: scripts/connect/debezium-mariadb/pom.xml says why).
+DEBEZIUM_MARIADB_POM = HERE / "connect" / "debezium-mariadb" / "pom.xml"
 CONNECT_LOG4J = HERE / "connect" / "log4j2.properties"
 GROUP_ID = "eo-connect"
 TOPICS = {"config": "eo-connect-configs", "offset": "eo-connect-offsets", "status": "eo-connect-status"}
@@ -60,8 +64,8 @@ def pid_file(stack: Any) -> Path:
     return home(stack) / "connect.pid"
 
 
-def debezium_version() -> str:
-    text = DEBEZIUM_POM.read_text()
+def debezium_version(pom: Path = DEBEZIUM_POM) -> str:
+    text = pom.read_text()
     return text.split("<debezium.version>")[1].split("</debezium.version>")[0]
 
 
@@ -86,10 +90,14 @@ def worker_jars(stack: Any) -> Path:
 
 
 def plugin_path(stack: Any) -> Path:
-    """The worker's ``plugin.path``: a folder whose one subfolder is Debezium's PostgreSQL connector and its jars."""
-    root = Path(stack.CACHE) / f"debezium-{debezium_version()}-plugins"
-    resolve(stack, DEBEZIUM_POM, root / "debezium-connector-postgres",
-            f"Debezium's PostgreSQL connector {debezium_version()}")
+    """The worker's ``plugin.path``: a folder whose subfolders are Debezium's PostgreSQL and MariaDB connectors,
+    each with its jars (a plugin, in a class loader of its own; a jar directly in the folder would be a plugin of its
+    own). One folder per pair of versions, so that no older version of a connector is found beside a newer one."""
+    versions = {pom: debezium_version(pom) for pom in (DEBEZIUM_POM, DEBEZIUM_MARIADB_POM)}
+    root = Path(stack.CACHE) / f"debezium-{versions[DEBEZIUM_POM]}-mariadb-{versions[DEBEZIUM_MARIADB_POM]}-plugins"
+    for pom, connector, what in ((DEBEZIUM_POM, "debezium-connector-postgres", "PostgreSQL"),
+                                 (DEBEZIUM_MARIADB_POM, "debezium-connector-mariadb", "MariaDB")):
+        resolve(stack, pom, root / connector, f"Debezium's {what} connector {versions[pom]}")
     return root
 
 
@@ -167,19 +175,25 @@ def up(stack: Any) -> str:
     folder, pids = home(stack), pid_file(stack)
     log = folder / "connect.log"
     bootstrap = stack.kafka_up()
+    started = time.monotonic()
+    jars, plugins = worker_jars(stack), plugin_path(stack)
+    settings = worker_properties(stack, bootstrap, plugins)
+    config = folder / "worker.properties"
     if stack.pid_alive(pids):
-        stack.wait_for("Kafka Connect", ready, READY_TIMEOUT_S, log)
-        print(f"stack: Kafka Connect already running at {url()}")
-        check_postgres(stack)
-        return url()
+        if config.exists() and config.read_text() == settings:
+            stack.wait_for("Kafka Connect", ready, READY_TIMEOUT_S, log)
+            print(f"stack: Kafka Connect already running at {url()}")
+            check_postgres(stack)
+            return url()
+        # A worker started with other settings (an earlier version of this script: other plugins): its registered
+        # connectors and their offsets are in Kafka, so a restart with these settings loses nothing.
+        print("stack: Kafka Connect runs with other settings; restarting it")
+        down(stack)
     if stack.port_open(port()):
         stack.die(f"port {port()} is taken by another process; set EO_STACK_CONNECT_PORT")
     java = stack.require("java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)")
-    started = time.monotonic()
-    jars, plugins = worker_jars(stack), plugin_path(stack)
     folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "worker.properties"
-    config.write_text(worker_properties(stack, bootstrap, plugins))
+    config.write_text(settings)
     spawned = time.monotonic()
     stack.spawn([java, "-Xms128m", "-Xmx768m", "-XX:+UseG1GC", f"-Dconnect.logs.dir={folder}",
                  f"-Dlog4j2.configurationFile={CONNECT_LOG4J}", "-cp", f"{jars}/*",
@@ -194,7 +208,8 @@ def up(stack: Any) -> str:
 
     stack.wait_for("Kafka Connect", answers, READY_TIMEOUT_S, log)
     now = time.monotonic()
-    print(f"stack: Kafka Connect {stack.kafka_version()} with Debezium {debezium_version()} ready at {url()} "
+    print(f"stack: Kafka Connect {stack.kafka_version()} with Debezium {debezium_version()} (PostgreSQL), "
+          f"{debezium_version(DEBEZIUM_MARIADB_POM)} (MariaDB) ready at {url()} "
           f"({now - spawned:.1f}s from start, {now - started:.1f}s with the jars)")
     check_postgres(stack)
     return url()

@@ -24,7 +24,8 @@ use_this_workers_lane()
 
 from airflow_eo.hooks.mysql import EoMySqlHook  # noqa: E402
 
-# Fixtures of the stack's Kafka Connect worker and Debezium's connectors (connect_worker, debezium).
+# Fixtures of the stack's Kafka Connect worker and Debezium's connectors (connect_worker, debezium, binlog_mariadb,
+# mariadb_debezium).
 pytest_plugins = ["tests.support.connect"]
 
 # The suite starts some 150 short-lived Spark JVMs (a driver per DAG run): on two cores, C2 compiler threads only

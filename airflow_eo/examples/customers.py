@@ -19,26 +19,20 @@ TARGET_DDL = ("CREATE TABLE IF NOT EXISTS customers (id INT NOT NULL PRIMARY KEY
               "email VARCHAR(255) NULL, balance BIGINT NOT NULL) ENGINE=InnoDB")
 
 
-def postgres_connector(postgres: dict[str, Any], name: str, table: str, schema: str = "public",
+def debezium_connector(connector_class: str, login: dict[str, Any], name: str,
                        schemas_enable: bool = False) -> dict[str, str]:
-    """Debezium's PostgreSQL connector for ``schema.table`` (``pgoutput``, a publication of that table alone made by
-    Debezium), named ``name`` (also its topic prefix, replication slot and publication), with Connect's JSON converter
-    (``schemas_enable``: its schema/payload wrapper; both shapes are read), from the PostgreSQL connection's login
-    (the Connect worker keeps it in its config topic: give it a user of its own in production)."""
+    """What every Debezium connector here is given: its class, one task, the source's address and login (the
+    Connect worker keeps it in its config topic: give it a user of its own in production), ``name`` as its topic
+    prefix, its topics made by the worker, and Connect's JSON converter (``schemas_enable``: its schema/payload
+    wrapper; both shapes are read)."""
     return {
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "connector.class": connector_class,
         "tasks.max": "1",
-        "database.hostname": str(postgres["host"]),
-        "database.port": str(postgres["port"]),
-        "database.user": str(postgres["user"]),
-        "database.password": str(postgres["password"]),
-        "database.dbname": str(postgres["dbname"]),
+        "database.hostname": str(login["host"]),
+        "database.port": str(login["port"]),
+        "database.user": str(login["user"]),
+        "database.password": str(login["password"]),
         "topic.prefix": name,
-        "table.include.list": f"{schema}.{table}",
-        "plugin.name": "pgoutput",
-        "slot.name": name,
-        "publication.name": name,
-        "publication.autocreate.mode": "filtered",
         # A broker that creates no topic on first use: the worker creates the connector's, one partition, one replica.
         "topic.creation.default.replication.factor": "1",
         "topic.creation.default.partitions": "1",
@@ -46,6 +40,21 @@ def postgres_connector(postgres: dict[str, Any], name: str, table: str, schema: 
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": str(schemas_enable).lower(),
         "value.converter.schemas.enable": str(schemas_enable).lower(),
+    }
+
+
+def postgres_connector(postgres: dict[str, Any], name: str, table: str, schema: str = "public",
+                       schemas_enable: bool = False) -> dict[str, str]:
+    """Debezium's PostgreSQL connector for ``schema.table`` (``pgoutput``, a publication of that table alone made by
+    Debezium), named ``name`` (also its topic prefix, replication slot and publication)."""
+    return {
+        **debezium_connector("io.debezium.connector.postgresql.PostgresConnector", postgres, name, schemas_enable),
+        "database.dbname": str(postgres["dbname"]),
+        "table.include.list": f"{schema}.{table}",
+        "plugin.name": "pgoutput",
+        "slot.name": name,
+        "publication.name": name,
+        "publication.autocreate.mode": "filtered",
     }
 
 

@@ -12,8 +12,14 @@ from stack_services.connect import connect, connect_down, connect_kill
 from stack_services.env_file import stack_env, write_env
 from stack_services.faults import kill, restart
 from stack_services.kafka import kafka_cluster_down, kafka_cluster_up, kafka_up
-from stack_services.layout import POSTGRES_HOME, SECOND_MARIADB, SECOND_POSTGRES, STACK
-from stack_services.mariadb import mariadb_up, second_mariadb_down, second_mariadb_up
+from stack_services.layout import BINLOG_MARIADB, POSTGRES_HOME, SECOND_MARIADB, SECOND_POSTGRES, STACK
+from stack_services.mariadb import (
+    binlog_mariadb_down,
+    binlog_mariadb_up,
+    mariadb_up,
+    second_mariadb_down,
+    second_mariadb_up,
+)
 from stack_services.postgres import postgres_roots, postgres_up, second_postgres_down, second_postgres_up
 from stack_services.processes import die, pid_alive, stop
 
@@ -38,6 +44,7 @@ def down() -> None:
     stop("Kafka", STACK / "kafka" / "kafka.pid")
     stop("MariaDB", STACK / "mariadb" / "mariadb.pid")
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
+    binlog_mariadb_down()
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for every client to disconnect).
     stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
     stop("second PostgreSQL", SECOND_POSTGRES / "postgres.pid", signal.SIGINT)
@@ -58,6 +65,7 @@ def status() -> None:
                            ("MariaDB", STACK / "mariadb" / "mariadb.pid"),
                            ("PostgreSQL", POSTGRES_HOME / "postgres.pid"),
                            ("second MariaDB", SECOND_MARIADB / "mariadb.pid"),
+                           ("binlog MariaDB", BINLOG_MARIADB / "mariadb.pid"),
                            ("second PostgreSQL", SECOND_POSTGRES / "postgres.pid")):
         pid = pid_alive(pid_file)
         print(f"{name}: {f'running (pid {pid})' if pid else 'stopped'}")
@@ -76,6 +84,8 @@ def main(args: list[str]) -> None:
         print("stack: connect killed")
     elif args in (["second-mariadb", "up"], ["second-mariadb", "down"]):
         second_mariadb_up() if args[1] == "up" else second_mariadb_down()
+    elif args in (["binlog-mariadb", "up"], ["binlog-mariadb", "down"]):  # a change-data-capture source
+        binlog_mariadb_up() if args[1] == "up" else binlog_mariadb_down()
     elif args in (["postgres", "up"], ["postgres", "down"]):  # the stack's PostgreSQL alone
         postgres_up() if args[1] == "up" else stop("PostgreSQL", POSTGRES_HOME / "postgres.pid", signal.SIGINT)
     elif args in (["second-postgres", "up"], ["second-postgres", "down"]):
@@ -85,4 +95,4 @@ def main(args: list[str]) -> None:
     else:
         die("usage: stack.py up|down|status|clean|connect | kill|restart mariadb|postgres|kafka | kill connect "
             "| postgres up|down "
-            "| second-mariadb up|down | second-postgres up|down | kafka-cluster up|down")
+            "| second-mariadb up|down | binlog-mariadb up|down | second-postgres up|down | kafka-cluster up|down")

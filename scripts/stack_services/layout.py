@@ -25,6 +25,10 @@ SECOND_MARIADB = STACK / "mariadb-2"
 SECOND_MARIADB_PORT = MARIADB_PORT + 1
 SECOND_POSTGRES = STACK / "postgres-2"
 SECOND_POSTGRES_PORT = POSTGRES_PORT + 1
+# A MariaDB that writes a row-based binlog: a change-data-capture source for Debezium's MariaDB connector (the
+# stack's own MariaDB keeps no binlog, as the sinks' tests and the benchmark were measured without one).
+BINLOG_MARIADB = STACK / "mariadb-binlog"
+BINLOG_MARIADB_PORT = MARIADB_PORT + 2
 
 # The replicated Kafka of the tests.
 KAFKA_CLUSTER = STACK / "kafka-cluster"

@@ -1,5 +1,6 @@
 """MariaDB: the stack's server (``.stack/mariadb``), a second one for the fault tests (``.stack/mariadb-2``, next
-port), or the user's MySQL named by ``EO_MYSQL_HOST`` (then nothing is started)."""
+port), one that writes a binlog for Debezium (``.stack/mariadb-binlog``, the port after), or the user's MySQL named
+by ``EO_MYSQL_HOST`` (then nothing is started)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from stack_services.layout import (
+    BINLOG_MARIADB,
+    BINLOG_MARIADB_PORT,
     DB_NAME,
     DB_PASSWORD,
     DB_USER,
@@ -47,8 +51,9 @@ def mysql_ready(settings: dict) -> bool:
         return False
 
 
-def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
-    """Start (or find running) the MariaDB server of ``home`` on ``port`` (default: the stack's)."""
+def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequence[str] = ()) -> dict:
+    """Start (or find running) the MariaDB server of ``home`` on ``port`` (default: the stack's), with the server
+    ``options`` besides the stack's."""
     settings = mysql_settings() if home is None else {
         "host": "127.0.0.1", "port": port, "user": DB_USER, "password": DB_PASSWORD, "database": DB_NAME,
         "external": False}
@@ -84,7 +89,7 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT) -> dict:
     spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
            "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
            "--user=root", "--innodb-buffer-pool-size=256M", "--max-connections=500",
-           "--innodb-lock-wait-timeout=20", "--skip-name-resolve"],
+           "--innodb-lock-wait-timeout=20", "--skip-name-resolve", *options],
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
     wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
@@ -113,4 +118,21 @@ def second_mariadb_up() -> dict:
 
 def second_mariadb_down() -> None:
     stop("second MariaDB", SECOND_MARIADB / "mariadb.pid")
+
+
+#: What Debezium's MariaDB connector needs of the server: a binlog of whole rows, and a server id of its own (the
+#: connector joins as a replica with another). The stack's ``eo`` user has every privilege (the connector's user
+#: needs SELECT, RELOAD, SHOW DATABASES, REPLICATION SLAVE and REPLICATION CLIENT, or BINLOG MONITOR on MariaDB).
+BINLOG_OPTIONS = ("--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
+                  "--expire-logs-days=1")
+
+
+def binlog_mariadb_up() -> dict:
+    """A MariaDB server that writes a row-based binlog (``.stack/mariadb-binlog``, two ports above the stack's):
+    a change-data-capture source."""
+    return mariadb_up(BINLOG_MARIADB, BINLOG_MARIADB_PORT, BINLOG_OPTIONS)
+
+
+def binlog_mariadb_down() -> None:
+    stop("binlog MariaDB", BINLOG_MARIADB / "mariadb.pid")
 

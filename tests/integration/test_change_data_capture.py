@@ -299,6 +299,108 @@ def stack(*args: str) -> None:
     assert done.returncode == 0, f"stack.py {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
 
 
+# --------------------------------------------------------------------------- a MariaDB source
+
+
+def mariadb_sql(mariadb_kwargs: dict[str, Any], *statements: str | tuple[str, ...]) -> None:
+    """Each statement its own transaction on the binlog MariaDB; a tuple of statements one transaction."""
+    conn = pymysql.connect(**mariadb_kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                if isinstance(statement, tuple):
+                    conn.begin()
+                    for part in statement:
+                        cur.execute(part)
+                    conn.commit()
+                else:
+                    cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def change_positions(database: str, kwargs: dict[str, Any], pipeline_id: str) -> dict[bytes, bytes]:
+    """The pipeline's recorded positions: key id -> position (a delete marker's too)."""
+    query = f"SELECT key_id, position FROM {CHANGE_POSITION_TABLE} WHERE pipeline_key = %s"
+    key = seen_pipeline_key(pipeline_id)
+    if database == "postgres":
+        with psycopg.connect(**kwargs, autocommit=True) as conn:
+            return {bytes(k): bytes(p) for k, p in conn.execute(query, (key,)).fetchall()}
+    conn = pymysql.connect(**kwargs, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, (key,))
+            return {bytes(k): bytes(p) for k, p in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def binlog_coordinates(records: list[Record]) -> set[tuple[int, int, int]]:
+    """Each change event's (binlog file number, position, row + 1), the row 0 for a snapshot read: the order the
+    source wrote them in, as read off the events here (not by the code under test)."""
+    return {(int(p["source"]["file"].split(".")[-1]), p["source"]["pos"],
+             0 if p["op"] == "r" else p["source"]["row"] + 1)
+            for r in records if isinstance(p := r.payload, dict) and "source" in p}
+
+
+def decoded(position: bytes) -> tuple[int, int, int]:
+    low = int.from_bytes(position[8:], "big")
+    return int.from_bytes(position[:8], "big"), low >> 24, low & 0xFFFFFF
+
+
+@pytest.mark.parametrize("target", ["postgres"], indirect=True)
+def test_a_mariadb_sources_changes_apply_in_binlog_order(target, binlog_mariadb, mariadb_debezium, bootstrap):
+    """Debezium's MariaDB connector reading a binlog (positions: binlog file, position, row) into a PostgreSQL table:
+    a snapshot, multi-row statements, deletes, a row deleted and created again, a primary-key change, several changes
+    of one row in one transaction; then the first batch's records re-sent byte for byte. After every batch the
+    target equals the source (SQL on both sides), every recorded position is one of an applied change's binlog
+    coordinates, and no key's position goes back."""
+    database, kwargs, table, sink = target
+    source = f"cdc_msource_{uuid.uuid4().hex[:8]}"
+    mariadb_sql(binlog_mariadb, f"CREATE TABLE {source} (id INT PRIMARY KEY, name VARCHAR(64), qty INT)",
+                f"INSERT INTO {source} VALUES " + ", ".join(f"({i}, 'row{i}', {i})" for i in range(1, 21)))
+    try:
+        connector = mariadb_debezium(source)
+        op = pipeline(connector, sink, table, f"cdc_{uuid.uuid4().hex[:8]}")
+        seen: dict[bytes, bytes] = {}
+
+        def batch(marker: str) -> list[Record]:
+            records = delivered(bootstrap, connector, marker)
+            run(op)
+            assert target_rows(database, kwargs, table) == target_rows("mysql", binlog_mariadb, source), marker
+            now = change_positions(database, kwargs, op.pipeline_id)
+            assert {decoded(p) for p in now.values()} <= binlog_coordinates(records), marker
+            assert all(now[k] >= seen[k] for k in seen), f"a key's position went back ({marker})"
+            seen.update(now)
+            return records
+
+        # 1. The snapshot (op r, the binlog's coordinates when it was taken) and changes streamed after it, one of
+        # them a statement that changes five rows (one binlog event, rows 0-4).
+        mariadb_sql(binlog_mariadb, f"UPDATE {source} SET qty = qty + 100 WHERE id <= 5",
+                    f"INSERT INTO {source} VALUES (21, 'new', 1)", f"UPDATE {source} SET name = 'm1' WHERE id = 21")
+        first = batch("m1")
+        assert any(isinstance(r.payload, dict) and r.payload.get("op") == "r" for r in first)
+
+        # 2. Deletes, a row deleted and created again, a primary-key change, several changes of one row in one
+        # transaction, and one row changed thirty times.
+        mariadb_sql(binlog_mariadb, f"DELETE FROM {source} WHERE id IN (2, 3, 4)",
+                    f"INSERT INTO {source} VALUES (3, 'back', 33)",
+                    f"UPDATE {source} SET id = 100 WHERE id = 6",
+                    (f"UPDATE {source} SET qty = 1 WHERE id = 7", f"UPDATE {source} SET qty = 2 WHERE id = 7",
+                     f"DELETE FROM {source} WHERE id = 8", f"INSERT INTO {source} VALUES (8, 'again', 8)"),
+                    *(f"UPDATE {source} SET qty = {n} WHERE id = 9" for n in range(30)),
+                    f"UPDATE {source} SET name = 'm2' WHERE id = 21")
+        batch("m2")
+
+        # 3. The first batch's records re-sent, byte for byte (a connector restarted from an older offset): the
+        # snapshot's reads of rows deleted since stay deleted, the older images of changed rows apply nowhere.
+        resend(bootstrap, connector.topic, [r for r in first if r.raw_value is not None])
+        mariadb_sql(binlog_mariadb, f"UPDATE {source} SET name = 'm3' WHERE id = 21")
+        batch("m3")
+    finally:
+        mariadb_sql(binlog_mariadb, f"DROP TABLE IF EXISTS {source}")
+
+
 # --------------------------------------------------------------------------- table formats (Delta, Iceberg)
 
 #: A table format's protocol steps: the first batch is SIGKILLed at each of the first in turn (each attempt meets what

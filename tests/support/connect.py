@@ -1,10 +1,12 @@
-"""The stack's Kafka Connect worker (``make connect``) and Debezium's PostgreSQL connector, for tests and for
-scripts/record_debezium_events.py.
+"""The stack's Kafka Connect worker (``make connect``) and Debezium's PostgreSQL and MariaDB connectors, for tests
+and for scripts/record_debezium_events.py.
 
 :func:`connect_worker` (a session fixture) makes sure the worker runs, starting it with ``scripts/stack.py connect``
 when it does not: one worker for the whole session (and after it: ``make down`` stops it). :func:`debezium` (a
 fixture) registers connectors through Connect's REST API, each for one table with its own topic prefix,
 replication slot and publication, and removes them (connector, slot, publication, topics) after the test.
+:func:`mariadb_debezium` does the same with Debezium's MariaDB connector for a table of the binlog MariaDB
+(:func:`binlog_mariadb`, ``scripts/stack.py binlog-mariadb up``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import random
 import subprocess
 import sys
 import time
@@ -24,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from airflow_eo.examples.customers import postgres_connector
+from airflow_eo.examples.customers import debezium_connector, postgres_connector
 
 REPO = Path(__file__).resolve().parents[2]
 STACK_SCRIPT = REPO / "scripts" / "stack.py"
@@ -64,14 +67,15 @@ def connect_worker() -> str:
 
 @dataclass
 class DebeziumConnector:
-    """A registered Debezium PostgreSQL connector for one table: its topics and the PostgreSQL objects it owns."""
+    """A registered Debezium connector for one table: its topics and (PostgreSQL) the slot and publication it owns."""
 
-    name: str  # also the topic prefix, the replication slot and the publication
+    name: str  # also the topic prefix and, for PostgreSQL, the replication slot and the publication
     table: str
-    schema: str
+    schema: str  # MariaDB: the database
     config: dict[str, str]
     registered_at: float = 0.0
     streaming_at: float = 0.0
+    source: str = "postgres"  # or "mariadb"
 
     @property
     def topic(self) -> str:
@@ -93,7 +97,8 @@ class DebeziumConnector:
     @property
     def topics(self) -> list[str]:
         tables = [f"{self.name}.{t.strip()}" for t in self.config["table.include.list"].split(",")]
-        return [*tables, self.heartbeat_topic, self.transaction_topic]
+        history = [self.config["schema.history.internal.kafka.topic"]] if self.source == "mariadb" else []
+        return [*tables, self.heartbeat_topic, self.transaction_topic, *history]
 
     def status(self) -> dict[str, Any]:
         code, answer = rest("GET", f"/connectors/{self.name}/status")
@@ -210,14 +215,13 @@ def slot_blockers(postgres_kwargs: dict[str, Any]) -> str:
     return f"prepared transactions: {prepared}; sessions with an open transaction: {open_transactions}"
 
 
-def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootstrap: str,
+def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any] | None, bootstrap: str,
            timeout: float = 60, forget_offsets: bool = False, delete_topics: bool = True) -> None:
-    """``DELETE /connectors/{name}``, then drop its replication slot (once the stopped task lets it go) and its
-    publication, and delete its topics. ``forget_offsets``: first stop it and delete its source offsets (Kafka
+    """``DELETE /connectors/{name}``, then (PostgreSQL) drop its replication slot and its publication, and delete its
+    topics. ``forget_offsets``: first stop it and delete its source offsets (Kafka
     3.6+'s ``DELETE /connectors/{name}/offsets``), so that a connector registered again under the name starts
     afresh with a snapshot instead of resuming from them. ``delete_topics=False`` keeps its topics (a connector
     registered again under the name writes on into them)."""
-    import psycopg
     from confluent_kafka.admin import AdminClient
 
     if forget_offsets and rest("GET", f"/connectors/{connector.name}")[0] == 200:
@@ -231,6 +235,23 @@ def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootst
         assert code == 200, f"DELETE /connectors/{connector.name}/offsets: HTTP {code} {answer}"
     code, answer = rest("DELETE", f"/connectors/{connector.name}")
     assert code in (204, 404), f"DELETE /connectors/{connector.name}: HTTP {code} {answer}"
+    if connector.source == "postgres":
+        assert postgres_kwargs is not None
+        drop_slot_and_publication(connector, postgres_kwargs, timeout)
+    if not delete_topics:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = admin.list_topics(timeout=10).topics
+    doomed = [t for t in connector.topics if t in existing]
+    for future in (admin.delete_topics(doomed, operation_timeout=30).values() if doomed else []):
+        with contextlib.suppress(Exception):
+            future.result()
+
+
+def drop_slot_and_publication(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], timeout: float) -> None:
+    """A removed PostgreSQL connector's replication slot (once its stopped task lets it go) and publication."""
+    import psycopg
+
     deadline = time.monotonic() + timeout
     with psycopg.connect(**postgres_kwargs, autocommit=True) as conn:
         while True:
@@ -245,14 +266,6 @@ def remove(connector: DebeziumConnector, postgres_kwargs: dict[str, Any], bootst
                 conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
             time.sleep(0.2)
         conn.execute(f'DROP PUBLICATION IF EXISTS "{connector.name}"')
-    if not delete_topics:
-        return
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    existing = admin.list_topics(timeout=10).topics
-    doomed = [t for t in connector.topics if t in existing]
-    for future in (admin.delete_topics(doomed, operation_timeout=30).values() if doomed else []):
-        with contextlib.suppress(Exception):
-            future.result()
 
 
 @dataclass
@@ -284,6 +297,75 @@ def debezium(connect_worker: str, postgres_kwargs: dict[str, Any], bootstrap: st
         yield connectors
     finally:
         connectors.close()
+
+
+def mariadb_connector_config(mariadb_kwargs: dict[str, Any], bootstrap: str, name: str, table: str) -> dict[str, str]:
+    """Debezium's MariaDB connector for ``table`` of the binlog MariaDB's database, named ``name`` (also its topic
+    prefix): a snapshot, then the binlog; truncates streamed, transaction metadata and a heartbeat every 500 ms on,
+    Connect's JSON converter without its wrapper."""
+    database = str(mariadb_kwargs["database"])
+    return {
+        **debezium_connector("io.debezium.connector.mariadb.MariaDbConnector", mariadb_kwargs, name),
+        # The connector reads the binlog as a replica does, under a server id no other replica of the source has.
+        "database.server.id": str(random.randint(10_000, 2**31 - 1)),
+        "database.include.list": database,
+        "table.include.list": f"{database}.{table}",
+        # The tables' DDL as the binlog went (the connector decodes a row event with the table's schema of its time).
+        "schema.history.internal.kafka.bootstrap.servers": bootstrap,
+        "schema.history.internal.kafka.topic": f"{name}.schema-history",
+        "include.schema.changes": "false",
+        "snapshot.mode": "initial",
+        "skipped.operations": "none",
+        "provide.transaction.metadata": "true",
+        "heartbeat.interval.ms": "500",
+    }
+
+
+def register_mariadb(mariadb_kwargs: dict[str, Any], bootstrap: str, table: str,
+                     timeout: float = 120) -> DebeziumConnector:
+    """``POST /connectors`` Debezium's MariaDB connector for ``table`` (:func:`mariadb_connector_config`); returns
+    once its task runs and its snapshot is done: a heartbeat written and an offset committed past the snapshot."""
+    name = f"dbz_{uuid.uuid4().hex[:12]}"
+    config = mariadb_connector_config(mariadb_kwargs, bootstrap, name, table)
+    connector = DebeziumConnector(name, table, str(mariadb_kwargs["database"]), config, source="mariadb")
+    connector.registered_at = time.monotonic()
+    code, answer = rest("POST", "/connectors", {"name": name, "config": config})
+    assert code == 201, f"POST /connectors: HTTP {code} {answer}"
+    deadline = time.monotonic() + timeout
+    while not (running(connector) and end_offset(bootstrap, connector.heartbeat_topic) > 0
+               and snapshot_committed(connector)):
+        assert time.monotonic() < deadline, f"{name}'s snapshot not done in {timeout}s: {connector.status()}"
+        time.sleep(0.2)
+    connector.streaming_at = time.monotonic()
+    return connector
+
+
+@pytest.fixture(scope="session")
+def binlog_mariadb() -> dict[str, Any]:
+    """pymysql arguments of the stack's binlog MariaDB (``scripts/stack.py binlog-mariadb up``: started unless it
+    runs), a change-data-capture source."""
+    from tests.support.stack import load_stack
+
+    settings = load_stack().binlog_mariadb_up()
+    return {key: settings[key] for key in ("host", "port", "user", "password", "database")}
+
+
+@pytest.fixture
+def mariadb_debezium(connect_worker: str, binlog_mariadb: dict[str, Any], bootstrap: str
+                     ) -> Iterator[Callable[[str], DebeziumConnector]]:
+    """``mariadb_debezium(table)``: Debezium's MariaDB connector for the binlog MariaDB's table, streaming; removed
+    after the test with its topics."""
+    registered: list[DebeziumConnector] = []
+
+    def register_one(table: str) -> DebeziumConnector:
+        registered.append(register_mariadb(binlog_mariadb, bootstrap, table))
+        return registered[-1]
+
+    try:
+        yield register_one
+    finally:
+        for connector in registered:
+            remove(connector, None, bootstrap)
 
 
 @dataclass
