@@ -10,6 +10,13 @@ earlier one (two records of one value of a unique index: the later is refused). 
 (dead letters, or the batch fails naming the first), and the batch is written again without them. The probes change
 nothing that anyone can see, so exactly-once is untouched: what commits is still the one write the protocol
 commits.
+
+Two records of one value of a unique index in two write tasks of a two-phase sink meet no error at all: the later
+task's insert waits on the earlier task's prepared branch, which keeps its locks until the batch commits, which waits
+for the later task. So a two-phase write task waits at most :data:`ROW_LOCK_WAIT_S` for a row lock; past that its
+failure is marked (:data:`LOCK_WAIT_MARK`), the batch's branches are rolled back and its rows are probed in one task,
+where the second record of the value is refused at once and the pair is found as above. When the one task takes
+every row, the lock was another transaction's, not the batch's: the batch fails, to be retried.
 """
 
 from __future__ import annotations
@@ -21,6 +28,11 @@ from dataclasses import dataclass
 #: Marks a write task's failure on a value the table refuses, so the driver can tell it from any other failure in
 #: the text of the Spark job's error (the only thing that crosses from a task to the driver).
 REFUSED_MARK = "[airflow_eo: the table refused a row]"
+#: Marks a two-phase write task that waited :data:`ROW_LOCK_WAIT_S` for a row lock (the module's docstring).
+LOCK_WAIT_MARK = "[airflow_eo: a write task waited on a row lock]"
+#: Seconds a write task of a two-phase sink waits for another transaction's row lock (InnoDB's default is 50 s;
+#: PostgreSQL waits without end).
+ROW_LOCK_WAIT_S = 20
 #: Rows of the first probes of a task: the task's rows in slices of this many.
 PROBE_ROWS = 4096
 #: Refused rows one task isolates one by one; past that, the rows of each slice the table still refuses are refused

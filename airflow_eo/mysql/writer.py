@@ -17,7 +17,7 @@ from pymysql.constants import ER
 from airflow_eo.arrow.kept_batches import KeptBatches
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.refused_rows import refusal_text
+from airflow_eo.core.refused_rows import ROW_LOCK_WAIT_S, refusal_text
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.mysql.bulk_load import (
     hex_columns,
@@ -28,6 +28,7 @@ from airflow_eo.mysql.bulk_load import (
     staging_types,
 )
 from airflow_eo.mysql.connection import connect, read_committed_writes
+from airflow_eo.mysql.database import DATABASE
 from airflow_eo.mysql.sql import (
     delete_statement,
     delete_tombstones_statement,
@@ -48,6 +49,9 @@ STATEMENT_MAX_CHARS = 2 * 1024 * 1024
 # wait timeout rolls back only its statement. Either way the transaction is rolled back and run again, as InnoDB's
 # manual asks of every application; Spark cannot retry one task of a barrier stage.
 RESTARTABLE = frozenset({ER.LOCK_DEADLOCK, ER.LOCK_WAIT_TIMEOUT})
+# An XA branch that waited out a lock is not run again: the lock may be another task's prepared branch, held until
+# the batch commits (a value of a unique index in both tasks' rows: core/refused_rows.py); the driver finds out.
+XA_RESTARTABLE = frozenset({ER.LOCK_DEADLOCK})
 TRANSACTION_RUNS = 6
 
 # The server's errors that refuse a row's values (in strict mode): what a dead letter can hold instead of the row.
@@ -64,14 +68,16 @@ REFUSED_VALUE_ERRORS = frozenset({
 })
 
 
-def restarting(run: Callable[[], int], restart: Callable[[], None], runs: int = TRANSACTION_RUNS) -> int:
-    """``run()`` (one transaction's statements); after a deadlock or a lock wait timeout, ``restart()`` (roll the
-    transaction back, begin again) and run it again after a random pause, at most ``runs`` times in all."""
+def restarting(run: Callable[[], int], restart: Callable[[], None], runs: int = TRANSACTION_RUNS,
+               restartable: frozenset[int] = RESTARTABLE) -> int:
+    """``run()`` (one transaction's statements); after a deadlock or a lock wait timeout (``restartable``),
+    ``restart()`` (roll the transaction back, begin again) and run it again after a random pause, at most ``runs``
+    times in all."""
     for attempt in range(1, runs + 1):
         try:
             return run()
         except pymysql.err.OperationalError as exc:
-            if not (exc.args and exc.args[0] in RESTARTABLE) or attempt == runs:
+            if not (exc.args and exc.args[0] in restartable) or attempt == runs:
                 raise
         restart()
         time.sleep(random.uniform(0, 0.05 * 2 ** attempt))  # apart, so the same two do not meet again at once
@@ -113,8 +119,12 @@ class PartitionWriter(SqlPartitionWriter):
                 # another session's branch with XAER_OUTSIDE, even right after connecting (checked on 10.11).
                 with xa_session(self.connect_kwargs) as own:
                     rollback_earlier_attempts(own, xid)
+            # A branch waits out another's lock at most ROW_LOCK_WAIT_S, then fails (XA_RESTARTABLE says why).
+            restartable = XA_RESTARTABLE if xa is not None and not self.probe else RESTARTABLE
             with conn.cursor() as cur:
                 read_committed_writes(cur)
+                if restartable is XA_RESTARTABLE:
+                    cur.execute(DATABASE.row_lock_wait(ROW_LOCK_WAIT_S))
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
                 write: Callable[[bool], int]
@@ -131,7 +141,7 @@ class PartitionWriter(SqlPartitionWriter):
                     def write(commit: bool) -> int:
                         with KeptBatches(stream) as kept:
                             return restarting(lambda: self._write(conn, cur, _rows(kept.batches(), self.columns)),
-                                              restart)
+                                              restart, restartable=restartable)
                 elif types is None:
                     def write(commit: bool) -> int:
                         return self._write(conn, cur, _rows(stream, self.columns))
@@ -139,7 +149,8 @@ class PartitionWriter(SqlPartitionWriter):
                     # (A float32's shortest text means another number in a DOUBLE column: staged as FLOAT, it does not.)
                     def write(commit: bool) -> int:
                         with kept_csv_files(stream, self.columns, sort_by=self.key_columns) as files:
-                            return restarting(lambda: self._load_replacing(conn, cur, files, hexed, commit), restart)
+                            return restarting(lambda: self._load_replacing(conn, cur, files, hexed, commit), restart,
+                                              restartable=restartable)
                 else:
                     # Before XA START: session-private rows that belong to no branch and no transaction.
                     staged = stage(cur, stream, self.columns, types)
@@ -149,7 +160,8 @@ class PartitionWriter(SqlPartitionWriter):
 
                     def write(commit: bool) -> int:
                         # The staged rows stay (committed before the transaction): the statements can run again.
-                        return restarting(lambda: self._write_staged(conn, cur, staged, hexed, commit), restart)
+                        return restarting(lambda: self._write_staged(conn, cur, staged, hexed, commit), restart,
+                                          restartable=restartable)
                 if self.probe:  # one plain transaction, rolled back: no branch, nothing anyone sees
                     written = write(False)
                     conn.rollback()
@@ -170,6 +182,10 @@ class PartitionWriter(SqlPartitionWriter):
             return None, written
         finally:
             conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
+
+    def lock_waited(self, exc: BaseException) -> bool:
+        return (self.xa and not self.probe and isinstance(exc, pymysql.err.OperationalError) and bool(exc.args)
+                and exc.args[0] == ER.LOCK_WAIT_TIMEOUT)
 
     def refusal(self, exc: BaseException) -> str | None:
         if isinstance(exc, pymysql.err.MySQLError) and len(exc.args) > 1 and exc.args[0] in REFUSED_VALUE_ERRORS:

@@ -24,10 +24,11 @@ import pyarrow.csv as pa_csv
 
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
-from airflow_eo.core.refused_rows import refusal_text
+from airflow_eo.core.refused_rows import ROW_LOCK_WAIT_S, refusal_text
 from airflow_eo.core.vote import write_while_voting
 from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
+from airflow_eo.postgres.database import DATABASE
 from airflow_eo.postgres.prepared import PreparedTransactions, prepared_session
 from airflow_eo.postgres.sql import (
     STAGING_SEQ,
@@ -96,6 +97,10 @@ class PartitionWriter(SqlPartitionWriter):
                 self._rollback_earlier_attempts(xid)
             failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
             with conn.cursor() as cur:
+                if prepared is not None:
+                    # Another task's prepared transaction keeps its locks until the batch commits: never wait on one
+                    # without end (a value of a unique index in both tasks' rows: core/refused_rows.py).
+                    cur.execute(DATABASE.row_lock_wait(ROW_LOCK_WAIT_S))
                 for ddl in staging_ddl(self.table, bare, self.columns, temporary):
                     cur.execute(ddl)
                 staged = self._copy(cur, staging, stream, csv)
@@ -147,6 +152,9 @@ class PartitionWriter(SqlPartitionWriter):
                                                                 ("constraint", diag.constraint_name)) if value)
         return refusal_text(f"{diag.message_primary or exc}" + (f" ({named})" if named else "")
                             + f" (SQLSTATE {state})")
+
+    def lock_waited(self, exc: BaseException) -> bool:
+        return self.two_phase and not self.probe and isinstance(exc, psycopg.errors.LockNotAvailable)
 
     def _rollback_earlier_attempts(self, xid: Xid) -> None:
         # On its own autocommit session: ROLLBACK PREPARED may not run inside this task's transaction.

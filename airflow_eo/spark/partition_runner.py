@@ -12,6 +12,7 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,21 @@ from airflow_eo.spark.spark_connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+
+#: The writer tasks of the jobs run inside :func:`write_tasks` (None: each runner's own).
+_WRITE_TASKS: ContextVar[int | None] = ContextVar("airflow_eo_write_tasks", default=None)
+
+
+@contextlib.contextmanager
+def write_tasks(count: int | None) -> Iterator[None]:
+    """The jobs of every runner, while this lasts, write in ``count`` tasks (None: their own): a batch written again
+    in one task after two of its tasks met on a row lock (:mod:`airflow_eo.spark.refusal_rounds`)."""
+    token = _WRITE_TASKS.set(count)
+    try:
+        yield
+    finally:
+        _WRITE_TASKS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,7 @@ class SparkPartitionRunner:
                  *(TASK_POSITION_COLUMNS if positions is not None else ())]
         source = plan.unfiltered.select(*named_columns([*selected, *extra])) if counting else (
             out if columns is None else out.select(*named_columns(selected)))
-        partitions = self.write_partitions or default_parallelism(out.sparkSession)
+        partitions = _WRITE_TASKS.get() or self.write_partitions or default_parallelism(out.sparkSession)
         # One key lives in one task: two XA branches never wait on each other's row locks. Bad records (NULL keys,
         # mostly) spread by their offsets instead of piling up in one task.
         spread = ["_eo_dl_partition", "_eo_dl_offset"] if route is not None else []

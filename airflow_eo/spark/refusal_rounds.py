@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from airflow_eo.core.abilities import RowRefusals, has_role, role
 from airflow_eo.core.batch import BatchContext, ExecutionResult
 from airflow_eo.core.config import BadRecordPolicy, ParseConfig
-from airflow_eo.core.errors import BadRecordError
+from airflow_eo.core.errors import BadRecordError, UnavailableError
 from airflow_eo.core.protocol import Sink
-from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS
-from airflow_eo.spark.partition_runner import default_parallelism
+from airflow_eo.core.refused_rows import MAX_REFUSED_PER_TASK, REFUSAL_ROUNDS, ROW_LOCK_WAIT_S
+from airflow_eo.spark.partition_runner import default_parallelism, write_tasks
 from airflow_eo.spark.refused_rows import WriteRefused, find_refused, mark_all_refused, mark_refused
 
 if TYPE_CHECKING:
@@ -61,24 +61,42 @@ class RefusalRounds:
         (:func:`~airflow_eo.spark.refused_rows.without_raw_fields`); ``write_once``: this batch's write, in place of
         the engine's. Returns the result and ``parsed`` as written
         (the refused records bad)."""
-        for _ in range(REFUSAL_ROUNDS):
+        rounds, one_task = 0, False
+        while rounds < REFUSAL_ROUNDS:
             try:
-                return (write_once or self.write_once)(spark, parsed, payload, batch, sink), parsed
+                with write_tasks(1 if one_task else None):
+                    return (write_once or self.write_once)(spark, parsed, payload, batch, sink), parsed
             except WriteRefused as refused:
                 if not has_role(sink, RowRefusals) or not role(sink, RowRefusals).refused_by_output(refused.writer):
                     raise  # the dead-letter or seen-id table: no record of the batch to blame
                 table = role(sink, RowRefusals).output_table
                 role(sink, RowRefusals).void_refused_write(batch)
+                if refused.lock_wait:
+                    if one_task:
+                        raise UnavailableError(
+                            f"a write task of table {table} waited {ROW_LOCK_WAIT_S} s for a row lock "
+                            f"({refused.error}) with the batch written in one task: another transaction holds it. "
+                            "Nothing was committed; the next attempt writes the batch again.") from refused
+                    # Perhaps two tasks' records of one value of a unique index, the later waiting on the earlier's
+                    # prepared branch: in one task they meet in one transaction (core/refused_rows.py).
+                    log.warning("a write task of table %s waited %s s for a row lock (%s): the batch is written "
+                                "again in one task", table, ROW_LOCK_WAIT_S, refused.error)
+                    one_task = True
+                    continue
+                rounds += 1
                 if self.transformed:
                     parsed = self._all_refused(parsed, table, refused, originals)
                     continue
-                found, more = find_refused(parsed, refused.writer,
-                                           self.parse.write_partitions or default_parallelism(spark))
-                if not found:  # every record of each task taken by probes: a refusal the probes do not meet again
+                tasks = 1 if one_task else self.parse.write_partitions or default_parallelism(spark)
+                found, more = find_refused(parsed, refused.writer, tasks)
+                if not found and tasks > 1:
+                    # Every record of each task taken: perhaps two tasks' records of one value of a unique index,
+                    # which meet in one task's probes.
+                    found, more = find_refused(parsed, refused.writer, 1)
+                if not found:  # a refusal the probes do not meet again
                     raise BadRecordError(
                         f"table {table} refused a row of this batch ({refused.error}), but no record when written "
-                        "again task by task (two write tasks' records of one value of a unique index?). Nothing was "
-                        "committed.") from refused
+                        "again task by task and in one task. Nothing was committed.") from refused
                 first = found[0]
                 where = f"{first.topic}[{first.partition}] offset {first.offset}"
                 if more and self.parse.on_bad_record is BadRecordPolicy.FAIL:

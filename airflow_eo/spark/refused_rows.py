@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_eo.core.refused_rows import REFUSED_MARK, isolate_refused
+from airflow_eo.core.refused_rows import LOCK_WAIT_MARK, REFUSED_MARK, isolate_refused
 from airflow_eo.spark.columns import named_columns, positional
 
 if TYPE_CHECKING:
@@ -20,15 +20,20 @@ _POSITION = ("_eo_ref_topic", "_eo_ref_partition", "_eo_ref_offset")
 #: A record's raw fields: what a dead letter keeps of it besides its position and its error.
 RAW_FIELDS = ("kafka_key", "kafka_value", "kafka_headers")
 _MARKED = re.compile(re.escape(REFUSED_MARK) + r" ([^\n]*)")
+_LOCK_WAITED = re.compile(re.escape(LOCK_WAIT_MARK) + r" ([^\n]*)")
 
 
 class WriteRefused(Exception):
-    """A partition writer's task failed on a row its table refuses (the job's error held :data:`REFUSED_MARK`)."""
+    """A partition writer's task failed on a row its table refuses (the job's error held :data:`REFUSED_MARK`), or,
+    ``lock_wait``, a two-phase write task waited too long for a row lock (:data:`LOCK_WAIT_MARK`: perhaps another
+    task's prepared branch holds a value of a unique index its rows also hold)."""
 
-    def __init__(self, writer: Any, error: str) -> None:
-        super().__init__(f"the table refused a row: {error}")
+    def __init__(self, writer: Any, error: str, lock_wait: bool = False) -> None:
+        super().__init__(f"a write task waited on a row lock: {error}" if lock_wait else
+                         f"the table refused a row: {error}")
         self.writer = writer
         self.error = error
+        self.lock_wait = lock_wait
 
 
 @dataclass(frozen=True, order=True)
@@ -42,20 +47,28 @@ class RefusedRecord:
 
 
 def raise_if_refused(writer: Any, exc: BaseException) -> None:
-    """In a write task: re-raise ``exc`` marked when ``writer`` says it is its table refusing a row's values."""
+    """In a write task: re-raise ``exc`` marked when ``writer`` says it is its table refusing a row's values, or its
+    two-phase write's wait for a row lock running out."""
     refusal = getattr(writer, "refusal", None)
     text = refusal(exc) if callable(refusal) else None
     if text is not None:
         raise RuntimeError(f"{REFUSED_MARK} {text}") from exc
+    lock_waited = getattr(writer, "lock_waited", None)
+    if callable(lock_waited) and lock_waited(exc):
+        first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise RuntimeError(f"{LOCK_WAIT_MARK} {first_line}") from exc
 
 
 def refused_write(writer: Any, exc: BaseException) -> WriteRefused | None:
-    """On the driver: the failed write job's error as :class:`WriteRefused` when a task marked it (and ``writer``
-    can probe), else None."""
-    found = _MARKED.search(str(exc))
-    if found is None or not hasattr(writer, "probe"):
+    """On the driver: the failed write job's error as :class:`WriteRefused` when a task marked it (a refusal, or a
+    lock wait) and ``writer`` can probe, else None."""
+    if not hasattr(writer, "probe"):
         return None
-    return WriteRefused(writer, found.group(1).strip())
+    found = _MARKED.search(str(exc))
+    if found is not None:
+        return WriteRefused(writer, found.group(1).strip())
+    waited = _LOCK_WAITED.search(str(exc))
+    return None if waited is None else WriteRefused(writer, waited.group(1).strip(), lock_wait=True)
 
 
 def find_refused(parsed: DataFrame, writer: Any, partitions: int) -> tuple[list[RefusedRecord], bool]:

@@ -42,6 +42,11 @@ class SqlPartitionWriter:
         out of a column's range), else None (the connection, a lock, anything the same rows could pass on retry)."""
         return None
 
+    def lock_waited(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this two-phase write's wait for a row lock running out
+        (:data:`~airflow_eo.core.refused_rows.ROW_LOCK_WAIT_S`): perhaps another task's prepared branch holds it."""
+        return False
+
     def xid(self, partition: int, stage_id: int, attempt_id: int) -> Xid:
         """This task attempt's branch id."""
         return Xid(self.pipeline_key, self.batch_id, self.epoch, partition, stage_id, attempt_id)

@@ -253,6 +253,39 @@ def test_of_records_sharing_a_value_of_a_unique_index_the_later_becomes_a_dead_l
         assert f"{table}_code" in letter["error"], letter["error"]
 
 
+@pytest.mark.parametrize("kind", ["postgres-two-phase", "mysql-xa"])
+def test_records_of_one_value_of_a_unique_index_in_two_write_tasks_do_not_stall_a_two_phase_batch(
+        kind, bootstrap, mysql_kwargs, postgres_kwargs, topic_name):
+    """Two records with one value of a unique index other than the key, spread to two write tasks of a two-phase
+    sink: the later task's insert waits on the earlier task's prepared branch, which keeps its locks until the batch
+    commits. Before, PostgreSQL waited without end and MySQL failed the batch on every run after its lock wait
+    timeout. Now the wait ends (ROW_LOCK_WAIT_S) and the batch is written again in one task: on PostgreSQL the later
+    of the two is refused there and becomes a dead letter; MySQL's ``INSERT .. ON DUPLICATE KEY UPDATE`` takes it as
+    an update of the earlier's row (documented)."""
+    database, spec_class, options, table, query = _setup(kind, mysql_kwargs, postgres_kwargs)
+    query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, code VARCHAR(8) NOT NULL, "
+          f"CONSTRAINT {table}_code UNIQUE (code))")
+    create_topic(bootstrap, topic_name, 1)
+    # Spread by id into two tasks: e0 and e5 in one, the rest in the other (Spark's hash of the key).
+    codes = ["x", "x", "c", "d", "e", "f", "g", "h"]
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "code": code} for i, code in enumerate(codes)])
+    spec = spec_class(table=table, key_columns=["id"], **options)
+    op = operator(topic_name, spec, pipeline_id=f"cross_{topic_name}", schema="id STRING, code STRING",
+                  on_bad_record="dead_letter", write_partitions=2)
+    summary = run(op)
+    stored = sorted(query(f"SELECT id, code FROM {table}"))
+    rest = [(f"e{i}", code) for i, code in enumerate(codes) if i >= 2]
+    if database == "postgres":
+        assert (summary["records_in"], summary["dead_letters"]) == (8, 1)
+        assert stored in ([("e0", "x"), *rest], [("e1", "x"), *rest]), stored
+        dead = build_sink(spec, op.pipeline_id, MYSQL_STORE).dead_letters(op.pipeline_id, None, 10)  # type: ignore[attr-defined]
+        assert [d["kafka_offset"] for d in dead] == [1 if stored[0][0] == "e0" else 0]
+        assert f"{table}_code" in dead[0]["error"], dead[0]["error"]
+    else:
+        assert (summary["records_in"], summary["dead_letters"]) == (8, 0)
+        assert len(stored) == 7 and stored[1:] == rest and stored[0][1] == "x", stored
+
+
 def test_a_flood_of_refused_records_past_the_limit_becomes_dead_letters_and_the_batch_commits(
         bootstrap, mysql_kwargs, topic_name):
     """More refused records in one write task than it isolates one by one (500): past those, the slices the table
