@@ -11,7 +11,9 @@ each on the same data and an identical fresh table:
 - the limits: ``r_kafka`` (Spark reads and counts the ranges: no parse, no write) and ``r_db`` (the fastest
   load of the same rows into the same table from the same number of connections: multi-row INSERT or
   ``LOAD DATA LOCAL INFILE``, whichever is faster), ``r_db_pg`` for PostgreSQL (``COPY .. FROM STDIN`` of the
-  same rows, same connections); the limit of a pipeline is min(r_kafka, r_db[_pg]) for its shape;
+  same rows, same connections); the limit of a pipeline is min(r_kafka, r_db[_pg]) for its shape, and, since Spark
+  and the database share the machine's cores, the shared-core limit 1 / (1/r_kafka + 1/r_db[_pg]) (each record read,
+  then written, on the same cores);
 - the peers (at-least-once), per job (:data:`PEERS_OF`): for the events' shape, Spark Structured Streaming
   (``readStream`` + ``trigger(availableNow=True)`` + a checkpoint + ``foreachBatch`` upserting with our multi-row
   statements), Spark's JDBC writer (``df.write.jdbc`` append, MariaDB Connector/J from Maven Central) and Airflow's
@@ -44,7 +46,7 @@ each on the same data and an identical fresh table:
 
 Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
 ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
-fraction of the limit (none for the Delta jobs: they run in another JVM than R_kafka's, and the local disk's own rate
+fraction of the limit and of the shared-core limit (none for the Delta jobs: they run in another JVM than R_kafka's, and the local disk's own rate
 is not measured), and with ``--json``/``--chart`` writes them (with the seconds per phase and the driver's peak
 memory) as JSON and as a PNG. Numbers, not assertions: compare ratios within one run.
 

@@ -47,6 +47,7 @@ class Job:
     #: dead letters: records/s over the same sink's good-record rate (``eo_xa_events``)
     ratio_to_good_records: float | None = None
     fraction_of_limit: float | None = None
+    fraction_of_shared_limit: float | None = None
     protocol_share: float | None = None
     #: where it ran: "local", or the Airflow connection of ``--spark-conn``
     spark: str = "local"

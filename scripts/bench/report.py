@@ -21,6 +21,7 @@ def rate_point(point: dict[str, Any]) -> None:
     kafka, db = jobs.get("r_kafka", {}).get("records_per_s"), jobs.get("r_db", {}).get("records_per_s")
     good = jobs.get("eo_xa_events", {}).get("records_per_s")
     for job in point["jobs"]:
+        shared: float | None = None
         peers = [p for p in PEERS_OF.get(job["name"], ()) if p in jobs]
         if peers:
             best = max(peers, key=lambda p: jobs[p]["records_per_s"])
@@ -29,9 +30,10 @@ def rate_point(point: dict[str, Any]) -> None:
         if job["name"] in COMPARED_WITH_PLAIN and good:
             job["ratio_to_good_records"] = round(job["records_per_s"] / good, 3)
         if job["name"] in EVENTS_SHAPE and kafka and db:
-            limit = min(kafka, db)
+            limit, shared = min(kafka, db), shared_core_limit(kafka, db)
         elif job["name"] in PG_EVENTS_SHAPE and kafka and "r_db_pg" in jobs:
-            limit = min(kafka, jobs["r_db_pg"]["records_per_s"])
+            db_pg = jobs["r_db_pg"]["records_per_s"]
+            limit, shared = min(kafka, db_pg), shared_core_limit(kafka, db_pg)
         elif job["name"] in ("eo_xa_counts", "spark_jdbc_append_counts") and kafka:
             limit = kafka  # a few rows out: the database is not the limit
         elif job["name"] in ("eo_kafka_txn", "spark_kafka_writer") and "r_kafka_lines" in jobs:
@@ -39,22 +41,32 @@ def rate_point(point: dict[str, Any]) -> None:
         else:
             continue
         job["fraction_of_limit"] = round(job["records_per_s"] / limit, 3)
+        if shared is not None:
+            job["fraction_of_shared_limit"] = round(job["records_per_s"] / shared, 3)
+
+
+def shared_core_limit(r_kafka: float, r_db: float) -> float:
+    """The rate of reading and writing a record when both take the same cores (Spark and the database share the
+    machine's): each record costs 1/R_kafka to read plus 1/R_db to write, so 1 / (1/R_kafka + 1/R_db), below
+    min(R_kafka, R_db), which holds only when the two run on cores of their own."""
+    return 1 / (1 / r_kafka + 1 / r_db)
 
 
 def print_point(point: dict[str, Any]) -> None:
     print(f"\n{point['events']:,} events, {point['parallelism']} writers, Spark: {point['spark']}")
     print(f"{'job':<36}{'seconds':>9}{'records/s':>12}{'x best peer':>22}{'best peer':>30}{'of limit':>10}"
-          f"{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
+          f"{'of shared':>10}{'protocol':>10}{'driver MiB (py/JVM)':>21}  phases (s)")
     for j in point["jobs"]:
         ratio = f"{j['ratio_to_best_peer']:.2f}" if j["ratio_to_best_peer"] is not None else "-"
         if j.get("ratio_to_good_records") is not None:
             ratio += f" ({j['ratio_to_good_records']:.2f}x {'good' if j['name'] in DEAD_LETTERS else 'plain'})"
         limit = f"{j['fraction_of_limit']:.2f}" if j["fraction_of_limit"] is not None else "-"
+        shared = f"{j['fraction_of_shared_limit']:.2f}" if j.get("fraction_of_shared_limit") is not None else "-"
         protocol = f"{j['protocol_share']:.1%}" if j["protocol_share"] is not None else "-"
         rss = j["driver_peak_rss_mb"] or {}
         memory = f"{rss.get('python', '-')}/{rss.get('jvm', '-')}"
         print(f"{j['name']:<36}{j['seconds']:>9.1f}{j['records_per_s']:>12,.0f}{ratio:>22}{j.get('peer') or '-':>30}"
-              f"{limit:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
+              f"{limit:>10}{shared:>10}{protocol:>10}{memory:>21}  {j['phases'] or j['note']}")
 
 
 def print_scale_out(points: list[dict[str, Any]]) -> None:
@@ -87,12 +99,16 @@ def chart(points: list[dict[str, Any]], path: Path) -> None:
         for name in names:
             rates = [next((j["records_per_s"] for j in p["jobs"] if j["name"] == name), None) for p in mine]
             ax.plot(sizes, rates, marker="o", linestyle="-" if name in OURS else ":", label=name)
-        limits = []
+        limits, shared_limits = [], []
         for p in mine:
             by_name = {j["name"]: j["records_per_s"] for j in p["jobs"]}
-            limits.append(min(by_name["r_kafka"], by_name["r_db"]) if {"r_kafka", "r_db"} <= set(by_name) else None)
+            both = {"r_kafka", "r_db"} <= set(by_name)
+            limits.append(min(by_name["r_kafka"], by_name["r_db"]) if both else None)
+            shared_limits.append(shared_core_limit(by_name["r_kafka"], by_name["r_db"]) if both else None)
         ax.plot(sizes, limits, color="black", linestyle="--", marker="_", markersize=14, linewidth=2,
                 label="limit: min(R_kafka, R_db)")
+        ax.plot(sizes, shared_limits, color="gray", linestyle="--", marker="_", markersize=14, linewidth=2,
+                label="shared-core limit: 1 / (1/R_kafka + 1/R_db)")
         ax.set_xscale("log")
         ax.set_xlabel("events per batch")
         ax.set_ylabel("records/s")

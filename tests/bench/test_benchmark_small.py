@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 JOBS = {"r_kafka", "r_kafka_lines", "r_db", "structured_streaming_foreach_batch", "spark_jdbc_append",
         "airflow_consume_from_topic", "spark_jdbc_append_counts", "spark_kafka_writer", "eo_upsert", "eo_xa_events",
@@ -47,6 +49,12 @@ def test_the_benchmark_runs_every_job_on_a_small_batch(tmp_path, bootstrap, airf
                  "spark_jdbc_append_pg", "eo_pg_upsert", "eo_pg_two_phase"):
         assert jobs[name]["ratio_to_best_peer"] is not None and jobs[name]["fraction_of_limit"] is not None
     assert max(jobs[p]["ratio_to_best_peer"] for p in EVENTS_PEERS) == 1.0
+    # Both limits: the shared-core one (reading and writing on the same cores) is below min(R_kafka, R_db).
+    for name in ("eo_xa_events", "eo_upsert", "spark_jdbc_append", "eo_pg_upsert", "eo_pg_two_phase"):
+        assert jobs[name]["fraction_of_shared_limit"] > jobs[name]["fraction_of_limit"] > 0, jobs[name]
+    kafka, db = jobs["r_kafka"]["records_per_s"], jobs["r_db"]["records_per_s"]
+    assert jobs["eo_xa_events"]["fraction_of_shared_limit"] == pytest.approx(
+        jobs["eo_xa_events"]["records_per_s"] * (1 / kafka + 1 / db), abs=0.001)
     # Each job against the best peer of its own shape.
     assert {jobs[n]["peer"] for n in ("eo_upsert", "eo_xa_events", "eo_xa_dead_letters")} <= set(EVENTS_PEERS)
     assert jobs["eo_xa_counts"]["peer"] == "spark_jdbc_append_counts"
