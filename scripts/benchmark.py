@@ -44,11 +44,11 @@ each on the same data and an identical fresh table:
   ``foreachBatch`` into the same database through a staging table (``structured_streaming_cdc[_pg]``), every table
   compared with the events' ground truth; ``--cdc-phases`` measures our job's phases apart.
 
-Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the
-ratio to the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the
-fraction of the limit and of the shared-core limit (none for the Delta jobs: they run in another JVM than R_kafka's, and the local disk's own rate
-is not measured), and with ``--json``/``--chart`` writes them (with the seconds per phase and the driver's peak
-memory) as JSON and as a PNG. Numbers, not assertions: compare ratios within one run.
+Every job checks its output (row count, or the true counts) before its time counts. It prints records/s, the ratio to
+the best peer of the job (``peer`` names it; dead letters also to the XA sink's good-record rate) and the fraction of
+the limit and of the shared-core limit (none for the Delta jobs: they run in another JVM than R_kafka's, and the
+local disk's own rate is not measured), and with ``--json``/``--chart`` writes them (with the seconds per phase and
+the driver's peak memory) as JSON and as a PNG. Numbers, not assertions: compare ratios within one run.
 
 The code is in the package ``scripts/bench``, a module per part: ``names`` (the jobs and their peers), ``common``
 (what every job uses), ``limits``, ``peers``, ``ours``, ``cdc`` and ``cdc_jobs`` (change data capture),
