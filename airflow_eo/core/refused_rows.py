@@ -31,8 +31,9 @@ REFUSED_MARK = "[airflow_eo: the table refused a row]"
 #: Marks a two-phase write task that waited :data:`ROW_LOCK_WAIT_S` for a row lock (the module's docstring).
 LOCK_WAIT_MARK = "[airflow_eo: a write task waited on a row lock]"
 #: Seconds a write task of a two-phase sink waits for another transaction's row lock (InnoDB's default is 50 s;
-#: PostgreSQL waits without end).
-ROW_LOCK_WAIT_S = 20
+#: PostgreSQL waits without end). Another application's row lock lasts milliseconds in an OLTP table; past this the
+#: cost is small: the batch is written again in one task, and fails for a retry only if that task waits too.
+ROW_LOCK_WAIT_S = 10
 #: Rows of the first probes of a task: the task's rows in slices of this many.
 PROBE_ROWS = 4096
 #: Refused rows one task isolates one by one; past that, the rows of each slice the table still refuses are refused

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from airflow_eo.core.errors import BadRecordError
+from airflow_eo.core.errors import BadRecordError, UnavailableError
+from airflow_eo.core.refused_rows import ROW_LOCK_WAIT_S
+from airflow_eo.core.xid import pipeline_key
 from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.sinks import MySqlUpsertSink, MySqlXaSink, PostgresTwoPhaseSink, PostgresUpsertSink
 from tests.support.kafka import create_topic, produce_json
@@ -284,6 +286,37 @@ def test_records_of_one_value_of_a_unique_index_in_two_write_tasks_do_not_stall_
     else:
         assert (summary["records_in"], summary["dead_letters"]) == (8, 0)
         assert len(stored) == 7 and stored[1:] == rest and stored[0][1] == "x", stored
+
+
+def test_a_row_lock_another_transaction_holds_fails_a_two_phase_batch_for_a_retry_not_for_ever(
+        bootstrap, mysql_kwargs, postgres_kwargs, topic_name):
+    """A transaction outside the pipeline holds the lock of a row the batch updates, past two waits of
+    ROW_LOCK_WAIT_S: the task that writes the row waits, the batch is written again in one task, which waits too, and
+    the batch fails saying another transaction holds the lock, nothing committed (before, PostgreSQL's two-phase
+    sink waited without end). Once the lock is gone, the next attempt commits the batch."""
+    import psycopg
+
+    _, spec_class, options, table, query = _setup("postgres-two-phase", mysql_kwargs, postgres_kwargs)
+    query(f"CREATE TABLE {table} (id VARCHAR(16) NOT NULL PRIMARY KEY, code VARCHAR(8) NOT NULL)")
+    query(f"INSERT INTO {table} VALUES ('e1', 'old')")
+    create_topic(bootstrap, topic_name, 1)
+    produce_json(bootstrap, topic_name, [{"id": f"e{i}", "code": f"c{i}"} for i in range(4)])
+    op = operator(topic_name, spec_class(table=table, key_columns=["id"], **options),
+                  pipeline_id=f"held_{topic_name}", schema="id STRING, code STRING", write_partitions=2)
+    with psycopg.connect(**postgres_kwargs) as holder:  # a transaction of another application, left open
+        holder.execute(f"SELECT * FROM {table} WHERE id = 'e1' FOR UPDATE")
+        with pytest.raises(UnavailableError, match=rf"a write task of table {table} waited {ROW_LOCK_WAIT_S} s for a "
+                                                   r"row lock .* with the batch written in one task: another "
+                                                   r"transaction holds it"):
+            run(op)
+        assert sorted(query(f"SELECT id, code FROM {table}")) == [("e1", "old")]
+        holder.rollback()
+    # The branches of the failed attempt, rolled back (the one a task prepared before the other waited out the lock).
+    assert not pg_rows(postgres_kwargs, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s",
+                       (f"eo:{pipeline_key(op.pipeline_id)}:%",))
+    summary = run(op)
+    assert summary["rows_out"] == 4
+    assert sorted(query(f"SELECT id, code FROM {table}")) == [(f"e{i}", f"c{i}") for i in range(4)]
 
 
 def test_a_flood_of_refused_records_past_the_limit_becomes_dead_letters_and_the_batch_commits(
