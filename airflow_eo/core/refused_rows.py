@@ -14,9 +14,10 @@ commits.
 Two records of one value of a unique index in two write tasks of a two-phase sink meet no error at all: the later
 task's insert waits on the earlier task's prepared branch, which keeps its locks until the batch commits, which waits
 for the later task. So a two-phase write task waits at most :data:`ROW_LOCK_WAIT_S` for a row lock; past that its
-failure is marked (:data:`LOCK_WAIT_MARK`), the batch's branches are rolled back and its rows are probed in one task,
-where the second record of the value is refused at once and the pair is found as above. When the one task takes
-every row, the lock was another transaction's, not the batch's: the batch fails, to be retried.
+failure is marked (:data:`LOCK_WAIT_MARK`), the batch's branches are rolled back and the batch is written again in
+one task, where the second record of the value is refused at once and is found as above (probes in one task too).
+When the one task waits out a lock as well, the lock is another transaction's, not the batch's: the batch fails, to
+be retried.
 """
 
 from __future__ import annotations

@@ -120,10 +120,11 @@ class PartitionWriter(SqlPartitionWriter):
                 with xa_session(self.connect_kwargs) as own:
                     rollback_earlier_attempts(own, xid)
             # A branch waits out another's lock at most ROW_LOCK_WAIT_S, then fails (XA_RESTARTABLE says why).
-            restartable = XA_RESTARTABLE if xa is not None and not self.probe else RESTARTABLE
+            branch = xa is not None and not self.probe
+            restartable = XA_RESTARTABLE if branch else RESTARTABLE
             with conn.cursor() as cur:
                 read_committed_writes(cur)
-                if restartable is XA_RESTARTABLE:
+                if branch:
                     cur.execute(DATABASE.row_lock_wait(ROW_LOCK_WAIT_S))
                 failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
                 hexed = hex_columns(types) if types is not None else frozenset()
