@@ -10,7 +10,8 @@ arms ``name``. Production runs never set it. The switch holds ``name=actions`` e
 
 ``kill``            SIGKILL this process (the one the harness started: a driver, or the server hosting the point).
 ``kill(<role>)``    SIGKILL the process the harness registered as ``<role>`` (:func:`register_process` wrote its pid
-                    to ``<dir>/<role>.pid``) and wait until it is gone. Nothing else is ever killed.
+                    to ``<dir>/<role>.pid``) with its descendants (unless this process is one), and wait until
+                    they are gone. Nothing else is ever killed.
 ``kill_executor``   SIGKILL the Spark executor JVM this task runs in (a cluster's executor, started by the harness).
 ``pause``           block until ``<dir>/release-<name>`` exists; announce it with ``<dir>/held-<name>``.
 ``panic``           raise :class:`FailpointError` (a task failure, not a crash).
@@ -137,11 +138,49 @@ def failpoint_dir() -> str:
 
 
 def kill_and_wait(pid: int, timeout_s: float = 30.0) -> None:
-    """SIGKILL ``pid`` and wait until it is gone: its connections are closed when this returns."""
-    os.kill(pid, signal.SIGKILL)
+    """SIGKILL ``pid`` and its descendants, as a crash of their machine would, and wait until they are gone: their
+    connections are closed when this returns.
+
+    A server is its process tree: a PostgreSQL backend outlives a killed postmaster for a moment (in a session of its
+    own, out of the postmaster's process group) and may still commit what its client sends meanwhile. A process of
+    the tree that kills its own root (a Spark task of a local driver) kills the root alone: the rest dies as it does
+    after its root's crash (PySpark's JVM exits when its driver's pipe closes), and the killer never goes on.
+    """
+    os.kill(pid, signal.SIGSTOP)  # forks no child while its tree is read
+    below = _descendants(pid)
+    victims = [pid] if os.getpid() in below else [pid, *below]
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and running(pid):
+    while time.monotonic() < deadline and any(running(victim) for victim in victims):
         time.sleep(0.02)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def running(pid: int) -> bool:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
-from airflow_eo.core.failpoints import running
+from airflow_eo.core.failpoints import kill_and_wait
 from stack_services.kafka import kafka_cluster_node, kafka_cluster_start, local_kafka_up
 from stack_services.layout import MARIADB_PORT, POSTGRES_HOME, STACK
 from stack_services.mariadb import mariadb_up
@@ -19,17 +17,14 @@ PID_FILES = {"mariadb": STACK / "mariadb" / "mariadb.pid", "kafka": STACK / "kaf
 
 
 def kill(service: str) -> int:
-    """SIGKILL the service's process group, as a crash of its machine would: no shutdown, no flush.
+    """SIGKILL the service's process and its descendants, as a crash of its machine would: no shutdown, no flush.
 
-    Returns the killed pid; waits until it is gone (its ports and files are free for a restart).
+    Returns the killed pid; waits until they are gone (its ports and files are free for a restart).
     """
     pid = pid_alive(PID_FILES[service])
     if not pid:
         die(f"{service} is not running (no live pid in {PID_FILES[service]})")
-    os.killpg(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and running(pid):
-        time.sleep(0.05)
+    kill_and_wait(pid)
     return pid
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -138,6 +139,31 @@ def test_kill_of_a_role_kills_only_the_registered_process_and_waits_until_it_is_
             f"in_store_commit: kill(server) pid {victim.pid}", f"in_store_commit: kill(server) pid {victim.pid}: gone"]
     finally:
         victim.kill()
+
+
+# A postmaster: a child in a session of its own (out of its parent's process group) that outlives its parent.
+SERVER = """
+import os, subprocess, sys, time
+backend = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(backend.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_of_a_server_kills_its_process_tree_even_children_in_sessions_of_their_own(tmp_path):
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    backend = int(server.stdout.readline())
+    try:
+        register_process(str(tmp_path), "server", server.pid)
+        done = run_child(tmp_path, "in_store_commit", "in_store_commit=1*kill(server)")
+        assert (done.returncode, done.stdout) == (0, "before\nafter\n"), done.stderr
+        assert server.wait(10) == -signal.SIGKILL
+        # Gone when the kill returned, not only later: a backend still up could commit what the caller sends next.
+        assert not running(backend)
+    finally:
+        server.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(backend, signal.SIGKILL)
 
 
 def test_kill_of_a_role_nobody_registered_fails_instead_of_killing_anything(tmp_path, monkeypatch):
