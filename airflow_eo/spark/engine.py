@@ -40,6 +40,11 @@ from airflow_eo.spark.transforms import Transform, apply_transform, resolve_tran
 from airflow_eo.spark.value_checks import refuse_unstorable
 from airflow_eo.spark.write_passes import WritePasses
 
+# A batch reads ranges whose records exist: a broker that waits for more (fetch.max.wait.ms, 500 ms by default) only
+# delays each task's last fetch. Measured: 1,000 partitions of 20 records read in 270 s at the
+# default, 20 s at 10 ms; three partitions of a million in 2.9 s and 2.0 s. ``kafka_options`` may set it again.
+FETCH_MAX_WAIT_MS = 10
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -110,6 +115,7 @@ class SparkBatchEngine:
                   .option("startingOffsets", starting)
                   .option("endingOffsets", ending)
                   .option("kafka.isolation.level", "read_committed")
+                  .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
                   .option("includeHeaders", "true")
                   .option("failOnDataLoss", "true"))
         for key, value in spark_kafka_options(self.kafka_config, self.kafka_options).items():

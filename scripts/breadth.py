@@ -1,0 +1,245 @@
+"""The cost of breadth: a topic of a thousand partitions against one of three, and twenty pipelines on one offset
+store, their batches four at a time, against a pipeline alone.
+
+    make up && . .stack/env && .venv/bin/python scripts/breadth.py --json breadth.json   # 1,000,000 records
+    .venv/bin/python scripts/breadth.py --short                                          # the suite's setting
+
+**Wide.** N page views spread evenly over a topic of ``--partitions`` partitions (a few records each), and the
+same N over a topic of three; one batch of the XA sink over each, each in a process of its own (the driver's peak
+memory is that batch's; a small batch first, not measured, pays the JVM's warm-up). Printed per topic: the batch's
+seconds, its protocol (planning, the store's commit, finalize, and the consumer-group mirror the operator runs after
+the commit) and its share of the batch, the driver's peak resident memory (Python and JVM). Targets: protocol share
+≤ 5% and driver peak within 1.5x of the three-partition batch.
+
+**Many.** ``--pipelines`` pipelines on the default offset store, each over a three-partition topic of its own
+(``--pipeline-records`` page views) into a table of its own, their batches ``--at-a-time`` at once (threads of one
+driver: on two cores, as many drivers would measure the cores, not the store); before them, ``--at-a-time``
+pipelines alone, one after the other. Printed: the median and the largest protocol time of a batch in each setting,
+and the store's row-lock waits and deadlocks meanwhile (MariaDB's ``Innodb_row_lock_waits``,
+``Innodb_row_lock_time``, ``Innodb_deadlocks``; the stack's MariaDB serves nothing else while it runs). Target:
+the median within 1.5x of the pipelines alone.
+
+Every batch's output is checked (rows in its table, offsets committed) before its time counts. Topics and tables
+are deleted at the end. Numbers, not assertions: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's package (bench/)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: the page views' producer
+
+from bench.common import DriverMemory, drop_made_tables, engine, expect, fresh_table, spark_hook, sql, table_rows
+
+from airflow_eo.core.batch import RunRequest
+from airflow_eo.core.protocol import run_batch
+from airflow_eo.hooks.connected_sinks import build_sink
+from airflow_eo.hooks.kafka import KafkaClusterHook
+from airflow_eo.hooks.mysql import OffsetStoreHook
+from airflow_eo.sinks import MySqlXaSink
+from examples import page_views
+from examples.topics import ensure_topic
+
+SCRIPT = Path(__file__).resolve()
+#: the protocol's phases of a batch (core/protocol.py's seconds), and the mirror the operator adds after it
+PROTOCOL = ("plan", "commit", "finalize", "group_mirror")
+LOCK_STATUS = ("Innodb_row_lock_waits", "Innodb_row_lock_time", "Innodb_deadlocks")
+
+
+def produce_spread(topic: str, partitions: int, records: int) -> None:
+    """``records`` page views, partition i % ``partitions`` for the i-th: every partition gets its share."""
+    from confluent_kafka import Producer
+
+    bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
+    ensure_topic(bootstrap, topic, partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+    for i in range(records):
+        value = json.dumps(page_views.page_view()).encode()
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.1)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"not every record reached {topic} within 120s")
+
+
+def delete_topics(topics: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": os.environ["EO_KAFKA_BOOTSTRAP"]})  # alive until its futures end
+    for future in (admin.delete_topics(topics, operation_timeout=60).values() if topics else []):
+        future.result()
+
+
+def one_batch(pipeline_id: str, topic: str, records: int, parallelism: int) -> dict[str, Any]:
+    """One batch of the XA sink over the whole topic into a fresh table, with the consumer-group mirror after it;
+    its output checked; its seconds by phase."""
+    table = fresh_table("page_view_events", "breadth")
+    kafka, store = KafkaClusterHook("kafka_default"), OffsetStoreHook().get_store()
+    started = time.monotonic()
+    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="breadth", topics=[topic]), store=store,
+                        source=kafka.get_offset_source(), engine=engine(parallelism),
+                        sink=build_sink(MySqlXaSink(table=table, key_columns=["event_id"]), pipeline_id))
+    committed = time.monotonic()
+    offsets = store.committed_offsets(pipeline_id)
+    kafka.get_offset_source().mirror_group_offsets(pipeline_id, offsets)
+    seconds = time.monotonic() - started
+    phases = {**summary.seconds, "group_mirror": round(time.monotonic() - committed, 3)}
+    expect(f"{pipeline_id}: records in, rows in its table", (summary.records_in, table_rows(table)),
+           (records, records))
+    expect(f"{pipeline_id}: records under the committed offsets", sum(offsets.values()), records)
+    protocol = sum(phases.get(phase, 0.0) for phase in PROTOCOL)
+    return {"pipeline": pipeline_id, "seconds": round(seconds, 3), "protocol_s": round(protocol, 3),
+            "protocol_share": protocol / seconds, "phases": phases}
+
+
+def wide_batch_in_this_process(topic: str, partitions: int, records: int, parallelism: int) -> dict[str, Any]:
+    """The wide part's batch over ``topic``, after a small batch of the same width that pays the JVM's warm-up."""
+    spark = spark_hook().get_conn()
+    memory = DriverMemory(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    warm = f"breadth_warm_{uuid.uuid4().hex[:8]}"
+    produce_spread(warm, partitions, min(records, partitions * 5))
+    try:
+        one_batch(f"breadth_{warm}", warm, min(records, partitions * 5), parallelism)
+        drop_made_tables()
+        memory.reset()
+        found = one_batch(f"breadth_{topic}", topic, records, parallelism)
+        found["driver_peak_rss_mb"] = memory.peak_mb()
+    finally:
+        drop_made_tables()
+        delete_topics([warm])
+    return {"partitions": partitions, "records": records, **found}
+
+
+def wide(records: int, partitions: int, parallelism: int) -> list[dict[str, Any]]:
+    results = []
+    for width in (3, partitions):
+        topic = f"breadth_{width}p_{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        produce_spread(topic, width, records)
+        print(f"[wide] {records:,} page views over {width:,} partitions of {topic} in "
+              f"{time.monotonic() - started:.1f}s", flush=True)
+        try:
+            child = subprocess.run([sys.executable, str(SCRIPT), "--wide-batch",
+                                    f"{topic}:{width}:{records}:{parallelism}"], stdout=subprocess.PIPE, text=True)
+        finally:
+            delete_topics([topic])
+        lines = child.stdout.splitlines()
+        if child.returncode != 0 or not any(line.startswith("WIDE ") for line in lines):
+            sys.exit(f"the batch over {width} partitions failed (exit {child.returncode}): {child.stdout[-3000:]}")
+        results.append(json.loads(next(line for line in lines if line.startswith("WIDE "))[5:]))
+    narrow, broad = results
+    for result in results:
+        memory = result["driver_peak_rss_mb"]
+        print(f"[wide] {result['partitions']:>5,} partitions: batch {result['seconds']:.2f}s, protocol "
+              f"{result['protocol_s']:.3f}s ({result['protocol_share']:.1%}: "
+              + ", ".join(f"{p} {result['phases'].get(p, 0.0):.3f}s" for p in PROTOCOL)
+              + f"), driver peak {memory['python']} MiB Python, {memory['jvm']} MiB JVM; every phase: "
+              + ", ".join(f"{p} {s:.2f}s" for p, s in result["phases"].items()), flush=True)
+    memory_ratio = {k: broad["driver_peak_rss_mb"][k] / narrow["driver_peak_rss_mb"][k] for k in ("python", "jvm")}
+    print(f"[wide] {partitions:,} against 3 partitions: protocol share {broad['protocol_share']:.1%} (target <= 5%), "
+          f"driver peak x{memory_ratio['python']:.2f} Python, x{memory_ratio['jvm']:.2f} JVM (target <= 1.5), "
+          f"batch x{broad['seconds'] / narrow['seconds']:.2f}", flush=True)
+    for result in results:
+        result["memory_ratio_to_3_partitions"] = memory_ratio if result is broad else None
+    return results
+
+
+def lock_status() -> dict[str, int]:
+    rows = sql("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s)", LOCK_STATUS)
+    return {name: int(value) for name, value in rows}
+
+
+def batches(topics: list[str], records: int, parallelism: int, at_a_time: int) -> dict[str, Any]:
+    """One batch of each topic's pipeline, ``at_a_time`` at once; their protocol times and the store's lock waits."""
+    before = lock_status()
+    with ThreadPoolExecutor(at_a_time) as pool:
+        found = list(pool.map(lambda topic: one_batch(f"breadth_{topic}", topic, records, parallelism), topics))
+    after = lock_status()
+    protocol = [batch["protocol_s"] for batch in found]
+    return {"pipelines": len(topics), "at_a_time": at_a_time, "median_protocol_s": statistics.median(protocol),
+            "max_protocol_s": max(protocol), "lock": {k: after[k] - before[k] for k in LOCK_STATUS},
+            "batches": found}
+
+
+def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list[dict[str, Any]]:
+    topics = [f"breadth_many_{uuid.uuid4().hex[:8]}" for _ in range(1 + at_a_time + pipelines)]  # a warm-up's first
+    started = time.monotonic()
+    for topic in topics:
+        produce_spread(topic, 3, records)
+    print(f"[many] {len(topics)} topics of {records:,} page views in {time.monotonic() - started:.1f}s", flush=True)
+    try:
+        spark_hook().get_conn()
+        one_batch(f"breadth_warm_{topics[0]}", topics[0], records, parallelism)  # the JVM's warm-up, not measured
+        drop_made_tables()
+        results = []
+        for label, chosen, width in (("alone", topics[1:at_a_time + 1], 1),
+                                     (f"{at_a_time} at a time", topics[at_a_time + 1:], at_a_time)):
+            try:
+                result = batches(chosen, records, parallelism, width)
+            finally:
+                drop_made_tables()
+            result["setting"] = label
+            lock = result["lock"]
+            print(f"[many] {result['pipelines']:>3} pipelines {label:>12}: protocol per batch median "
+                  f"{result['median_protocol_s']:.3f}s, largest {result['max_protocol_s']:.3f}s; store row-lock waits "
+                  f"{lock['Innodb_row_lock_waits']} ({lock['Innodb_row_lock_time']} ms), deadlocks "
+                  f"{lock['Innodb_deadlocks']}", flush=True)
+            results.append(result)
+    finally:
+        delete_topics(topics)
+    alone, shared = results
+    print(f"[many] {pipelines} pipelines {at_a_time} at a time against alone: protocol per batch "
+          f"x{shared['median_protocol_s'] / alone['median_protocol_s']:.2f} (target <= 1.5)", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000, help="page views of each wide topic")
+    parser.add_argument("--partitions", type=int, default=1000, help="partitions of the wide topic")
+    parser.add_argument("--pipelines", type=int, default=20, help="pipelines on one store")
+    parser.add_argument("--at-a-time", type=int, default=4, help="their batches at once")
+    parser.add_argument("--pipeline-records", type=int, default=20_000, help="page views of each pipeline's topic")
+    parser.add_argument("--parallelism", type=int, default=2, help="writer tasks of every batch")
+    parser.add_argument("--only", choices=("wide", "many"), help="one part alone")
+    parser.add_argument("--short", action="store_true",
+                        help="the suite's setting: 20,000 records over 200 partitions; 6 pipelines of 2,000, 3 at "
+                             "a time")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--wide-batch", help=argparse.SUPPRESS)  # internal: one wide batch, print its JSON
+    args = parser.parse_args()
+    if args.wide_batch:
+        topic, partitions, records, parallelism = args.wide_batch.split(":")
+        found = wide_batch_in_this_process(topic, int(partitions), int(records), int(parallelism))
+        print("WIDE " + json.dumps(found), flush=True)
+        return
+    if args.short:
+        args.records, args.partitions, args.pipelines, args.at_a_time, args.pipeline_records = 20_000, 200, 6, 3, 2_000
+    results: dict[str, Any] = {}
+    if args.only in (None, "wide"):
+        results["wide"] = wide(args.records, args.partitions, args.parallelism)
+    if args.only in (None, "many"):
+        results["many"] = many(args.pipelines, args.at_a_time, args.pipeline_records, args.parallelism)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+        print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""``scripts/breadth.py --short``: a batch over 200 partitions next to one over three, pipelines alone and
+several at a time on one store; every batch's output checked by the script, the ratios printed, and nothing left
+behind (topics, tables). Nothing here is about speed (the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pymysql
+from confluent_kafka.admin import AdminClient
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_path, bootstrap,
+                                                                                      mysql_kwargs):
+    out = tmp_path / "breadth.json"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    before = set(admin.list_topics(timeout=10).topics)  # another run's, killed before it cleaned up, are not this one's
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "breadth.py"), "--short", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    narrow, broad = results["wide"]
+    assert (narrow["partitions"], broad["partitions"]) == (3, 200)
+    for batch in (narrow, broad):
+        assert batch["records"] == 20_000
+        assert 0 < batch["protocol_s"] < batch["seconds"] and 0 < batch["protocol_share"] < 1
+        assert all(batch["phases"][phase] >= 0 for phase in ("plan", "commit", "finalize", "group_mirror"))
+        assert batch["driver_peak_rss_mb"]["python"] > 0 and batch["driver_peak_rss_mb"]["jvm"] > 0
+    assert set(broad["memory_ratio_to_3_partitions"]) == {"python", "jvm"}
+    alone, shared = results["many"]
+    assert (alone["pipelines"], alone["at_a_time"], shared["pipelines"], shared["at_a_time"]) == (3, 1, 6, 3)
+    for setting in (alone, shared):
+        assert len({batch["pipeline"] for batch in setting["batches"]}) == setting["pipelines"]
+        assert 0 < setting["median_protocol_s"] <= setting["max_protocol_s"]
+        assert all(value >= 0 for value in setting["lock"].values())
+    assert "target <= 5%" in done.stdout and "(target <= 1.5)" in done.stdout
+    left, deadline = ["?"], time.monotonic() + 60
+    while left and time.monotonic() < deadline:  # a deleted topic leaves the metadata a moment later
+        left = [topic for topic in set(admin.list_topics(timeout=10).topics) - before if topic.startswith("breadth_")]
+        time.sleep(0.5 if left else 0)
+    assert left == []
+    with pymysql.connect(**mysql_kwargs) as conn, conn.cursor() as cur:
+        cur.execute("SHOW TABLES LIKE %s", ("bench_breadth_%",))
+        assert cur.fetchall() == ()
