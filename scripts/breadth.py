@@ -12,10 +12,11 @@ the commit) and its share of the batch, the driver's peak resident memory (Pytho
 ≤ 5% and driver peak within 1.5x of the three-partition batch.
 
 **Many.** ``--pipelines`` pipelines on the default offset store, each over a three-partition topic of its own
-(``--pipeline-records`` page views) into a table of its own, their batches ``--at-a-time`` at once (threads of one
-driver: on two cores, as many drivers would measure the cores, not the store); before them, ``--at-a-time``
-pipelines alone, one after the other. Printed: the median and the largest protocol time of a batch in each setting,
-and the store's row-lock waits and deadlocks meanwhile (MariaDB's ``Innodb_row_lock_waits``,
+(``--pipeline-records`` page views) into a table of its own, their batches ``--at-a-time`` at once: as many driver
+processes as an Airflow worker's tasks would be, each running its share one after the other, started together once
+every driver is warm; before them, one driver runs ``--at-a-time`` pipelines alone, one after the other. Printed:
+the median and the largest protocol time of a batch in each setting, and the store's row-lock waits and deadlocks
+meanwhile (MariaDB's ``Innodb_row_lock_waits``,
 ``Innodb_row_lock_time``, ``Innodb_deadlocks``; the stack's MariaDB serves nothing else while it runs). Target:
 the median within 1.5x of the pipelines alone.
 
@@ -31,9 +32,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -165,42 +166,80 @@ def lock_status() -> dict[str, int]:
     return {name: int(value) for name, value in rows}
 
 
-def batches(topics: list[str], records: int, parallelism: int, at_a_time: int) -> dict[str, Any]:
-    """One batch of each topic's pipeline, ``at_a_time`` at once; their protocol times and the store's lock waits."""
+def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: Path) -> dict[str, Any]:
+    """Each of ``drivers`` (a warm-up topic, then its measured topics) in a driver process of its own, as an Airflow
+    worker's task would run, their measured batches started together once every driver is warm; their protocol
+    times and the store's lock waits meanwhile."""
+    go = workdir / f"go_{uuid.uuid4().hex[:8]}"
+    children = [subprocess.Popen([sys.executable, str(SCRIPT), "--driver-batches",
+                                  f"{go}:{records}:{parallelism}:{','.join(topics)}"],
+                                 stdout=subprocess.PIPE, text=True) for topics in drivers]
+    deadline = time.monotonic() + 600
+    while len(list(workdir.glob(f"{go.name}.ready.*"))) < len(drivers):
+        if time.monotonic() > deadline or any(child.poll() not in (None, 0) for child in children):
+            for child in children:
+                child.kill()
+            sys.exit("a driver of the many part failed before its measured batches")
+        time.sleep(0.2)
     before = lock_status()
-    with ThreadPoolExecutor(at_a_time) as pool:
-        found = list(pool.map(lambda topic: one_batch(f"breadth_{topic}", topic, records, parallelism), topics))
+    go.touch()
+    outputs = [child.communicate()[0] for child in children]
     after = lock_status()
+    found = []
+    for child, output in zip(children, outputs, strict=True):
+        lines = output.splitlines()
+        if child.returncode != 0 or not any(line.startswith("MANY ") for line in lines):
+            sys.exit(f"a driver of the many part failed (exit {child.returncode}): {output[-3000:]}")
+        found += json.loads(next(line for line in lines if line.startswith("MANY "))[5:])
     protocol = [batch["protocol_s"] for batch in found]
-    return {"pipelines": len(topics), "at_a_time": at_a_time, "median_protocol_s": statistics.median(protocol),
+    return {"pipelines": len(found), "at_a_time": len(drivers), "median_protocol_s": statistics.median(protocol),
             "max_protocol_s": max(protocol), "lock": {k: after[k] - before[k] for k in LOCK_STATUS},
             "batches": found}
 
 
+def driver_batches_in_this_process(go: Path, records: int, parallelism: int, topics: list[str]) -> list[dict]:
+    """A warm-up batch over the first topic (not measured), then, once ``go`` exists, a batch over each other."""
+    spark_hook().get_conn()
+    try:
+        one_batch(f"breadth_{topics[0]}", topics[0], records, parallelism)
+    finally:
+        drop_made_tables()
+    go.with_name(f"{go.name}.ready.{os.getpid()}").touch()
+    while not go.exists():
+        time.sleep(0.05)
+    found = []
+    for topic in topics[1:]:
+        try:
+            found.append(one_batch(f"breadth_{topic}", topic, records, parallelism))
+        finally:
+            drop_made_tables()
+    return found
+
+
 def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list[dict[str, Any]]:
-    topics = [f"breadth_many_{uuid.uuid4().hex[:8]}" for _ in range(1 + at_a_time + pipelines)]  # a warm-up's first
+    def named(count: int) -> list[str]:
+        return [f"breadth_many_{uuid.uuid4().hex[:8]}" for _ in range(count)]
+
+    # alone: one driver, a warm-up and at_a_time pipelines; then at_a_time drivers, a warm-up and their share each
+    settings = [("alone", [named(1 + at_a_time)]),
+                (f"{at_a_time} at a time", [named(1 + len(range(i, pipelines, at_a_time))) for i in range(at_a_time)])]
+    topics = [topic for _, drivers in settings for topics in drivers for topic in topics]
     started = time.monotonic()
     for topic in topics:
         produce_spread(topic, 3, records)
     print(f"[many] {len(topics)} topics of {records:,} page views in {time.monotonic() - started:.1f}s", flush=True)
+    results = []
     try:
-        spark_hook().get_conn()
-        one_batch(f"breadth_warm_{topics[0]}", topics[0], records, parallelism)  # the JVM's warm-up, not measured
-        drop_made_tables()
-        results = []
-        for label, chosen, width in (("alone", topics[1:at_a_time + 1], 1),
-                                     (f"{at_a_time} at a time", topics[at_a_time + 1:], at_a_time)):
-            try:
-                result = batches(chosen, records, parallelism, width)
-            finally:
-                drop_made_tables()
-            result["setting"] = label
-            lock = result["lock"]
-            print(f"[many] {result['pipelines']:>3} pipelines {label:>12}: protocol per batch median "
-                  f"{result['median_protocol_s']:.3f}s, largest {result['max_protocol_s']:.3f}s; store row-lock waits "
-                  f"{lock['Innodb_row_lock_waits']} ({lock['Innodb_row_lock_time']} ms), deadlocks "
-                  f"{lock['Innodb_deadlocks']}", flush=True)
-            results.append(result)
+        with tempfile.TemporaryDirectory(prefix="eo_breadth_") as workdir:
+            for label, drivers in settings:
+                result = batches(drivers, records, parallelism, Path(workdir))
+                result["setting"] = label
+                lock = result["lock"]
+                print(f"[many] {result['pipelines']:>3} pipelines {label:>12}: protocol per batch median "
+                      f"{result['median_protocol_s']:.3f}s, largest {result['max_protocol_s']:.3f}s; store row-lock "
+                      f"waits {lock['Innodb_row_lock_waits']} ({lock['Innodb_row_lock_time']} ms), deadlocks "
+                      f"{lock['Innodb_deadlocks']}", flush=True)
+                results.append(result)
     finally:
         delete_topics(topics)
     alone, shared = results
@@ -223,11 +262,17 @@ def main() -> None:
                              "a time")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--wide-batch", help=argparse.SUPPRESS)  # internal: one wide batch, print its JSON
+    parser.add_argument("--driver-batches", help=argparse.SUPPRESS)  # internal: a driver of the many part
     args = parser.parse_args()
     if args.wide_batch:
         topic, partitions, records, parallelism = args.wide_batch.split(":")
         found = wide_batch_in_this_process(topic, int(partitions), int(records), int(parallelism))
         print("WIDE " + json.dumps(found), flush=True)
+        return
+    if args.driver_batches:
+        go, records, parallelism, topics = args.driver_batches.split(":", 3)
+        found = driver_batches_in_this_process(Path(go), int(records), int(parallelism), topics.split(","))
+        print("MANY " + json.dumps(found), flush=True)
         return
     if args.short:
         args.records, args.partitions, args.pipelines, args.at_a_time, args.pipeline_records = 20_000, 200, 6, 3, 2_000
