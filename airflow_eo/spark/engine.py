@@ -41,8 +41,9 @@ from airflow_eo.spark.value_checks import refuse_unstorable
 from airflow_eo.spark.write_passes import WritePasses
 
 # A batch reads ranges whose records exist: a broker that waits for more (fetch.max.wait.ms, 500 ms by default) only
-# delays each task's last fetch. Measured: 1,000 partitions of 20 records read in 270 s at the
-# default, 20 s at 10 ms; three partitions of a million in 2.9 s and 2.0 s. ``kafka_options`` may set it again.
+# delays each task's last fetch. Measured: 1,000 partitions of 20 records read in 270 s at the default, 20 s at 10 ms;
+# three partitions of a million in 2.9 s and 2.0 s (docs/explanation/benchmark.md, "Breadth"). ``kafka_options`` may
+# set it again.
 FETCH_MAX_WAIT_MS = 10
 
 if TYPE_CHECKING:
