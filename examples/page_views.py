@@ -46,14 +46,16 @@ def page_view(app_id: str | None = None, at: datetime | None = None) -> dict[str
 def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_values: Sequence[bytes] = (),
                        timestamps: Sequence[datetime] = (),
                        raw_headers: Sequence[Sequence[tuple[str, bytes | None]]] = (),
-                       kept: float = 1.0) -> list[dict[str, Any]]:
+                       kept: float = 1.0, spread_over: int = 0) -> list[dict[str, Any]]:
     """Produce ``count`` events with unique ids (idempotent producer) and return them (with ``kept`` < 1, about that
     share of them, picked at random: a benchmark's million events need not stay in its memory).
 
     ``raw_values`` are produced as they are (bad records for the tests), the i-th with the Kafka headers
     ``raw_headers[i % len(raw_headers)]`` when given (in order; an empty list: none). ``timestamps``
     (ascending, one per event, replacing ``count``) set both the event's ``ts`` and the
-    Kafka record timestamp, as a producer replaying past hours would (interval mode).
+    Kafka record timestamp, as a producer replaying past hours would (interval mode). With ``spread_over`` (the
+    topic's partition count), the i-th event goes to partition i % ``spread_over`` instead of its app's: every
+    partition gets its share.
     """
     if timestamps:
         count = len(timestamps)
@@ -66,7 +68,8 @@ def produce_page_views(bootstrap: str, count: int, topic: str = TOPIC, raw_value
         if kept >= 1.0 or random.random() < kept:
             events.append(event)
         timestamp_ms = int(at.timestamp() * 1000) if at else 0  # 0: the producer's clock, produce()'s default
-        _send(producer, topic, json.dumps(event).encode(), event["app_id"].encode(), timestamp_ms)
+        _send(producer, topic, json.dumps(event).encode(), event["app_id"].encode(), timestamp_ms,
+              i % spread_over if spread_over else None)
     for i, value in enumerate(raw_values):
         headers = list(raw_headers[i % len(raw_headers)]) if raw_headers else None
         producer.produce(topic, value, headers=headers or None)
@@ -122,10 +125,12 @@ def _producer(bootstrap: str) -> Any:
                      "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
 
 
-def _send(producer: Any, topic: str, value: bytes, key: bytes, timestamp_ms: int = 0) -> None:
+def _send(producer: Any, topic: str, value: bytes, key: bytes, timestamp_ms: int = 0,
+          partition: int | None = None) -> None:
+    where = {} if partition is None else {"partition": partition}  # None: the key's partition
     while True:
         try:
-            producer.produce(topic, value, key=key, timestamp=timestamp_ms)
+            producer.produce(topic, value, key=key, timestamp=timestamp_ms, **where)
             break
         except BufferError:  # the local queue is full: let it drain
             producer.poll(0.1)

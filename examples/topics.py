@@ -10,6 +10,13 @@ from confluent_kafka.admin import AdminClient
 from airflow_eo.examples.topics import ensure_topic  # noqa: F401 (re-exported)
 
 
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete ``topics`` and wait until the controller took each deletion (a tool's topics at its end)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until its futures end
+    for future in (admin.delete_topics(topics, operation_timeout=60).values() if topics else []):
+        future.result()
+
+
 class TopicRecord(NamedTuple):
     partition: int
     offset: int

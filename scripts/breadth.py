@@ -50,7 +50,7 @@ from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.hooks.mysql import OffsetStoreHook
 from airflow_eo.sinks import MySqlXaSink
 from examples import page_views
-from examples.topics import ensure_topic
+from examples.topics import delete_topics, ensure_topic
 
 SCRIPT = Path(__file__).resolve()
 #: the protocol's phases of a batch (core/protocol.py's seconds), and the mirror the operator adds after it
@@ -60,31 +60,9 @@ LOCK_STATUS = ("Innodb_row_lock_waits", "Innodb_row_lock_time", "Innodb_deadlock
 
 def produce_spread(topic: str, partitions: int, records: int) -> None:
     """``records`` page views, partition i % ``partitions`` for the i-th: every partition gets its share."""
-    from confluent_kafka import Producer
-
     bootstrap = os.environ["EO_KAFKA_BOOTSTRAP"]
     ensure_topic(bootstrap, topic, partitions)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i in range(records):
-        value = json.dumps(page_views.page_view()).encode()
-        while True:
-            try:
-                producer.produce(topic, value, partition=i % partitions)
-                break
-            except BufferError:  # the local queue is full: let it drain
-                producer.poll(0.1)
-        producer.poll(0)
-    if producer.flush(120) != 0:
-        raise RuntimeError(f"not every record reached {topic} within 120s")
-
-
-def delete_topics(topics: list[str]) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": os.environ["EO_KAFKA_BOOTSTRAP"]})  # alive until its futures end
-    for future in (admin.delete_topics(topics, operation_timeout=60).values() if topics else []):
-        future.result()
+    page_views.produce_page_views(bootstrap, records, topic=topic, kept=0.0, spread_over=partitions)
 
 
 def one_batch(pipeline_id: str, topic: str, records: int, parallelism: int) -> dict[str, Any]:
@@ -123,7 +101,7 @@ def wide_batch_in_this_process(topic: str, partitions: int, records: int, parall
         found["driver_peak_rss_mb"] = memory.peak_mb()
     finally:
         drop_made_tables()
-        delete_topics([warm])
+        delete_topics(os.environ["EO_KAFKA_BOOTSTRAP"], [warm])
     return {"partitions": partitions, "records": records, **found}
 
 
@@ -139,7 +117,7 @@ def wide(records: int, partitions: int, parallelism: int) -> list[dict[str, Any]
             child = subprocess.run([sys.executable, str(SCRIPT), "--wide-batch",
                                     f"{topic}:{width}:{records}:{parallelism}"], stdout=subprocess.PIPE, text=True)
         finally:
-            delete_topics([topic])
+            delete_topics(os.environ["EO_KAFKA_BOOTSTRAP"], [topic])
         lines = child.stdout.splitlines()
         if child.returncode != 0 or not any(line.startswith("WIDE ") for line in lines):
             sys.exit(f"the batch over {width} partitions failed (exit {child.returncode}): {child.stdout[-3000:]}")
@@ -241,7 +219,7 @@ def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list
                       f"{lock['Innodb_deadlocks']}", flush=True)
                 results.append(result)
     finally:
-        delete_topics(topics)
+        delete_topics(os.environ["EO_KAFKA_BOOTSTRAP"], topics)
     alone, shared = results
     print(f"[many] {pipelines} pipelines {at_a_time} at a time against alone: protocol per batch "
           f"x{shared['median_protocol_s'] / alone['median_protocol_s']:.2f} (target <= 1.5)", flush=True)

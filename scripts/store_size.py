@@ -42,6 +42,7 @@ from airflow_eo.core.ranges import OffsetRange  # noqa: E402
 from airflow_eo.hooks.operations import pipeline_operations  # noqa: E402
 from airflow_eo.ops.service import PipelineOperations  # noqa: E402
 from airflow_eo.sqlstore.store import SqlOffsetStore  # noqa: E402
+from examples.topics import delete_topics  # noqa: E402
 
 PIPELINES = 100
 PROBE_BATCHES = 20
@@ -96,8 +97,7 @@ def topic() -> Iterator[str]:
     try:
         yield name
     finally:
-        for future in admin.delete_topics([name]).values():
-            future.result()
+        delete_topics(os.environ["EO_KAFKA_BOOTSTRAP"], [name])
 
 
 def plan_and_commit(store: SqlOffsetStore, pipeline_id: str, epoch: int, topic_name: str) -> None:
