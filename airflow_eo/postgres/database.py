@@ -92,6 +92,11 @@ class PostgresDatabase(SqlDatabase):
     def dead_letter_ddl(self, table: str) -> str:
         return sql.dead_letter_ddl(table)
 
+    def one_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        # One array parameter: the server parses and plans a statement of 5,000 ids 2-3x faster than 5,000
+        # parameters (200,000 ids against 1,000,000: 3.6-3.8 s as IN (..), 1.1-2.0 s as = ANY).
+        return f"{column} = ANY(%s)", (list(values),)
+
     def seen_id_ddl(self, table: str) -> str:
         return seen_id_table_ddl(sql.quote_table(table), "BYTEA", "BYTEA")
 

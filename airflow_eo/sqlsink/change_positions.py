@@ -71,8 +71,9 @@ def purge_delete_markers(database: SqlDatabase, connect_kwargs: Mapping[str, Any
             ids = [bytes(row[0]) for row in cur.fetchall()]
             if not ids:
                 return 0
-            cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND key_id IN ({', '.join(['%s'] * len(ids))}) "
-                        "AND deleted = 1 AND changed_at + 0 < %s", (key, *ids, before_ms))
+            among, listed = database.one_of("key_id", ids)
+            cur.execute(f"DELETE FROM {quoted} WHERE pipeline_key = %s AND {among} AND deleted = 1 "
+                        "AND changed_at + 0 < %s", (key, *listed, before_ms))
             return int(cur.rowcount or 0)
     finally:
         conn.close()

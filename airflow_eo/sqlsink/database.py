@@ -136,6 +136,10 @@ class SqlDatabase(ABC):
             return self.decimal_type.format(precision=match[1], scale=match[2])
         return self.spark_column_types.get(spark_type)
 
+    def one_of(self, column: str, values: Sequence[Any]) -> tuple[str, tuple[Any, ...]]:
+        """``column`` equal to one of ``values``: the condition and its parameters (``IN (%s, ..)``: one per value)."""
+        return f"{column} IN ({', '.join(['%s'] * len(values))})", tuple(values)
+
     @abstractmethod
     def dead_letter_ddl(self, table: str) -> str:
         """``CREATE TABLE IF NOT EXISTS`` of the dead-letter table at its newest version."""

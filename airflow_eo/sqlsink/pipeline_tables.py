@@ -24,9 +24,9 @@ def rows_by_ids(database: SqlDatabase, connect_kwargs: Mapping[str, Any], table:
     try:
         with conn.cursor() as cur:
             for start in range(0, len(ordered), LOOKUP_CHUNK):
-                chunk = ordered[start:start + LOOKUP_CHUNK]
+                among, chunk = database.one_of(id_column, ordered[start:start + LOOKUP_CHUNK])
                 cur.execute(f"SELECT {id_column}, {columns} FROM {database.quote_table(table)} WHERE pipeline_key = %s "
-                            f"AND {id_column} IN ({', '.join(['%s'] * len(chunk))})", (pipeline_key, *chunk))
+                            f"AND {among}", (pipeline_key, *chunk))
                 yield from cur.fetchall()
     finally:
         conn.close()

@@ -86,9 +86,12 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
              "--skip-test-db"],
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+    # A 1 GiB buffer pool holds a retention window of seen ids (docs/how-to/duplicates.md, "What it costs"): with
+    # 256 MiB the 4M-id window's look-up took 2.87 s and its insert 11.2 s, against 0.68 s and 1.35 s at 1 GiB
+    # (scripts/seen_id_cost.py); the benchmark's dedup job at 1M went 21-22 s -> 17-19 s.
     spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
            "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
-           "--user=root", "--innodb-buffer-pool-size=256M", "--max-connections=500",
+           "--user=root", "--innodb-buffer-pool-size=1G", "--max-connections=500",
            "--innodb-lock-wait-timeout=20", "--skip-name-resolve", *options],
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
