@@ -91,14 +91,17 @@ def chart(points: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     parallelisms = sorted({p["parallelism"] for p in points})
-    fig, axes = plt.subplots(1, len(parallelisms), figsize=(7 * len(parallelisms), 5), squeeze=False)
+    # The legend beside the panel, and a colour per job: thirty-odd jobs hid the lines under an inner legend.
+    fig, axes = plt.subplots(1, len(parallelisms), figsize=(11 * len(parallelisms), 7), squeeze=False)
     for ax, parallelism in zip(axes[0], parallelisms, strict=True):
         mine = sorted((p for p in points if p["parallelism"] == parallelism), key=lambda p: p["events"])
         sizes = [p["events"] for p in mine]
         names = [n for n in (*PEERS, *OURS) if any(j["name"] == n for p in mine for j in p["jobs"])]
-        for name in names:
+        colours = plt.get_cmap("tab20")
+        for n, name in enumerate(names):
             rates = [next((j["records_per_s"] for j in p["jobs"] if j["name"] == name), None) for p in mine]
-            ax.plot(sizes, rates, marker="o", linestyle="-" if name in OURS else ":", label=name)
+            ax.plot(sizes, rates, marker="o", linestyle="-" if name in OURS else ":", label=name,
+                    color=colours(n % 20), markersize=4)
         limits, shared_limits = [], []
         for p in mine:
             by_name = {j["name"]: j["records_per_s"] for j in p["jobs"]}
@@ -114,7 +117,7 @@ def chart(points: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("records/s")
         ax.set_title(f"{parallelism} writer tasks / connections")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     print(f"chart: {path}")
