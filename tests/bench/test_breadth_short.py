@@ -4,16 +4,12 @@ behind (topics, tables). Nothing here is about speed (the machine is shared)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pymysql
 from confluent_kafka.admin import AdminClient
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.short_scripts import run_short
 
 
 def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_path, bootstrap,
@@ -21,10 +17,7 @@ def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_p
     out = tmp_path / "breadth.json"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     before = set(admin.list_topics(timeout=10).topics)  # another run's, killed before it cleaned up, are not this one's
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "breadth.py"), "--short", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = json.loads(out.read_text())
+    results, stdout = run_short("breadth.py", out, timeout=900)
     narrow, broad = results["wide"]
     assert (narrow["partitions"], broad["partitions"]) == (3, 200)
     for batch in (narrow, broad):
@@ -39,7 +32,7 @@ def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_p
         assert len({batch["pipeline"] for batch in setting["batches"]}) == setting["pipelines"]
         assert 0 < setting["median_protocol_s"] <= setting["max_protocol_s"]
         assert all(value >= 0 for value in setting["lock"].values())
-    assert "target <= 5%" in done.stdout and "(target <= 1.5)" in done.stdout
+    assert "target <= 5%" in stdout and "(target <= 1.5)" in stdout
     left, deadline = ["?"], time.monotonic() + 60
     while left and time.monotonic() < deadline:  # a deleted topic leaves the metadata a moment later
         left = [topic for topic in set(admin.list_topics(timeout=10).topics) - before if topic.startswith("breadth_")]

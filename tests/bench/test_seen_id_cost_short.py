@@ -4,25 +4,16 @@ throwaway databases dropped). Nothing here is about speed (the machine is shared
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import psycopg
 import pymysql
 
 from airflow_eo.core.dedup import PURGE_LIMIT
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.short_scripts import run_short
 
 
 def test_seen_id_cost_short_measures_every_window_and_drops_its_databases(tmp_path, mysql_kwargs, postgres_kwargs):
     out = tmp_path / "seen_id_cost.json"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "seen_id_cost.py"), "--short", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = json.loads(out.read_text())
+    results, stdout = run_short("seen_id_cost.py", out)
     assert [r["database"] for r in results] == ["mariadb", "postgres"]
     for r in results:
         points = r["points"]
@@ -33,7 +24,7 @@ def test_seen_id_cost_short_measures_every_window_and_drops_its_databases(tmp_pa
         assert all(p["lookup_s"] > 0 and p["insert_s"] > 0 and p["purge_s"] > 0 for p in points)
         # the oldest ids go, PURGE_LIMIT at a time, once there are that many
         assert [p["purged"] for p in points] == [0, PURGE_LIMIT, PURGE_LIMIT]
-        printed = [line.split() for line in done.stdout.splitlines() if line.strip().startswith(("10,000", "40,000"))]
+        printed = [line.split() for line in stdout.splitlines() if line.strip().startswith(("10,000", "40,000"))]
         assert len(printed) == 4 and all(len(row) == 6 for row in printed)
     with pymysql.connect(**mysql_kwargs) as conn, conn.cursor() as cur:
         cur.execute("SHOW DATABASES LIKE 'eo_seen_cost_%'")
