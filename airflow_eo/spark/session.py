@@ -35,6 +35,9 @@ __all__ = ["JAR_SHA256", "get_session", "pinned_package_jars", "session_conf"]
 
 log = logging.getLogger(__name__)
 
+#: Idle Kafka consumers a session's JVM keeps (``spark.kafka.consumer.cache.capacity``; Spark's default is 64).
+KAFKA_CONSUMERS_KEPT = 2
+
 #: Defaults for a micro-batch; any of them can be overridden by the user's conf.
 DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
@@ -43,6 +46,11 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "1g",
+    # Spark's Kafka source reads with consumers of the query's own group and keeps this many idle for five minutes:
+    # a later query never uses them (its group is another), and each holds its topic's metadata and last fetch. At
+    # Spark's 64, a batch over 1,000 partitions grew a local driver's JVM to 1.3-1.5 GiB, 2.3x a 3-partition batch's
+    # (docs/explanation/benchmark.md, "Breadth").
+    "spark.kafka.consumer.cache.capacity": str(KAFKA_CONSUMERS_KEPT),
     # Secrets a sink's catalog puts in the conf (an Iceberg REST credential, s3/adls keys): redacted in the UI and
     # the event log (a user's own regex gets this one added: session_conf).
     "spark.redaction.regex": SECRET_CONF_PATTERN,
