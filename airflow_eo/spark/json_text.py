@@ -32,3 +32,17 @@ def has_lone_surrogate_escape(json_text: Column) -> Column:
 
     return (F.instr(json_text, "\\u") > 0) & F.regexp_replace(  # instr first: most values escape nothing
         json_text, ESCAPED_BACKSLASH, "_").rlike(LONE_SURROGATE_ESCAPE)
+
+
+#: Text that may hold a JSON object or array (Java's regex syntax, ``rlike``): JSON's whitespace (RFC 8259), then
+#: ``{``, ``[`` or a byte-order mark (left to the parser).
+MAY_OPEN_JSON_DOCUMENT = r"^[ \t\n\r]*[{\[\uFEFF]"
+
+
+def may_open_json_document(json_text: Column) -> Column:
+    """Whether ``json_text`` may hold a JSON object or array (:data:`MAY_OPEN_JSON_DOCUMENT`). Any other text fails
+    Spark's parse of a struct, whatever the schema, and parsing it costs an exception thrown per record."""
+    from pyspark.sql import functions as F
+
+    # The first test alone is what a good record pays.
+    return F.startswith(json_text, F.lit("{")) | json_text.rlike(MAY_OPEN_JSON_DOCUMENT)

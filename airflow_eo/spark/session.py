@@ -125,6 +125,7 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     """
     from pyspark.sql import SparkSession
 
+    user_conf = dict(conf or {})
     merged = session_conf(conf, remote=remote is not None)
     if remote:
         refuse_master_for_connect(merged)
@@ -162,6 +163,8 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         set_secret_conf(session, later)
+        if not remote and "spark.kafka.consumer.cache.capacity" not in user_conf:
+            quiet_kafka_consumer_pool(session)
         if remote:
             session.version  # noqa: B018 - one round trip: a wrong URL or token fails here, not mid-batch
     except Exception as exc:  # surface a message that says what to fix
@@ -183,6 +186,21 @@ def get_session(master: str | None = None, remote: str | None = None, conf: Mapp
     log.info("Spark session on %s (%s)", without_secrets(remote) if remote else master or "local[*]",
              "Spark Connect" if remote else "classic, client mode")
     return session
+
+
+#: Spark's Kafka consumer pool, which warns at every read past its capacity (kept small on purpose:
+#: :data:`KAFKA_CONSUMERS_KEPT`).
+KAFKA_CONSUMER_POOL_LOGGER = "org.apache.spark.sql.kafka010.consumer.InternalKafkaConsumerPool"
+
+
+def quiet_kafka_consumer_pool(session: Any) -> None:
+    """Only the pool's errors in the driver's log (a local session's executors log there too): past our small
+    capacity it warns "Pool exceeds its soft max size" at every partition read, which says nothing wrong."""
+    try:
+        log4j = session.sparkContext._jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel(KAFKA_CONSUMER_POOL_LOGGER, log4j.Level.ERROR)
+    except Exception:  # another logging backend: the warnings stay, nothing else changes
+        log.debug("could not quiet %s", KAFKA_CONSUMER_POOL_LOGGER, exc_info=True)
 
 
 #: Where a secret of the Spark conf may be set on a running session: Hadoop's (file systems: s3a, abfs, gs keys) and

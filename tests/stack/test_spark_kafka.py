@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 
 from airflow_eo.core.ranges import OffsetRange, spark_offsets
-from airflow_eo.spark.session import KAFKA_CONSUMERS_KEPT, get_session
+from airflow_eo.spark.session import KAFKA_CONSUMER_POOL_LOGGER, KAFKA_CONSUMERS_KEPT, get_session
 from tests.support.kafka import create_topic
 
 
@@ -69,3 +69,6 @@ def test_a_read_of_many_partitions_leaves_fewer_consumers_open_than_partitions(b
         assert rows == partitions * 5
     # At Spark's default, 24 after one read here and 48 after two.
     assert open_kafka_consumers(spark) < partitions
+    # Past its capacity the pool warns at every read, which says nothing wrong: only its errors are logged.
+    level = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger(KAFKA_CONSUMER_POOL_LOGGER).getLevel()
+    assert level.toString() == "ERROR"
