@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_eo.core.config import AVRO_DECODED_FIELD, Framing
 from airflow_eo.core.errors import ConfigurationError
+from airflow_eo.spark.columns import computed_once
 from airflow_eo.spark.spark_connect import is_connect
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def decode_avro(spark: SparkSession, df: DataFrame, column: str, reader: str, fr
     decoded_flag = F.col(f"{tag}.{AVRO_DECODED_FIELD}")
     _check_reader(spark, reader, what)
     if framing is Framing.NONE:
-        df = df.withColumn(tag, F.explode(F.array(from_avro(binary, reader, options))))
+        df = computed_once(df, tag, from_avro(binary, reader, options))
         error = F.when(decoded_flag.isNull(), F.lit(f"{what} is not an Avro record of the reader schema (truncated, "
                                                     "written with another schema, or claiming a length beyond "
                                                     "Avro's limit)"))
@@ -137,7 +138,7 @@ def decode_avro(spark: SparkSession, df: DataFrame, column: str, reader: str, fr
                    else decoded.when(schema_id == schema_id_value, branch))
     if decoded is None:  # no decodable id: every record is bad, the column still has the reader's type
         decoded = from_avro(F.lit(None).cast("binary"), reader, options)
-    df = df.withColumn(tag, F.explode(F.array(F.when(framed, decoded))))
+    df = computed_once(df, tag, F.when(framed, decoded))
     if lookup is not None and beyond_limit:
         where = lookup.not_asked()
     else:

@@ -26,7 +26,7 @@ from airflow_eo.core.changes import (
 )
 from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.errors import ConfigurationError
-from airflow_eo.spark.columns import positional
+from airflow_eo.spark.columns import computed_once, positional
 from airflow_eo.spark.json_text import has_lone_surrogate_escape, lone_surrogate_error
 
 if TYPE_CHECKING:
@@ -82,15 +82,15 @@ def parse_changes(df: DataFrame, row: StructType, envelope: StructType, key_colu
     schema = StructType([*envelope.fields, StructField("_eo_corrupt", StringType(), True)])
     text = F.col("kafka_value").cast("string")
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_eo_corrupt"}
-    # The output of a Generate: filters on the error below are not pushed beneath it, where Spark would inline the
-    # parse into every reference (as spark/parsing.py's JSON values).
-    df = df.withColumn("_eo_v", F.explode(F.array(F.from_json(text, schema, options))))
+    # Computed once per record: filters on the error below would otherwise inline the parse into every reference
+    # (as spark/parsing.py's JSON values).
+    df = computed_once(df, "_eo_v", F.from_json(text, schema, options))
     # One shape, whichever the converter wrote: the change itself, its fields read below each once per record (a
     # CASE per field read through a struct would copy the struct every time).
     parsed = F.col("_eo_v")
     bare = F.struct(*[parsed.getField(name).alias(name) for name in _CHANGE_FIELDS])
-    df = df.withColumn("_eo_e", F.explode(F.array(
-        F.when(parsed.getField("payload").isNotNull(), parsed.getField("payload")).otherwise(bare))))
+    df = computed_once(df, "_eo_e",
+                       F.when(parsed.getField("payload").isNotNull(), parsed.getField("payload")).otherwise(bare))
     df, columns, change_error, skip = change_columns(df, "_eo_e", row, key_columns, truncates=truncates)
     error = (F.when(~F.is_valid_utf8(text), F.lit("value is not valid UTF-8"))
              .when(has_lone_surrogate_escape(text), F.lit(lone_surrogate_error("value")))

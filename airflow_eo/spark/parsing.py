@@ -16,6 +16,7 @@ from airflow_eo.core.config import DELETE_COLUMN, Framing, KeyFormat, ParseConfi
 from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.spark.avro import SchemaLookups, decode_avro
 from airflow_eo.spark.changes import SKIP, decoded_changes, envelope_ddl, envelope_row, parse_changes
+from airflow_eo.spark.columns import computed_once
 from airflow_eo.spark.json_text import has_lone_surrogate_escape, lone_surrogate_error, may_open_json_document
 from airflow_eo.spark.protobuf import decode_protobuf, load_descriptor_set
 
@@ -183,16 +184,14 @@ def _parse_json(df: DataFrame, column: str, declared: StructType, tag: str, what
     # Text that cannot hold a JSON object or array is malformed JSON without a parse: parsing it threw twice per
     # record (measured: 1,000,000 text lines read and parsed in 11.5 s, as many page views in 6.3 s).
     may_open = may_open_json_document(text)
-    # Each parse is the output of a Generate (explode of a one-element array): a filter on the error below
-    # cannot be pushed beneath it, where Spark would inline from_json into every reference (measured: a filter
-    # on _eo_error then parsed each value ~20 times).
-    df = df.withColumn(tag, F.explode(F.array(F.when(may_open, F.from_json(text, parse_schema, options)))))
+    # Each parse is computed once per record: a filter on the error below would otherwise inline from_json into
+    # every reference (measured: each value parsed ~20 times).
+    df = computed_once(df, tag, F.when(may_open, F.from_json(text, parse_schema, options)))
     typed_row_failed = F.col(tag).isNull() | F.col(f"{tag}._eo_corrupt").isNotNull()
     # Only a value whose typed parse failed is parsed again, with every field as STRING: that tells malformed
     # JSON apart from a field of the wrong type (Spark nulls the whole typed row in both cases). Good records
     # are parsed once.
-    df = df.withColumn(as_text_col, F.explode(F.array(F.when(typed_row_failed & may_open,
-                                                             F.from_json(text, as_text, options)))))
+    df = computed_once(df, as_text_col, F.when(typed_row_failed & may_open, F.from_json(text, as_text, options)))
     # A cast keeps a value's bytes as they are: invalid UTF-8 would reach the sink as mojibake.
     error = F.when(~F.is_valid_utf8(text), F.lit(f"{what} is not valid UTF-8")).when(
         has_lone_surrogate_escape(text), F.lit(lone_surrogate_error(what))).when(

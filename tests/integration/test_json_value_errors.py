@@ -58,3 +58,19 @@ def test_values_left_unparsed_get_the_error_a_parse_gave_them(spark, monkeypatch
     found = errors(spark, values)
     monkeypatch.setattr(parsing, "may_open_json_document", lambda text: F.lit(True))  # every value parsed twice
     assert errors(spark, values) == found
+
+
+def test_a_filter_on_the_error_leaves_each_value_parsed_by_two_from_jsons(spark):
+    """The typed parse and the parse as text, each computed once per record (``computed_once``): a filter on the
+    error pushed beneath them would put a from_json in every reference of the error (~20 per record)."""
+    from pyspark.sql import functions as F
+
+    raw = spark.createDataFrame(
+        [("t", 0, 0, None, None, GOOD, None)],
+        "kafka_topic STRING, kafka_partition INT, kafka_offset LONG, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
+        "kafka_value BINARY, kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+    parsed, payload = parsing.parse_records(spark, raw, ParseConfig(schema=SCHEMA))
+    good = parsed.where(F.col("_eo_error").isNull()).select(*payload)
+    plan = good._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("from_json(") == 2, plan
+    assert [tuple(row) for row in good.collect()] == [("e", 1)]
