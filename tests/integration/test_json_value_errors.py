@@ -33,12 +33,16 @@ VALUES: list[tuple[bytes | None, str | None]] = [
 ]
 
 
-def errors(spark, values: list[bytes | None]) -> list[str | None]:
-    raw = spark.createDataFrame(
+def records(spark, values: list[bytes | None]):
+    """Kafka records (as the engine reads them) of these values, at offsets 0, 1, .."""
+    return spark.createDataFrame(
         [("t", 0, i, None, None, value, None) for i, value in enumerate(values)],
         "kafka_topic STRING, kafka_partition INT, kafka_offset LONG, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
         "kafka_value BINARY, kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
-    parsed, _ = parsing.parse_records(spark, raw, ParseConfig(schema=SCHEMA))
+
+
+def errors(spark, values: list[bytes | None]) -> list[str | None]:
+    parsed, _ = parsing.parse_records(spark, records(spark, values), ParseConfig(schema=SCHEMA))
     return [row[0] for row in parsed.orderBy("kafka_offset").select("_eo_error").collect()]
 
 
@@ -65,11 +69,7 @@ def test_a_filter_on_the_error_leaves_each_value_parsed_by_two_from_jsons(spark)
     error pushed beneath them would put a from_json in every reference of the error (~20 per record)."""
     from pyspark.sql import functions as F
 
-    raw = spark.createDataFrame(
-        [("t", 0, 0, None, None, GOOD, None)],
-        "kafka_topic STRING, kafka_partition INT, kafka_offset LONG, kafka_timestamp TIMESTAMP, kafka_key BINARY, "
-        "kafka_value BINARY, kafka_headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
-    parsed, payload = parsing.parse_records(spark, raw, ParseConfig(schema=SCHEMA))
+    parsed, payload = parsing.parse_records(spark, records(spark, [GOOD]), ParseConfig(schema=SCHEMA))
     good = parsed.where(F.col("_eo_error").isNull()).select(*payload)
     plan = good._jdf.queryExecution().executedPlan().toString()
     assert plan.count("from_json(") == 2, plan
