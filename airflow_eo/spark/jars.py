@@ -94,8 +94,6 @@ def verify_jars(folder: Path, jars: list[Path]) -> None:
     :param folder: the artifact's cache folder (``<artifact>-<version>``).
     :param jars: the jars resolved into it.
     """
-    import hashlib
-
     if not folder.name.startswith(_PINNED_ARTIFACTS):
         return
     pins = JAR_SHA256.get(folder.name)
@@ -105,7 +103,7 @@ def verify_jars(folder: Path, jars: list[Path]) -> None:
         return
     problems = []
     for jar in jars:
-        digest = hashlib.sha256(jar.read_bytes()).hexdigest()
+        digest = _sha256(jar)
         expected = pins.get(jar.name)
         if expected is None:
             problems.append(f"{jar.name} is not one of the pinned jars")
@@ -118,6 +116,29 @@ def verify_jars(folder: Path, jars: list[Path]) -> None:
         raise ConfigurationError(f"the jars resolved for {folder.name} in {folder} are not the pinned ones: "
                                  f"{'; '.join(problems)}. Check the Maven repository or mirror this machine uses, "
                                  "then delete the folder to resolve again")
+
+
+#: The digests this process computed, by the file's identity when it was read (device, inode, size, modification
+#: and change times): every batch verifies its session's jars, and hashing 19 connector jars again took 45 ms of each.
+#: Any write to a file changes its change time (no call can set that back), so a changed jar is read and hashed again.
+_DIGESTS: dict[tuple[str, int, int, int, int, int], str] = {}
+#: A file changed this recently is hashed every time: the kernel's file clock ticks in milliseconds, so a second write
+#: within the tick of the first would keep the change time (git's "racily clean" entries, the same rule).
+_SETTLED_NS = 2_000_000_000
+
+
+def _sha256(jar: Path) -> str:
+    import hashlib
+    import time
+
+    status = jar.stat()
+    identity = (str(jar), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+    digest = _DIGESTS.get(identity)
+    if digest is None:
+        digest = hashlib.sha256(jar.read_bytes()).hexdigest()
+        if time.time_ns() - status.st_ctime_ns > _SETTLED_NS:
+            _DIGESTS[identity] = digest
+    return digest
 
 
 def connector_cache_dir() -> Path:

@@ -1,8 +1,9 @@
 """The cache folder's trust: code this process runs from it (the driver's class archive, which the JVM maps without
 verifying its bytecode; the package zip on the executors' ``sys.path``) is used only from a folder and a file that
 no other user can write. The folders are made ``0700``; one made before (under the umask) passes when only its owner
-can write it. The jars there are SHA-256-checked on every use (``session.verify_jars``), the package zip against the
-installed package (``session.package_archive``)."""
+can write it. The jars there are SHA-256-checked on every use (``jars.verify_jars``; a file's digest is computed again
+whenever its identity, change time included, differs), the package zip against the installed package
+(``session.package_archive``)."""
 
 from __future__ import annotations
 

@@ -40,3 +40,27 @@ def test_the_jars_resolved_on_this_machine_match_the_pins(monkeypatch):
         pytest.skip("Spark's Kafka connector is not resolved here yet (make up resolves it)")
     assert len(jars.kafka_connector_jars(resolve=False) or []) == len(JAR_SHA256["spark-sql-kafka-0-10_2.13-4.0.0"])
     assert jars.format_jars(resolve=False) is not None
+
+
+def test_a_jar_changed_after_it_was_verified_is_refused_even_with_its_size_and_times_put_back(tmp_path, monkeypatch):
+    import hashlib
+    import os
+    import time
+
+    # Digests are kept per file identity (every batch verifies its jars): a rewrite must still be seen.
+    name = "spark-avro_2.13-9.9.9"
+    monkeypatch.setitem(JAR_SHA256, name, {"spark-avro.jar": hashlib.sha256(b"good").hexdigest()})
+    folder = tmp_path / name
+    _cached(tmp_path, name, {"spark-avro.jar": b"good"})
+    jar = folder / "jars" / "spark-avro.jar"
+    jars.verify_jars(folder, [jar])
+    assert not [key for key in jars._DIGESTS if key[0] == str(jar)]  # changed just now: hashed every time
+    monkeypatch.setattr(jars, "_SETTLED_NS", 0)
+    jars.verify_jars(folder, [jar])
+    assert [key for key in jars._DIGESTS if key[0] == str(jar)]  # kept
+    before = jar.stat()
+    time.sleep(0.05)  # past the kernel's file clock tick (what _SETTLED_NS guards against in use)
+    jar.write_bytes(b"evil")  # the same size
+    os.utime(jar, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same modification time
+    with pytest.raises(ConfigurationError, match="spark-avro.jar has SHA-256 " + hashlib.sha256(b"evil").hexdigest()):
+        jars.verify_jars(folder, [jar])
