@@ -60,13 +60,21 @@ def roundtrip(trigger):
     return rebuilt
 
 
-def test_triggers_round_trip_through_serialize_and_hold_their_hooks():
+def test_triggers_round_trip_through_serialize_and_hold_their_hooks(monkeypatch):
     backlog = roundtrip(KafkaBacklogTrigger("p", ["a", "b"], min_records=5, per_partition=True,
                                             starting_offsets="latest", kafka_conn_id="k", offset_store_conn_id="s",
                                             poll_interval=2.5))
     assert backlog.serialize()[0] == "airflow_eo.triggers.pipeline.KafkaBacklogTrigger"
     assert isinstance(backlog.kafka_hook, KafkaClusterHook) and backlog.kafka_hook.kafka_config_id == "k"
     assert isinstance(backlog.store_hook, OffsetStoreHook) and backlog.store_hook.offset_store_conn_id == "s"
+
+    # A hook makes its offset source (an admin client) once, as the provider's get_conn is made once: a trigger's
+    # polls, and a run's planning, metrics and group mirror, share it.
+    monkeypatch.setenv("AIRFLOW_CONN_K", json.dumps({"conn_type": "kafka",
+                                                     "extra": {"bootstrap.servers": "127.0.0.1:1"}}))
+    source = backlog.kafka_hook.get_offset_source()
+    assert backlog.kafka_hook.get_offset_source() is source
+    assert KafkaClusterHook("k").get_offset_source() is not source  # each hook its own
 
     committed = roundtrip(BatchCommittedTrigger("p", 7, "s", 1.0, [START.isoformat(), END.isoformat()]))
     assert committed.serialize()[0] == "airflow_eo.triggers.pipeline.BatchCommittedTrigger"
