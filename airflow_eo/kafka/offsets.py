@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 
 from airflow_eo.core.errors import ConfigurationError, UnavailableError
 from airflow_eo.core.planning import Interval, IntervalOffsets, PartitionOffsets
-from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
+from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S, client_config
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,7 +129,7 @@ class KafkaOffsetSource:
     def __init__(self, config: dict[str, Any]) -> None:
         if "bootstrap.servers" not in config:
             raise ConfigurationError("the Kafka connection has no 'bootstrap.servers' in its extra")
-        self.config = dict(config)
+        self.config = client_config(dict(config))
         self._admin = AdminClient(self.config)
 
     def _new_client(self) -> None:

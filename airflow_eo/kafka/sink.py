@@ -26,7 +26,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.recovery import SinkRecovery, committed_by_kafka
 from airflow_eo.core.sink_kinds import KindAdapter
 from airflow_eo.kafka.offsets import KafkaOffsetSource, alter_group_offsets, group_id, read_group_offsets
-from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S
+from airflow_eo.kafka.timeouts import ADMIN_TIMEOUT_S, TRANSACTION_TIMEOUT_S, client_config
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,7 +56,7 @@ class KafkaTransactionalAdapter(KindAdapter):
     def __init__(self, config: Mapping[str, Any], pipeline_id: str, *, name: str, topic: str, key_column: str,
                  value_column: str, transaction_timeout_ms: int) -> None:
         self.name = name
-        self.config = {k: v for k, v in config.items() if k not in _NOT_FOR_CLIENTS}
+        self.config = client_config({k: v for k, v in config.items() if k not in _NOT_FOR_CLIENTS})
         self.topic, self.pipeline_id = topic, pipeline_id
         self.key_column, self.value_column = key_column, value_column
         self.transaction_timeout_ms = transaction_timeout_ms

@@ -1,0 +1,27 @@
+"""Every librdkafka client of the Kafka room starts from the room's defaults (``kafka/timeouts.py``), under what the
+connection's extra sets (no stack needed: a client connects only when first asked)."""
+
+from __future__ import annotations
+
+from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.timeouts import CLIENT_DEFAULTS
+
+
+def test_the_offset_source_connects_with_the_room_defaults_under_the_connection_extra():
+    source = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1"})
+    assert source.config == {"bootstrap.servers": "127.0.0.1:1", **CLIENT_DEFAULTS}
+    assert CLIENT_DEFAULTS["reconnect.backoff.ms"] < 100  # librdkafka's default made a new client wait ~50 ms
+    mine = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1", "reconnect.backoff.ms": 300})
+    assert mine.config["reconnect.backoff.ms"] == 300  # the connection's extra wins
+
+
+def test_the_kafka_sink_connects_with_the_room_defaults_under_the_connection_extra():
+    from airflow_eo.kafka.sink import KafkaTransactionalAdapter
+
+    sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1", "reconnect.backoff.ms": 300}, "p",
+                                     name="n", topic="t", key_column="k", value_column="v",
+                                     transaction_timeout_ms=60_000)
+    assert sink.config["reconnect.backoff.ms"] == 300
+    sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1"}, "p", name="n", topic="t", key_column="k",
+                                     value_column="v", transaction_timeout_ms=60_000)
+    assert sink.config["reconnect.backoff.ms"] == CLIENT_DEFAULTS["reconnect.backoff.ms"]
