@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=2, help="writer tasks of every batch")
     parser.add_argument("--only", choices=("wide", "many"), help="one part alone")
     parser.add_argument("--short", action="store_true",
-                        help="the suite's setting: 20,000 records over 200 partitions; 6 pipelines of 2,000, 3 at "
+                        help="the suite's setting: 20,000 records over 200 partitions; 4 pipelines of 2,000, 2 at "
                              "a time")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--wide-batch", help=argparse.SUPPRESS)  # internal: one wide batch, print its JSON
@@ -253,7 +253,7 @@ def main() -> None:
         print("MANY " + json.dumps(found), flush=True)
         return
     if args.short:
-        args.records, args.partitions, args.pipelines, args.at_a_time, args.pipeline_records = 20_000, 200, 6, 3, 2_000
+        args.records, args.partitions, args.pipelines, args.at_a_time, args.pipeline_records = 20_000, 200, 4, 2, 2_000
     results: dict[str, Any] = {}
     if args.only in (None, "wide"):
         results["wide"] = wide(args.records, args.partitions, args.parallelism)

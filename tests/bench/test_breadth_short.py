@@ -27,7 +27,7 @@ def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_p
         assert batch["driver_peak_rss_mb"]["python"] > 0 and batch["driver_peak_rss_mb"]["jvm"] > 0
     assert set(broad["memory_ratio_to_3_partitions"]) == {"python", "jvm"}
     alone, shared = results["many"]
-    assert (alone["pipelines"], alone["at_a_time"], shared["pipelines"], shared["at_a_time"]) == (3, 1, 6, 3)
+    assert (alone["pipelines"], alone["at_a_time"], shared["pipelines"], shared["at_a_time"]) == (2, 1, 4, 2)
     for setting in (alone, shared):
         assert len({batch["pipeline"] for batch in setting["batches"]}) == setting["pipelines"]
         assert 0 < setting["median_protocol_s"] <= setting["max_protocol_s"]
