@@ -129,7 +129,7 @@ class KafkaOffsetSource:
     def __init__(self, config: dict[str, Any]) -> None:
         if "bootstrap.servers" not in config:
             raise ConfigurationError("the Kafka connection has no 'bootstrap.servers' in its extra")
-        self.config = client_config(dict(config))
+        self.config = client_config(config)  # a new dict: the caller's stays as it is
         self._admin = AdminClient(self.config)
 
     def _new_client(self) -> None:

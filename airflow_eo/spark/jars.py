@@ -7,11 +7,13 @@ pins and cache, used also by scripts (the benchmark's and the cluster's jars) wi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from airflow_eo.core.errors import ConfigurationError
@@ -128,9 +130,6 @@ _SETTLED_NS = 2_000_000_000
 
 
 def _sha256(jar: Path) -> str:
-    import hashlib
-    import time
-
     status = jar.stat()
     identity = (str(jar), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
     digest = _DIGESTS.get(identity)
