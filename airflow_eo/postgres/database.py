@@ -53,6 +53,20 @@ class PostgresDatabase(SqlDatabase):
         # lock need; psycopg counts matched rows.
         return connection.connect(connect_kwargs, autocommit=False, row_factory=dict_row)
 
+    reuses_store_connections = True
+
+    def store_connection_alive(self, conn: Any) -> bool:
+        # An empty query in autocommit mode: a round trip that opens no transaction (psycopg_pool's check).
+        try:
+            conn.autocommit = True
+            try:
+                conn.execute("")
+            finally:
+                conn.autocommit = False
+        except (psycopg.Error, OSError):
+            return False
+        return True
+
     def errors(self) -> tuple[type[BaseException], ...]:
         return (psycopg.Error,)
 

@@ -69,6 +69,15 @@ class SqlDatabase(ABC):
         counting matched rows (a compare-and-set that rewrites an unchanged value still counts)."""
         raise NotImplementedError
 
+    #: whether the offset store keeps its connections open between transactions (``sqlstore/connections.py``):
+    #: only for a database whose :meth:`store_connection_alive` can tell a live connection from a dead one
+    reuses_store_connections: ClassVar[bool] = False
+
+    def store_connection_alive(self, conn: Any) -> bool:
+        """Whether an idle store connection (from :meth:`store_connection`, its transaction ended) still answers:
+        one round trip that starts no transaction. False for any error (the store then connects anew)."""
+        return False
+
     @abstractmethod
     def errors(self) -> tuple[type[BaseException], ...]:
         """The driver's error base classes."""

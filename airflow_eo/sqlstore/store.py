@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
@@ -33,6 +33,7 @@ from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.lifecycle import retired_message
 from airflow_eo.core.planning import Interval
 from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
+from airflow_eo.sqlstore.connections import StoreConnections
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
 from airflow_eo.sqlstore.history import StoreHistory
@@ -61,6 +62,13 @@ class OffsetStoreDatabase(Protocol):
     def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
         """One transaction's connection: cursors return rows as dicts and count matched rows."""
 
+    @property
+    def reuses_store_connections(self) -> bool:
+        """Whether the store keeps its connections open between transactions (it can tell a live one)."""
+
+    def store_connection_alive(self, conn: Any) -> bool:
+        """Whether an idle store connection still answers (asked before it is used again)."""
+
     def errors(self) -> tuple[type[BaseException], ...]: ...
 
     def lock_migrations(self, cur: Any) -> None: ...
@@ -86,7 +94,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
 
     def __init__(self, database: OffsetStoreDatabase, connect_kwargs: Mapping[str, Any]) -> None:
         self.database = database
-        self._connect_kwargs = dict(connect_kwargs)
+        self._connections = StoreConnections(database, connect_kwargs)
 
     @property
     def dialect(self) -> StoreDialect:  # type: ignore[override]
@@ -94,20 +102,14 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
-        """One connection, one transaction: committed on success, rolled back on error."""
-        conn = self.database.store_connection(self._connect_kwargs)
-        try:
-            with conn.cursor() as cur:
-                yield cur
-            conn.commit()
-        except BaseException:
-            # Best effort: on a lost connection (the server crashed) the server rolls back by itself, and a failing
-            # ROLLBACK must not hide the error that says what happened.
-            with suppress(*self.database.errors()):
-                conn.rollback()
-            raise
-        finally:
-            conn.close()
+        """One transaction on one connection (kept open for the next: ``sqlstore/connections.py``): committed on
+        success, rolled back on error."""
+        with self._connections.transaction() as cur:
+            yield cur
+
+    def close(self) -> None:
+        """Close the idle connections kept for this store's database in this process."""
+        self._connections.close()
 
     def migrate(self) -> None:
         if self._migrated:

@@ -300,7 +300,8 @@ def _fresh_database(kind: str, kwargs: dict) -> tuple[dict, Callable[[], None]]:
             conn.execute(sql)
 
     run_pg(f"CREATE DATABASE {name}")
-    return {**kwargs, "dbname": name}, lambda: run_pg(f"DROP DATABASE {name}")
+    # FORCE: the store keeps idle connections to it (sqlstore/connections.py)
+    return {**kwargs, "dbname": name}, lambda: run_pg(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.mark.parametrize("kind", sorted(STORES))

@@ -1,0 +1,115 @@
+"""The offset store's connections, kept open between its transactions (``docs/architecture.md``, "The offset
+store").
+
+A batch's protocol runs about ten short store transactions; a connection of its own for each cost a TCP and
+authentication handshake every time (PostgreSQL's: 8 ms here). A process keeps a few idle connections per store
+database in SQLAlchemy's pool, and before it hands one out again asks the database whether it still answers (the
+server may have restarted, or closed it while idle). A transaction that fails discards its connection; one kept
+longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
+kept connection: it never writes on its parent's sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from sqlalchemy import event, exc
+from sqlalchemy.pool import QueuePool
+
+#: idle connections a process keeps per store database (more may be open at once; those close when done)
+KEPT = 2
+#: seconds after which a kept connection is closed and replaced at its next use
+RECYCLE_S = 600
+
+_pools: dict[str, QueuePool] = {}
+_pools_lock = threading.Lock()
+#: a parent's pools, as a forked child inherited them: never used, never closed (their sockets are the parent's)
+_inherited: list[dict[str, QueuePool]] = []
+
+
+def _after_fork_in_child() -> None:
+    global _pools, _pools_lock
+    _inherited.append(_pools)
+    _pools, _pools_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _pool(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool]) -> QueuePool:
+    pool = _pools.get(key)
+    if pool is not None:
+        return pool
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            # The transaction commits or rolls back itself: nothing to reset when a connection comes back.
+            pool = QueuePool(connect, pool_size=KEPT, max_overflow=-1, recycle=RECYCLE_S, reset_on_return=None)
+
+            @event.listens_for(pool, "connect")
+            def _fresh(dbapi_connection: Any, record: Any) -> None:
+                record.info["fresh"] = True
+
+            @event.listens_for(pool, "checkout")
+            def _check(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+                # SQLAlchemy's pessimistic check: on DisconnectionError the pool connects anew (fresh: not asked).
+                if not record.info.pop("fresh", False) and not alive(dbapi_connection):
+                    raise exc.DisconnectionError("the kept offset store connection no longer answers")
+
+            _pools[key] = pool
+        return pool
+
+
+class StoreConnections:
+    """One store database's connections: :meth:`transaction` on a kept connection when the database can tell a
+    live one (``reuses_store_connections``), else on a new one each time.
+
+    :param database: the room's descriptor (``store_connection``, ``store_connection_alive``, ``errors``).
+    :param connect_kwargs: the driver's arguments.
+    """
+
+    def __init__(self, database: Any, connect_kwargs: Mapping[str, Any]) -> None:
+        self._database = database
+        self._connect_kwargs = dict(connect_kwargs)
+        self._reuse = bool(getattr(database, "reuses_store_connections", False))
+        self._key = json.dumps([type(database).__module__, type(database).__qualname__, self._connect_kwargs],
+                               sort_keys=True, default=repr)
+
+    def _connect(self) -> Any:
+        return self._database.store_connection(self._connect_kwargs)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One transaction: committed on success, rolled back (and its connection closed) on error."""
+        conn: Any  # the driver's connection, or the pool's proxy of one (its cursor is the driver's)
+        if self._reuse:
+            conn = _pool(self._key, self._connect, self._database.store_connection_alive).connect()
+            discard, release = conn.invalidate, conn.close  # close: back to the pool
+        else:
+            conn = self._connect()
+            discard = release = conn.close
+        try:
+            with conn.cursor() as cur:
+                yield cur
+            conn.commit()
+        except BaseException:
+            # Best effort: on a lost connection (the server crashed) the server rolls back by itself, and a failing
+            # ROLLBACK must not hide the error that says what happened.
+            with suppress(*self._database.errors()):
+                conn.rollback()
+            with suppress(*self._database.errors()):
+                discard()
+            raise
+        release()
+
+    def close(self) -> None:
+        """Close the idle connections this process keeps for the database (the next transaction connects anew)."""
+        with _pools_lock:
+            pool = _pools.pop(self._key, None)
+        if pool is not None:
+            pool.dispose()
