@@ -52,8 +52,7 @@ class MySqlDatabase(SqlDatabase):
 
     def store_connection(self, connect_kwargs: Mapping[str, Any]) -> Any:
         # Affected rows = matched rows, so a compare-and-set that rewrites an unchanged value (an empty range) still
-        # counts as a match.
-        # Every store session reads TIMESTAMPs in UTC, whichever transaction a kept connection served before.
+        # counts as a match. Every session reads TIMESTAMPs in UTC, whichever transaction a kept one served before.
         return connection.connect(connect_kwargs, autocommit=False, cursorclass=pymysql.cursors.DictCursor,
                                   client_flag=CLIENT.FOUND_ROWS,
                                   init_command=f"{connection.STRICT_SESSION}, time_zone = '+00:00'")

@@ -39,8 +39,7 @@ def _session(store: SqlOffsetStore, kind: str) -> int:
 
 def _kill(store: SqlOffsetStore, kind: str, session: int, request) -> None:
     """End ``session`` from another session of the server (what its restart or an idle timeout does)."""
-    other = STORES[kind](request.getfixturevalue(f"{kind}_kwargs"))
-    conn = other.database.store_connection(request.getfixturevalue(f"{kind}_kwargs"))
+    conn = store.database.store_connection(request.getfixturevalue(f"{kind}_kwargs"))  # not a kept one
     try:
         with conn.cursor() as cur:
             cur.execute(KILL[kind], (session,))
