@@ -76,7 +76,7 @@ class StoreConnections:
     def __init__(self, database: Any, connect_kwargs: Mapping[str, Any]) -> None:
         self._database = database
         self._connect_kwargs = dict(connect_kwargs)
-        self._reuse = bool(getattr(database, "reuses_store_connections", False))
+        self._reuse = database.reuses_store_connections
         self._key = json.dumps([type(database).__module__, type(database).__qualname__, self._connect_kwargs],
                                sort_keys=True, default=repr)
 

@@ -16,8 +16,8 @@ and the audited rewind: ``reads.py``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from airflow_eo.core.batch import BatchRecord, BatchSummary, Owner
@@ -100,12 +100,10 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     def dialect(self) -> StoreDialect:  # type: ignore[override]
         return self.database.dialect
 
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self) -> AbstractContextManager[Any]:
         """One transaction on one connection (kept open for the next: ``sqlstore/connections.py``): committed on
         success, rolled back on error."""
-        with self._connections.transaction() as cur:
-            yield cur
+        return self._connections.transaction()
 
     def close(self) -> None:
         """Close the idle connections kept for this store's database in this process."""
