@@ -108,7 +108,7 @@ def plan_and_commit(store: SqlOffsetStore, pipeline_id: str, epoch: int, topic_n
     store.commit_batch(batch, epoch, BatchSummary.of(batch, batch.run_id, epoch))
 
 
-def fill(store: SqlOffsetStore, kind: str, first: int, last: int, topic_name: str) -> float:
+def fill(store: SqlOffsetStore, kind: str, conn_id: str, first: int, last: int, topic_name: str) -> float:
     """Committed batches ``first`` .. ``last - 1`` of each of the :data:`PIPELINES` pipelines (``first`` 0: the
     pipelines are made too); returns the seconds it took."""
     started = time.monotonic()
@@ -140,7 +140,9 @@ def fill(store: SqlOffsetStore, kind: str, first: int, last: int, topic_name: st
     else:  # VACUUM runs outside a transaction; what autovacuum does to a store filled over months
         import psycopg
 
-        with psycopg.connect(**store._connect_kwargs, autocommit=True) as conn:
+        from airflow_eo.hooks.postgres import EoPostgresHook
+
+        with psycopg.connect(**EoPostgresHook(conn_id).get_connect_kwargs(), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE eo_batch")
     return time.monotonic() - started
 
@@ -185,9 +187,9 @@ def run_store(kind: str, rows: int, repeat: int) -> dict[str, Any]:
         for _ in range(PROBE_BATCHES):
             plan_and_commit(store, probe, epoch, topic_name)
         per = max(2, rows // PIPELINES)
-        fill(store, kind, 0, 1, topic_name)  # the same pipelines, one batch each: only the history differs
+        fill(store, kind, conn_id, 0, 1, topic_name)  # the same pipelines, one batch each: only the history differs
         empty = measure(ops, store, probe, epoch, topic_name, repeat)
-        fill_s = fill(store, kind, 1, per, topic_name)
+        fill_s = fill(store, kind, conn_id, 1, per, topic_name)
         filled = measure(ops, store, probe, epoch, topic_name, repeat)
         big = timed(lambda: ops.verify("fill_000"), 1)
         return {"store": kind, "database": database, "topic": topic_name, "rows": rows, "fill_s": fill_s,
