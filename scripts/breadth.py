@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +42,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's package (bench/)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: the page views' producer
 
-from bench.common import DriverMemory, drop_made_tables, engine, expect, fresh_table, spark_hook, sql, table_rows
+from bench.common import (
+    DriverMemory,
+    drop_made_tables,
+    engine,
+    expect,
+    fresh_table,
+    mysql_kwargs,
+    spark_hook,
+    sql,
+    table_rows,
+)
 
 from airflow_eo.core.batch import RunRequest
 from airflow_eo.core.protocol import run_batch
@@ -139,6 +150,60 @@ def wide(records: int, partitions: int, parallelism: int) -> list[dict[str, Any]
     return results
 
 
+#: a row-lock wait longer than this is recorded with what held the lock (InnoDB gives up at the stack's 20 s)
+LONG_WAIT_S = 2
+
+#: every row-lock wait now going on: the waiting statement, the lock, and the transaction holding it
+LOCK_WAITS = (
+    "SELECT r.trx_id AS waiting_trx, TIMESTAMPDIFF(SECOND, r.trx_wait_started, NOW()) AS waited_s, "
+    "r.trx_query AS waiting_query, b.trx_id AS holding_trx, b.trx_state AS holding_state, "
+    "b.trx_started AS holding_since, b.trx_mysql_thread_id AS holding_thread, b.trx_query AS holding_query, "
+    "p.command AS holding_command, p.info AS holding_info, l.lock_mode, l.lock_type, l.lock_table, l.lock_index, "
+    "l.lock_data "
+    "FROM information_schema.INNODB_LOCK_WAITS w "
+    "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
+    "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
+    "JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.blocking_lock_id "
+    "LEFT JOIN information_schema.PROCESSLIST p ON p.id = b.trx_mysql_thread_id")
+
+
+class LongLockWaits:
+    """Row-lock waits longer than :data:`LONG_WAIT_S` while the pipelines run, with the transaction that held the
+    lock (read every half second on a connection of its own): what a batch that timed out waited for."""
+
+    def __init__(self) -> None:
+        import pymysql
+
+        from airflow_eo.mysql.connection import connect as mysql_connect
+
+        self.found: dict[tuple[str, str], dict[str, Any]] = {}
+        self._conn = mysql_connect(mysql_kwargs(), autocommit=True, cursorclass=pymysql.cursors.DictCursor)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._conn.cursor() as cur:
+                cur.execute(LOCK_WAITS)
+                for row in cur.fetchall():
+                    if (row["waited_s"] or 0) >= LONG_WAIT_S:
+                        self.found[(str(row["waiting_trx"]), str(row["holding_trx"]))] = {
+                            k: str(v) if v is not None else None for k, v in row.items()}
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+        for wait in self.found.values():
+            print(f"[many] a row-lock wait of {wait['waited_s']}s or more: {wait['waiting_query']!r} waited for "
+                  f"{wait['lock_mode']} {wait['lock_type']} lock on {wait['lock_table']} {wait['lock_index']} "
+                  f"({wait['lock_data']}) held by transaction {wait['holding_trx']} ({wait['holding_state']} since "
+                  f"{wait['holding_since']}, thread {wait['holding_thread']}: {wait['holding_command']}, "
+                  f"{wait['holding_query'] or wait['holding_info']!r})", flush=True)
+        return list(self.found.values())
+
+
 def lock_status() -> dict[str, int]:
     rows = sql("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s)", LOCK_STATUS)
     return {name: int(value) for name, value in rows}
@@ -149,29 +214,43 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
     worker's task would run, their measured batches started together once every driver is warm; their protocol
     times and the store's lock waits meanwhile."""
     go = workdir / f"go_{uuid.uuid4().hex[:8]}"
-    children = [subprocess.Popen([sys.executable, str(SCRIPT), "--driver-batches",
-                                  f"{go}:{records}:{parallelism}:{','.join(topics)}"],
-                                 stdout=subprocess.PIPE, text=True) for topics in drivers]
+    errors = [workdir / f"{go.name}.stderr.{i}" for i in range(len(drivers))]  # a failed driver's says why
+    children = []
+    for topics, error in zip(drivers, errors, strict=True):
+        with error.open("w") as stderr:
+            children.append(subprocess.Popen([sys.executable, str(SCRIPT), "--driver-batches",
+                                              f"{go}:{records}:{parallelism}:{','.join(topics)}"],
+                                             stdout=subprocess.PIPE, stderr=stderr, text=True))
+
+    def failed(child: subprocess.Popen, error: Path, when: str) -> None:
+        sys.exit(f"a driver of the many part failed {when} (exit {child.returncode}); its error output ends with:\n"
+                 + error.read_text()[-6000:])
+
     deadline = time.monotonic() + 600
     while len(list(workdir.glob(f"{go.name}.ready.*"))) < len(drivers):
         if time.monotonic() > deadline or any(child.poll() not in (None, 0) for child in children):
             for child in children:
                 child.kill()
-            sys.exit("a driver of the many part failed before its measured batches")
+            culprit = next(((c, e) for c, e in zip(children, errors, strict=True) if c.poll() not in (None, 0, -9)),
+                           (children[0], errors[0]))
+            failed(*culprit, "before its measured batches")
         time.sleep(0.2)
     before = lock_status()
+    waits = LongLockWaits()
     go.touch()
     outputs = [child.communicate()[0] for child in children]
+    long_waits = waits.stop()
     after = lock_status()
     found = []
-    for child, output in zip(children, outputs, strict=True):
+    for child, output, error in zip(children, outputs, errors, strict=True):
         lines = output.splitlines()
         if child.returncode != 0 or not any(line.startswith("MANY ") for line in lines):
-            sys.exit(f"a driver of the many part failed (exit {child.returncode}): {output[-3000:]}")
+            failed(child, error, "in its measured batches")
         found += json.loads(next(line for line in lines if line.startswith("MANY "))[5:])
     protocol = [batch["protocol_s"] for batch in found]
     return {"pipelines": len(found), "at_a_time": len(drivers), "median_protocol_s": statistics.median(protocol),
             "max_protocol_s": max(protocol), "lock": {k: after[k] - before[k] for k in LOCK_STATUS},
+            "long_lock_waits": long_waits,
             "batches": found}
 
 
