@@ -232,7 +232,9 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
             for child in children:
                 child.kill()
             culprit = next(((c, e) for c, e in zip(children, errors, strict=True) if c.poll() not in (None, 0, -9)),
-                           (children[0], errors[0]))
+                           None)
+            if culprit is None:
+                sys.exit("the drivers of the many part were not all warm within 600 s")
             failed(*culprit, "before its measured batches")
         time.sleep(0.2)
     before = lock_status()
