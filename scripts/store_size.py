@@ -52,19 +52,20 @@ UI_BATCH_LIMIT = 20  # the tab's default ([eo] ui_batch_limit)
 KINDS = {"mariadb": "AIRFLOW_CONN_MYSQL_DEFAULT", "postgres": "AIRFLOW_CONN_POSTGRES_DEFAULT"}
 
 
-def _admin_connect(kind: str) -> Any:
-    """A connection to the stack's server (the default database), autocommit, to create and drop databases."""
+def _admin_connect(kind: str, conn_id: str | None = None) -> Any:
+    """An autocommit connection to the stack's server: its default database (to create and drop databases), or
+    ``conn_id``'s (statements that run outside a transaction)."""
     if kind == "mariadb":
         import pymysql
 
         from airflow_eo.hooks.mysql import EoMySqlHook
 
-        return pymysql.connect(**EoMySqlHook("mysql_default").get_connect_kwargs(), autocommit=True)
+        return pymysql.connect(**EoMySqlHook(conn_id or "mysql_default").get_connect_kwargs(), autocommit=True)
     import psycopg
 
     from airflow_eo.hooks.postgres import EoPostgresHook
 
-    return psycopg.connect(**EoPostgresHook("postgres_default").get_connect_kwargs(), autocommit=True)
+    return psycopg.connect(**EoPostgresHook(conn_id or "postgres_default").get_connect_kwargs(), autocommit=True)
 
 
 @contextmanager
@@ -138,11 +139,7 @@ def fill(store: SqlOffsetStore, kind: str, conn_id: str, first: int, last: int, 
             cur.execute("ANALYZE TABLE eo_batch")
             cur.fetchall()
     else:  # VACUUM runs outside a transaction; what autovacuum does to a store filled over months
-        import psycopg
-
-        from airflow_eo.hooks.postgres import EoPostgresHook
-
-        with psycopg.connect(**EoPostgresHook(conn_id).get_connect_kwargs(), autocommit=True) as conn:
+        with _admin_connect(kind, conn_id) as conn:
             conn.execute("VACUUM ANALYZE eo_batch")
     return time.monotonic() - started
 
