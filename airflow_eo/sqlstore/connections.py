@@ -6,11 +6,13 @@ authentication handshake every time (PostgreSQL's: 8 ms here). A process keeps a
 database in SQLAlchemy's pool, and before it hands one out again asks the database whether it still answers (the
 server may have restarted, or closed it while idle). A transaction that fails discards its connection; one kept
 longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
-kept connection: it never writes on its parent's sockets.
+kept connection: it never writes on its parent's sockets. A process that exits closes its kept connections (else the
+server counts each as an aborted client and may log it).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -39,6 +41,16 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _close_kept_at_exit() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        with suppress(Exception):  # a server already gone: nothing left to end politely
+            pool.dispose()
 
 
 def _pool(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool]) -> QueuePool:

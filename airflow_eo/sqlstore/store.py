@@ -114,10 +114,18 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
             return
         if self.read_only:
             self._check_schema()
-        else:
+        elif not self._schema_current():
             with self.transaction() as cur:
                 self._migrate(cur)
         self._migrated = True
+
+    def _schema_current(self) -> bool:
+        """Whether every migration of this release is applied, read without the migration lock: the common case
+        (each task's store is new) then costs one read instead of serializing every starting task on the lock."""
+        try:
+            return self._applied_versions() >= {version for version, _ in self.database.migrations}
+        except _NoSchemaVersion:
+            return False
 
     def _migrate(self, cur: Any) -> None:
         """Apply the database's migrations not applied yet, in ``cur``'s transaction, serialized by the database's
@@ -151,13 +159,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         latest = self._latest_schema_version()
         cause: BaseException | None = None
         try:
-            with self.transaction() as cur:  # an unreachable store fails here, as itself
-                try:
-                    cur.execute("SELECT MAX(version) AS version FROM eo_schema_version")
-                except Exception as exc:  # no version table: nothing ran against this store yet
-                    raise _NoSchemaVersion() from exc  # (out of the transaction: rolled back)
-                row = cur.fetchone()
-            version = int((row or {}).get("version") or 0)
+            version = max(self._applied_versions(), default=0)
         except _NoSchemaVersion as missing:
             version, cause = 0, missing.__cause__
         if version < latest:
@@ -165,13 +167,23 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
                                  "a pipeline's next run or any `airflow eo` command migrates it; this view only "
                                  "reads") from cause
 
+    def _applied_versions(self) -> set[int]:
+        """The schema versions applied to the store; :class:`_NoSchemaVersion` when nothing ran against it yet."""
+        with self.transaction() as cur:  # an unreachable store fails here, as itself
+            try:
+                cur.execute("SELECT version FROM eo_schema_version")
+            except self.database.errors() as exc:  # no version table
+                raise _NoSchemaVersion() from exc  # (out of the transaction: rolled back)
+            return {int(row["version"]) for row in cur.fetchall()}
+
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:
         """Lock the row holding the fencing epoch (the pipeline's, or in interval mode the interval's)
         and check it still carries ours."""
         EpochFence(pipeline_id, epoch, interval, dialect=self.dialect).check(cur)
 
-    def _claim(self, cur: Any, pipeline_id: str, owner: Owner | None, mode: str, sink: SinkRecord | None) -> None:
+    def _claim(self, cur: Any, pipeline_id: str, owner: Owner | None, mode: str, sink: SinkRecord | None) -> int:
         """Lock (creating it if new) the pipeline row; refuse a second owner or another mode; record the sink.
+        Returns the row's epoch as locked.
 
         Owners are compared by DAG id and task id apart; a row recorded before the store kept them apart (only
         ``owner``, ``<dag_id>.<task_id>``) is compared by that text, and then adopts the ids of the matching owner.
@@ -182,7 +194,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         if cur.fetchone() is None:
             cur.execute(self.dialect.insert_ignoring("eo_pipeline", ("pipeline_id", "epoch"), ("pipeline_id",),
                                                      ("%s", "0")), (pipeline_id,))
-        cur.execute("SELECT owner, owner_dag_id, owner_task_id, mode, retired_at FROM eo_pipeline "
+        cur.execute("SELECT epoch, owner, owner_dag_id, owner_task_id, mode, retired_at FROM eo_pipeline "
                     f"WHERE pipeline_id = %s {self.dialect.exclusive_lock}", (pipeline_id,))
         row = cur.fetchone()
         if row["retired_at"] is not None:  # the tombstone of `airflow eo retire`: its id runs again only after --undo
@@ -213,6 +225,7 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
             cur.execute("UPDATE eo_pipeline SET sink_kind = %s, sink_accumulating = %s, dead_letter_table = %s, "
                         "sink = %s WHERE pipeline_id = %s",
                         (sink.kind, sink.accumulating, sink.dead_letter_table, sink.to_json(), pipeline_id))
+        return int(row["epoch"])
 
     # ------------------------------------------------------------------ reads
 
@@ -233,13 +246,11 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
     def take_pipeline(self, pipeline_id: str, owner: Owner | None = None, sink: SinkRecord | None = None) -> int:
         self.migrate()
         with self.transaction() as cur:
-            self._claim(cur, pipeline_id, owner, "continuous", sink)  # refused: no epoch moved, nobody fenced
-            cur.execute(
-                f"UPDATE eo_pipeline SET epoch = epoch + 1, taken_at = {self.dialect.now} WHERE pipeline_id = %s",
-                (pipeline_id,),
-            )
-            cur.execute("SELECT epoch FROM eo_pipeline WHERE pipeline_id = %s", (pipeline_id,))
-            return int(_one_row(cur)["epoch"])
+            # refused: no epoch moved, nobody fenced; else the row stays locked, so the new epoch is the next one
+            epoch = self._claim(cur, pipeline_id, owner, "continuous", sink) + 1
+            cur.execute(f"UPDATE eo_pipeline SET epoch = %s, taken_at = {self.dialect.now} WHERE pipeline_id = %s",
+                        (epoch, pipeline_id))
+            return epoch
 
     def take_interval(self, pipeline_id: str, interval: Interval, owner: Owner | None = None,
                       sink: SinkRecord | None = None) -> int:

@@ -532,3 +532,36 @@ def test_a_new_store_has_the_tables_of_one_made_by_the_first_release_and_upgrade
     assert differing == ({("eo_audit", "reason"), ("eo_store_identity", "identity")} if kind == "mysql" else set())
     for store in (STORES[kind](old), STORES[kind](new)):
         assert len(store.store_identity()) >= 32
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_current_store_is_taken_without_the_migration_lock_and_one_behind_waits_for_it(kind, request,
+                                                                                         monkeypatch):
+    """Every task makes a new store object: on a current schema its take must not queue behind the migration lock
+    (one task holding it would hold up every other); a schema behind still migrates under the lock."""
+    migrations = import_module(f"airflow_eo.{kind}.migrations")
+    kwargs, drop = _fresh_database(kind, request.getfixturevalue(f"{kind}_kwargs"))
+    request.addfinalizer(drop)
+    STORES[kind](kwargs).migrate()
+    holder = STORES[kind](kwargs)
+    with holder.transaction() as cur:  # another task's migration holds the lock meanwhile
+        holder.database.lock_migrations(cur)
+        taken: list[int] = []
+        current = threading.Thread(target=lambda: taken.append(STORES[kind](kwargs).take_pipeline("p")), daemon=True)
+        current.start()
+        current.join(timeout=20)
+        assert taken == [1], "a take on a current schema waited for the migration lock"
+
+        latest = migrations.MIGRATIONS
+        with STORES[kind](kwargs).transaction() as other:  # the schema one version behind
+            other.execute("DELETE FROM eo_schema_version WHERE version = %s", (latest[-1][0],))
+        behind = threading.Thread(target=STORES[kind](kwargs).migrate, daemon=True)
+        behind.start()
+        behind.join(timeout=1.5)
+        assert behind.is_alive(), "a schema behind migrated without waiting for the migration lock"
+        holder.database.unlock_migrations(cur)
+    behind.join(timeout=20)
+    assert not behind.is_alive()
+    with holder.transaction() as cur:
+        cur.execute("SELECT version FROM eo_schema_version ORDER BY version")
+        assert [r["version"] for r in cur.fetchall()] == [v for v, _ in latest]
