@@ -254,7 +254,8 @@ def recover_pipeline(store: OffsetStore, sink: Sink, pipeline_id: str, epoch: in
 
     resumed: BatchRecord | None = None
     aborted = []
-    for unfinished_batch in store.unfinished_batches(p):
+    # Read again after the roll-forwards; none unfinished before stays none: ``epoch`` fences every other writer.
+    for unfinished_batch in store.unfinished_batches(p) if unfinished else []:
         action, reason = decide_unfinished(unfinished_batch, frozenset(), run_id)
         decisions.append(BatchDecision(unfinished_batch.batch_id, unfinished_batch.run_id, action, reason))
         if action is BatchAction.RESUME:

@@ -5,7 +5,7 @@ retention. The batch is committed before any of these runs, so none of them fail
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -14,8 +14,8 @@ from airflow_eo.core.config import Mode, SinkRecord
 from airflow_eo.core.errors import ConfigurationError, OperationError
 from airflow_eo.core.history import check_retention
 from airflow_eo.core.orphans import parse_duration
+from airflow_eo.core.ranges import TopicPartition
 from airflow_eo.core.sink_kinds import capabilities_of
-from airflow_eo.core.stores import ManagedOffsetStore
 from airflow_eo.hooks.kafka import KafkaClusterHook
 from airflow_eo.kafka.offsets import group_id
 from airflow_eo.operators.metrics import emit_batch_metrics, emit_group_mirror_failure
@@ -45,20 +45,24 @@ def retention_seconds(value: timedelta | float | str | None, where: str = "histo
     return seconds
 
 
-def emit_metrics(summary: BatchSummary, store: ManagedOffsetStore, kafka_hook: KafkaClusterHook, mode: Mode,
+#: the store's committed offsets of the batch's pipeline, read at most once for what runs after its commit
+CommittedOffsets = Callable[[], Mapping[TopicPartition, int]]
+
+
+def emit_metrics(summary: BatchSummary, committed: CommittedOffsets, kafka_hook: KafkaClusterHook, mode: Mode,
                  topics: Sequence[str], starting_offsets: str | int, log: TaskLog) -> None:
     """Batch metrics through Airflow's ``Stats`` (``airflow_eo/operators/metrics.py``)."""
     try:
         lag = None
         if mode is Mode.CONTINUOUS and not summary.already_committed:
             # Committed offsets first: a last stable offset read after them is never below them.
-            lag = kafka_hook.backlog(topics, store.committed_offsets(summary.pipeline_id), starting_offsets)
+            lag = kafka_hook.backlog(topics, committed(), starting_offsets)
         emit_batch_metrics(summary, lag)
     except Exception:
         log.warning("could not emit the batch's metrics", exc_info=True)
 
 
-def mirror_group(summary: BatchSummary, store: ManagedOffsetStore, kafka_hook: KafkaClusterHook, mode: Mode,
+def mirror_group(summary: BatchSummary, committed: CommittedOffsets, kafka_hook: KafkaClusterHook, mode: Mode,
                  sink: SinkRecord, log: TaskLog) -> None:
     """The store's committed offsets into the consumer group ``airflow_eo.<pipeline_id>``, where lag tools
     (kafka-consumer-groups, Burrow, exporters) look; never read back."""
@@ -66,8 +70,7 @@ def mirror_group(summary: BatchSummary, store: ManagedOffsetStore, kafka_hook: K
     if mode is Mode.INTERVAL or (capabilities is not None and capabilities.consumer_group):
         return  # an interval has no position to show; the Kafka sink commits the group in its own transaction
     try:
-        kafka_hook.get_offset_source().mirror_group_offsets(summary.pipeline_id,
-                                                            store.committed_offsets(summary.pipeline_id))
+        kafka_hook.get_offset_source().mirror_group_offsets(summary.pipeline_id, committed())
     except Exception:
         log.warning("the consumer group %s still shows the offsets before this batch (lag tools read it; the offset "
                     "store, which is the truth, has the batch): the next run moves it", group_id(summary.pipeline_id),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -339,8 +340,9 @@ class KafkaMicroBatchOperator(BaseOperator):
             engine=self._engine,
             sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
         )
-        emit_metrics(summary, store, kafka_hook, self.mode, self.topics, self.starting_offsets, self.log)
-        mirror_group(summary, store, kafka_hook, self.mode, self.sink.record(), self.log)
+        committed = functools.cache(functools.partial(store.committed_offsets, summary.pipeline_id))  # read once
+        emit_metrics(summary, committed, kafka_hook, self.mode, self.topics, self.starting_offsets, self.log)
+        mirror_group(summary, committed, kafka_hook, self.mode, self.sink.record(), self.log)
         keep_history(summary, self._history_retention_s(), self.offset_store_conn_id, self.kafka_conn_id,
                      actor=f"{self.dag_id}.{self.task_id} (history_retention)", log=self.log)
         self.log.info(

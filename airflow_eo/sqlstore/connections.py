@@ -4,7 +4,10 @@ store").
 A batch's protocol runs about ten short store transactions; a connection of its own for each cost a TCP and
 authentication handshake every time (PostgreSQL's: 8 ms here). A process keeps a few idle connections per store
 database in SQLAlchemy's pool, and before it hands one out again asks the database whether it still answers (the
-server may have restarted, or closed it while idle). A transaction that fails discards its connection; one kept
+server may have restarted, or closed it while idle), unless it came back less than :data:`ALIVE_BYPASS_S` ago (as
+HikariCP's ``aliveBypassWindowMs``: a batch's transactions follow each other within milliseconds, and each question
+was a round trip; a connection lost in that window fails its transaction as one lost during it would, and is
+discarded). A transaction that fails discards its connection; one kept
 longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
 kept connection: it never writes on its parent's sockets. A process that exits closes its kept connections (else the
 server counts each as an aborted client and may log it).
@@ -16,6 +19,7 @@ import atexit
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -27,6 +31,8 @@ from sqlalchemy.pool import QueuePool
 KEPT = 2
 #: seconds after which a kept connection is closed and replaced at its next use
 RECYCLE_S = 600
+#: a connection back in the pool for less than this many seconds is handed out without asking whether it answers
+ALIVE_BYPASS_S = 0.5
 
 _pools: dict[str, QueuePool] = {}
 _pools_lock = threading.Lock()
@@ -67,10 +73,17 @@ def _pool(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool]) ->
             def _fresh(dbapi_connection: Any, record: Any) -> None:
                 record.info["fresh"] = True
 
+            @event.listens_for(pool, "checkin")
+            def _returned(dbapi_connection: Any, record: Any) -> None:
+                record.info["returned"] = time.monotonic()
+
             @event.listens_for(pool, "checkout")
             def _check(dbapi_connection: Any, record: Any, proxy: Any) -> None:
                 # SQLAlchemy's pessimistic check: on DisconnectionError the pool connects anew (fresh: not asked).
-                if not record.info.pop("fresh", False) and not alive(dbapi_connection):
+                if record.info.pop("fresh", False):
+                    return
+                idle = time.monotonic() - record.info.get("returned", 0.0)
+                if idle >= ALIVE_BYPASS_S and not alive(dbapi_connection):
                     raise exc.DisconnectionError("the kept offset store connection no longer answers")
 
             _pools[key] = pool

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_eo.mysql.database import DATABASE as MYSQL
 from airflow_eo.postgres.database import DATABASE as POSTGRES
+from airflow_eo.sqlstore.connections import ALIVE_BYPASS_S
 from airflow_eo.sqlstore.store import SqlOffsetStore
 
 STORES = {"mysql": partial(SqlOffsetStore, MYSQL), "postgres": partial(SqlOffsetStore, POSTGRES)}
@@ -63,9 +64,30 @@ def test_transactions_of_a_store_reuse_one_connection_and_stores_of_one_database
 def test_a_connection_the_server_ended_is_replaced_and_the_transaction_runs(store, kind, request):
     first = _session(store, kind)
     _kill(store, kind, first, request)
+    time.sleep(ALIVE_BYPASS_S)  # idle long enough to be asked whether it answers
     second = _session(store, kind)
     assert second != first
     assert _session(store, kind) == second
+
+
+def test_a_connection_lost_right_after_its_last_transaction_fails_the_next_one_and_is_replaced(store, kind, request,
+                                                                                               monkeypatch):
+    """Within the alive-bypass window a kept connection is handed out unasked: one the server ended meanwhile fails
+    its transaction with the driver's error (as one lost during the transaction does), and is discarded."""
+    asked = []
+    alive = store.database.store_connection_alive
+    monkeypatch.setattr(type(store.database), "store_connection_alive",
+                        lambda self, conn: asked.append(conn) or alive(conn))
+    store.close()
+    first = _session(store, kind)
+    assert _session(store, kind) == first and asked == []  # reused at once, not asked
+    _kill(store, kind, first, request)
+    with pytest.raises(store.database.errors()):
+        _session(store, kind)
+    second = _session(store, kind)
+    assert second != first
+    time.sleep(ALIVE_BYPASS_S)
+    assert _session(store, kind) == second and len(asked) == 1  # idle past the window: asked, and it answered
 
 
 def test_a_failed_transaction_discards_its_connection(store, kind):
