@@ -11,6 +11,7 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import CLIENT, CR, ER
 
+from airflow_eo.core.errors import OperationError
 from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.value_checks import ColumnFacts, integer_range
@@ -21,6 +22,8 @@ from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
 
 # A migration interrupted after an ALTER (DDL commits on its own) is re-run: these are "already done".
+#: seconds a migration waits for another process's before it gives up
+MIGRATION_LOCK_WAIT_S = 60
 _ALREADY_APPLIED = {ER.TABLE_EXISTS_ERROR, ER.DUP_FIELDNAME}
 # The connection is gone, or the server chose this transaction as a deadlock's victim: a retry may succeed.
 _TRANSIENT = {CR.CR_SERVER_GONE_ERROR, CR.CR_SERVER_LOST, CR.CR_CONN_HOST_ERROR, ER.LOCK_DEADLOCK,
@@ -97,7 +100,12 @@ class MySqlDatabase(SqlDatabase):
             conn.close()
 
     def lock_migrations(self, cur: Any) -> None:
-        cur.execute("SELECT GET_LOCK('airflow_eo_migrate', 60) AS got")
+        cur.execute("SELECT GET_LOCK('airflow_eo_migrate', %s) AS got", (MIGRATION_LOCK_WAIT_S,))
+        row = cur.fetchone()
+        if not row or row["got"] != 1:  # 0: timed out; NULL: an error (the session killed)
+            raise OperationError(f"the offset store's migration lock (GET_LOCK('airflow_eo_migrate')) was not free "
+                                 f"within {MIGRATION_LOCK_WAIT_S} s: another process is migrating the store or holds "
+                                 "the lock; its session is in SHOW PROCESSLIST. Nothing was changed; run again")
 
     def unlock_migrations(self, cur: Any) -> None:
         cur.execute("DO RELEASE_LOCK('airflow_eo_migrate')")

@@ -9,8 +9,9 @@ HikariCP's ``aliveBypassWindowMs``: a batch's transactions follow each other wit
 was a round trip; a connection lost in that window fails its transaction as one lost during it would, and is
 discarded). A transaction that fails discards its connection; one kept
 longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
-kept connection: it never writes on its parent's sockets. A process that exits closes its kept connections (else the
-server counts each as an aborted client and may log it).
+kept connection: it never writes on its parent's sockets. A process that exits normally closes its kept connections
+(else the server counts each as an aborted client and may log it); an Airflow task's process ends with ``os._exit``,
+which runs no at-exit handler, so the micro-batch operator closes its store's at the end of its task.
 """
 
 from __future__ import annotations

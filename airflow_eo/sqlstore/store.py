@@ -71,6 +71,9 @@ class OffsetStoreDatabase(Protocol):
 
     def errors(self) -> tuple[type[BaseException], ...]: ...
 
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a statement's table does not exist."""
+
     def lock_migrations(self, cur: Any) -> None: ...
 
     def unlock_migrations(self, cur: Any) -> None: ...
@@ -146,7 +149,9 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
                     except db.errors() as exc:
                         if not db.already_applied(exc):
                             raise
-                cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (version,))
+                # Ignoring a row already there: on MySQL the lock is released before this transaction commits, so
+                # a migrator that waited for it may not see the version and apply it again (idempotent statements).
+                cur.execute(self.dialect.insert_ignoring("eo_schema_version", ("version",), ("version",)), (version,))
         finally:
             db.unlock_migrations(cur)
 
@@ -172,8 +177,10 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         with self.transaction() as cur:  # an unreachable store fails here, as itself
             try:
                 cur.execute("SELECT version FROM eo_schema_version")
-            except self.database.errors() as exc:  # no version table
-                raise _NoSchemaVersion() from exc  # (out of the transaction: rolled back)
+            except self.database.errors() as exc:
+                if not self.database.is_missing_table(exc):
+                    raise  # a lost connection, say: as itself
+                raise _NoSchemaVersion() from exc  # no version table (out of the transaction: rolled back)
             return {int(row["version"]) for row in cur.fetchall()}
 
     def _fence(self, cur: Any, pipeline_id: str, interval: Interval | None, epoch: int) -> None:

@@ -4,6 +4,7 @@ compare-and-set at the commit point, interval epochs, claims, the operations' re
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -546,11 +547,18 @@ def test_a_current_store_is_taken_without_the_migration_lock_and_one_behind_wait
     holder = STORES[kind](kwargs)
     with holder.transaction() as cur:  # another task's migration holds the lock meanwhile
         holder.database.lock_migrations(cur)
-        taken: list[int] = []
-        current = threading.Thread(target=lambda: taken.append(STORES[kind](kwargs).take_pipeline("p")), daemon=True)
+        taken: list[int | BaseException] = []
+
+        def take() -> None:
+            try:
+                taken.append(STORES[kind](kwargs).take_pipeline("p"))
+            except BaseException as exc:  # said by the assertion below, not lost in the thread
+                taken.append(exc)
+
+        current = threading.Thread(target=take, daemon=True)
         current.start()
         current.join(timeout=20)
-        assert taken == [1], "a take on a current schema waited for the migration lock"
+        assert taken == [1], "a take on a current schema waited for the migration lock" if not taken else taken
 
         latest = migrations.MIGRATIONS
         with STORES[kind](kwargs).transaction() as other:  # the schema one version behind
@@ -565,3 +573,38 @@ def test_a_current_store_is_taken_without_the_migration_lock_and_one_behind_wait
     with holder.transaction() as cur:
         cur.execute("SELECT version FROM eo_schema_version ORDER BY version")
         assert [r["version"] for r in cur.fetchall()] == [v for v, _ in latest]
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_migrator_that_waited_for_the_lock_while_another_committed_the_same_version_does_not_fail(kind, request):
+    """MySQL's migration lock is released before the migrating transaction commits: a migrator that waited for it
+    may not see the version row yet, apply the version's idempotent statements again, and write the row again."""
+    migrations = import_module(f"airflow_eo.{kind}.migrations")
+    kwargs, drop = _fresh_database(kind, request.getfixturevalue(f"{kind}_kwargs"))
+    request.addfinalizer(drop)
+    STORES[kind](kwargs).migrate()
+    latest = migrations.MIGRATIONS[-1][0]
+    holder = STORES[kind](kwargs)
+    with holder.transaction() as cur:
+        cur.execute("DELETE FROM eo_schema_version WHERE version = %s", (latest,))
+    failed: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            STORES[kind](kwargs).migrate()
+        except BaseException as exc:  # said by the assertion below, not lost in the thread
+            failed.append(exc)
+
+    with holder.transaction() as cur:  # a migrator holding the lock, its version row written, not yet committed
+        holder.database.lock_migrations(cur)
+        cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (latest,))
+        waiting = threading.Thread(target=migrate, daemon=True)
+        waiting.start()
+        time.sleep(1)  # the other migrator waits for the lock
+        holder.database.unlock_migrations(cur)
+        time.sleep(1)  # MySQL: it has the lock now, reads no row for the version, and applies it again
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and failed == []
+    with holder.transaction() as cur:
+        cur.execute("SELECT version FROM eo_schema_version ORDER BY version")
+        assert [r["version"] for r in cur.fetchall()] == [v for v, _ in migrations.MIGRATIONS]

@@ -8,15 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from functools import partial
 
-import pymysql
 import pytest
 
 from airflow_eo.mysql.database import DATABASE as MYSQL
 from airflow_eo.postgres.database import DATABASE as POSTGRES
-from airflow_eo.sqlstore.connections import ALIVE_BYPASS_S
+from airflow_eo.sqlstore import connections
 from airflow_eo.sqlstore.store import SqlOffsetStore
 
 STORES = {"mysql": partial(SqlOffsetStore, MYSQL), "postgres": partial(SqlOffsetStore, POSTGRES)}
@@ -61,10 +59,10 @@ def test_transactions_of_a_store_reuse_one_connection_and_stores_of_one_database
     assert _session(STORES[kind](request.getfixturevalue(f"{kind}_kwargs")), kind) == first
 
 
-def test_a_connection_the_server_ended_is_replaced_and_the_transaction_runs(store, kind, request):
+def test_a_connection_the_server_ended_is_replaced_and_the_transaction_runs(store, kind, request, monkeypatch):
     first = _session(store, kind)
     _kill(store, kind, first, request)
-    time.sleep(ALIVE_BYPASS_S)  # idle long enough to be asked whether it answers
+    monkeypatch.setattr(connections, "ALIVE_BYPASS_S", 0)  # idle long enough to be asked whether it answers
     second = _session(store, kind)
     assert second != first
     assert _session(store, kind) == second
@@ -78,6 +76,7 @@ def test_a_connection_lost_right_after_its_last_transaction_fails_the_next_one_a
     alive = store.database.store_connection_alive
     monkeypatch.setattr(type(store.database), "store_connection_alive",
                         lambda self, conn: asked.append(conn) or alive(conn))
+    monkeypatch.setattr(connections, "ALIVE_BYPASS_S", 60)  # the kill below is inside the window however slow
     store.close()
     first = _session(store, kind)
     assert _session(store, kind) == first and asked == []  # reused at once, not asked
@@ -86,8 +85,8 @@ def test_a_connection_lost_right_after_its_last_transaction_fails_the_next_one_a
         _session(store, kind)
     second = _session(store, kind)
     assert second != first
-    time.sleep(ALIVE_BYPASS_S)
-    assert _session(store, kind) == second and len(asked) == 1  # idle past the window: asked, and it answered
+    monkeypatch.setattr(connections, "ALIVE_BYPASS_S", 0)  # past the window
+    assert _session(store, kind) == second and len(asked) == 1  # asked, and it answered
 
 
 def test_a_failed_transaction_discards_its_connection(store, kind):
@@ -131,39 +130,43 @@ def test_an_unreachable_store_fails_with_the_drivers_error(kind, request):
         pass
 
 
-#: a process that runs one store transaction and exits; "leave" takes away the store's closing at exit
+#: a process that runs one store transaction and exits normally; its first at-exit handler (the last to run) says
+#: whether the server still has the transaction's session; "leave" takes away the store's closing at exit
 EXITING_PROCESS = """
-import atexit, json, sys
+import atexit, json, sys, time
+import pymysql
+kwargs, mode = json.loads(sys.argv[1]), sys.argv[2]
+session = []
+
+def after_the_store_closed():
+    conn = pymysql.connect(**kwargs)
+    with conn.cursor() as cur:
+        for _ in range(50):
+            cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", session)
+            if cur.fetchone()[0] == 0:
+                print("GONE")
+                return
+            time.sleep(0.1)
+    print("LEFT")
+
+atexit.register(after_the_store_closed)
 from airflow_eo.mysql.database import DATABASE
 from airflow_eo.sqlstore import connections
 from airflow_eo.sqlstore.store import SqlOffsetStore
-if sys.argv[2] == "leave":
+if mode == "leave":
     atexit.unregister(connections._close_kept_at_exit)
-with SqlOffsetStore(DATABASE, json.loads(sys.argv[1])).transaction() as cur:
-    cur.execute("SELECT 1")
+with SqlOffsetStore(DATABASE, kwargs).transaction() as cur:
+    cur.execute("SELECT CONNECTION_ID() AS id")
+    session.append(cur.fetchone()["id"])
 """
 
 
 def test_a_process_that_exits_closes_its_kept_connections(mysql_kwargs):
-    """MariaDB counts a connection its client dropped without saying goodbye (``Aborted_clients``; logged with
-    ``log_warnings`` >= 2): a task's process closes the store's kept connections when it exits."""
-    def aborted_clients() -> int:
-        conn = pymysql.connect(**mysql_kwargs)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SHOW GLOBAL STATUS LIKE 'Aborted_clients'")
-                return int(cur.fetchone()[1])
-        finally:
-            conn.close()
+    """A kept connection left open at exit is dropped with the process: MariaDB counts it as an aborted client (and
+    logs it with ``log_warnings`` >= 2). A process that exits normally closes them first."""
+    def exiting(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", EXITING_PROCESS, json.dumps(mysql_kwargs), mode], check=True,
+                              timeout=120, capture_output=True, text=True).stdout.strip()
 
-    def exiting(mode: str) -> int:
-        before = aborted_clients()
-        subprocess.run([sys.executable, "-c", EXITING_PROCESS, json.dumps(mysql_kwargs), mode], check=True,
-                       timeout=120)
-        deadline = time.monotonic() + 3  # the server notes the dropped socket when it reads it
-        while aborted_clients() == before and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return aborted_clients() - before
-
-    assert exiting("leave") >= 1  # the server does count a connection left open (the check below can fail)
-    assert exiting("close") == 0
+    assert exiting("leave") == "LEFT"  # still open when the process's last handler runs (the check below can fail)
+    assert exiting("close") == "GONE"
