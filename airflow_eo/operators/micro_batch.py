@@ -37,6 +37,7 @@ from airflow_eo.hooks.offset_store import OffsetStoreHook
 from airflow_eo.hooks.spark import SparkSessionHook
 from airflow_eo.kafka.offsets import parse_starting_offsets
 from airflow_eo.operators.after_commit import emit_metrics, keep_history, mirror_group, retention_seconds
+from airflow_eo.operators.schedules import check_timetable_has_intervals
 from airflow_eo.sinks import SinkSpec
 from airflow_eo.spark.changes import envelope_row
 from airflow_eo.spark.engine import SparkBatchEngine
@@ -254,7 +255,7 @@ class KafkaMicroBatchOperator(BaseOperator):
                                      "({id: schema} or a directory of <id>.avsc) or schema_registry_conn_id=")
         check_pipeline(sink, mode, parse, max_records_per_run, has_transform=transform is not None)
         if mode is Mode.INTERVAL and self.has_dag():
-            _check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
+            check_timetable_has_intervals(self.dag.timetable, self.dag.dag_id)
         parse_starting_offsets(starting_offsets)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics:
@@ -431,22 +432,3 @@ class KafkaMicroBatchOperator(BaseOperator):
 
 _ASSET_EXTRA_KEYS = ("pipeline_id", "batch_id", "run_id", "mode", "interval", "ranges", "records_in", "rows_out",
                      "replayed")
-
-
-def _check_timetable_has_intervals(timetable: Any, dag_id: str) -> None:
-    """Airflow 3's cron/delta *trigger* timetables give runs a zero-length data interval by default; runs started by
-    asset events (``schedule=[Asset(...)]``, ``AssetOrTimeSchedule``) have none (``data_interval=None``)."""
-    if any(kind.__name__ == "AssetTriggeredTimetable" for kind in type(timetable).__mro__):
-        raise ConfigurationError(
-            f"DAG {dag_id!r}: mode='interval' processes a run's data interval, and the runs this schedule starts on "
-            "asset events (an AssetWatcher such as EoBacklogTrigger's, or another DAG's asset) have none. For runs "
-            "when data arrives use mode='continuous' (each run takes what arrived since the last batch); keep "
-            "interval mode, and its backfills, on a time schedule (docs/how-to/event-driven-runs.md)."
-        )
-    if type(timetable).__name__.endswith("TriggerTimetable") and not getattr(timetable, "interval", None):
-        raise ConfigurationError(
-            f"DAG {dag_id!r}: mode='interval' needs runs with a data interval, but this schedule "
-            f"({type(timetable).__name__}) gives each run a zero-length one. Use e.g. "
-            "schedule=CronDataIntervalTimetable('@hourly', timezone='UTC'), or CronTriggerTimetable(..., "
-            "interval=timedelta(hours=1))."
-        )

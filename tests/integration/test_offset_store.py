@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
 from importlib import import_module
+from typing import Any
 
 import pytest
 
@@ -535,6 +536,22 @@ def test_a_new_store_has_the_tables_of_one_made_by_the_first_release_and_upgrade
         assert len(store.store_identity()) >= 32
 
 
+def _in_a_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``call`` started in a daemon thread; the list gets its result, or the exception it raised (which a thread
+    would otherwise only print)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 @pytest.mark.parametrize("kind", sorted(STORES))
 def test_a_current_store_is_taken_without_the_migration_lock_and_one_behind_waits_for_it(kind, request,
                                                                                          monkeypatch):
@@ -547,16 +564,7 @@ def test_a_current_store_is_taken_without_the_migration_lock_and_one_behind_wait
     holder = STORES[kind](kwargs)
     with holder.transaction() as cur:  # another task's migration holds the lock meanwhile
         holder.database.lock_migrations(cur)
-        taken: list[int | BaseException] = []
-
-        def take() -> None:
-            try:
-                taken.append(STORES[kind](kwargs).take_pipeline("p"))
-            except BaseException as exc:  # said by the assertion below, not lost in the thread
-                taken.append(exc)
-
-        current = threading.Thread(target=take, daemon=True)
-        current.start()
+        current, taken = _in_a_thread(lambda: STORES[kind](kwargs).take_pipeline("p"))
         current.join(timeout=20)
         assert taken == [1], "a take on a current schema waited for the migration lock" if not taken else taken
 
@@ -587,24 +595,15 @@ def test_a_migrator_that_waited_for_the_lock_while_another_committed_the_same_ve
     holder = STORES[kind](kwargs)
     with holder.transaction() as cur:
         cur.execute("DELETE FROM eo_schema_version WHERE version = %s", (latest,))
-    failed: list[BaseException] = []
-
-    def migrate() -> None:
-        try:
-            STORES[kind](kwargs).migrate()
-        except BaseException as exc:  # said by the assertion below, not lost in the thread
-            failed.append(exc)
-
     with holder.transaction() as cur:  # a migrator holding the lock, its version row written, not yet committed
         holder.database.lock_migrations(cur)
         cur.execute("INSERT INTO eo_schema_version (version) VALUES (%s)", (latest,))
-        waiting = threading.Thread(target=migrate, daemon=True)
-        waiting.start()
+        waiting, outcome = _in_a_thread(STORES[kind](kwargs).migrate)
         time.sleep(1)  # the other migrator waits for the lock
         holder.database.unlock_migrations(cur)
         time.sleep(1)  # MySQL: it has the lock now, reads no row for the version, and applies it again
     waiting.join(timeout=30)
-    assert not waiting.is_alive() and failed == []
+    assert not waiting.is_alive() and outcome == [None]
     with holder.transaction() as cur:
         cur.execute("SELECT version FROM eo_schema_version ORDER BY version")
         assert [r["version"] for r in cur.fetchall()] == [v for v, _ in migrations.MIGRATIONS]
