@@ -145,6 +145,9 @@ class Sink(Protocol):
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         """Best effort on failure before the commit point: roll back what this attempt (``batch.epoch``)
         prepared or opened, reported in ``xids`` or not (a failed Spark job reports nothing)."""
+    def close(self) -> None:
+        """Close what the adapter keeps open in this process between its calls (the driver's connections); its next
+        call opens anew."""
 
 
 class Engine(Protocol):

@@ -229,3 +229,7 @@ class KindAdapter:
     @property
     def capabilities(self) -> SinkCapabilities:
         return sink_kind(self.name).capabilities
+
+    def close(self) -> None:
+        """Nothing kept open between calls (an adapter that keeps connections closes them)."""
+        return None

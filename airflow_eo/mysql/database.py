@@ -16,7 +16,7 @@ from airflow_eo.core.identifiers import quote_table
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.value_checks import ColumnFacts, integer_range
 from airflow_eo.mysql import connection, migrations, sql
-from airflow_eo.mysql.xa import xa_session
+from airflow_eo.mysql.xa import XaFacade
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
@@ -60,9 +60,9 @@ class MySqlDatabase(SqlDatabase):
                                   client_flag=CLIENT.FOUND_ROWS,
                                   init_command=f"{connection.STRICT_SESSION}, time_zone = '+00:00'")
 
-    reuses_store_connections = True
+    keeps_connections = True
 
-    def store_connection_alive(self, conn: Any) -> bool:
+    def connection_alive(self, conn: Any) -> bool:
         try:
             conn.ping(reconnect=False)  # COM_PING
         except (pymysql.err.MySQLError, OSError):
@@ -186,8 +186,8 @@ class MySqlDatabase(SqlDatabase):
 
     @contextlib.contextmanager
     def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
-        with xa_session(connect_kwargs) as xa:
-            yield xa
+        with self.driver_connection(connect_kwargs) as conn:
+            yield XaFacade(conn)
 
 
 def split_table(table: str) -> tuple[str | None, str]:

@@ -334,21 +334,19 @@ class KafkaMicroBatchOperator(BaseOperator):
         self._lineage = (f"kafka://{bootstrap}", sink_lineage(self.sink))
         self._run = (pipeline_id, context["run_id"], interval)
         store = OffsetStoreHook(self.offset_store_conn_id).get_store()
+        sink = build_sink(self.sink, pipeline_id, self.offset_store_conn_id)
         try:
-            summary = run_batch(
-                request,
-                store=store,
-                source=kafka_hook.get_offset_source(),
-                engine=self._engine,
-                sink=build_sink(self.sink, pipeline_id, self.offset_store_conn_id),
-            )
+            summary = run_batch(request, store=store, source=kafka_hook.get_offset_source(), engine=self._engine,
+                                sink=sink)
             committed = functools.cache(functools.partial(store.committed_offsets, summary.pipeline_id))  # read once
             emit_metrics(summary, committed, kafka_hook, self.mode, self.topics, self.starting_offsets, self.log)
             mirror_group(summary, committed, kafka_hook, self.mode, self.sink.record(), self.log)
             keep_history(summary, self._history_retention_s(), self.offset_store_conn_id, self.kafka_conn_id,
                          actor=f"{self.dag_id}.{self.task_id} (history_retention)", log=self.log)
         finally:
-            store.close()  # a task's process ends with os._exit: no at-exit handler ends the kept connections
+            # A task's process ends with os._exit: no at-exit handler ends the kept connections.
+            store.close()
+            sink.close()
         self.log.info(
             "pipeline %s batch %s: %s records in, %s rows out, %s dead letters, %s duplicates%s; seconds %s",
             summary.pipeline_id, summary.batch_id, summary.records_in, summary.rows_out, summary.dead_letters,

@@ -14,7 +14,7 @@ from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.value_checks import ColumnFacts, integer_range
 from airflow_eo.postgres import connection, migrations, sql
-from airflow_eo.postgres.prepared import prepared_session
+from airflow_eo.postgres.prepared import PreparedTransactions
 from airflow_eo.sqlsink.change_positions import change_position_table_ddl
 from airflow_eo.sqlsink.database import SqlDatabase
 from airflow_eo.sqlsink.seen_ids import seen_id_table_ddl
@@ -53,16 +53,16 @@ class PostgresDatabase(SqlDatabase):
         # lock need; psycopg counts matched rows.
         return connection.connect(connect_kwargs, autocommit=False, row_factory=dict_row)
 
-    reuses_store_connections = True
+    keeps_connections = True
 
-    def store_connection_alive(self, conn: Any) -> bool:
+    def connection_alive(self, conn: Any) -> bool:
         # An empty query in autocommit mode: a round trip that opens no transaction (psycopg_pool's check).
         try:
-            conn.autocommit = True
+            autocommit, conn.autocommit = conn.autocommit, True
             try:
                 conn.execute("")
             finally:
-                conn.autocommit = False
+                conn.autocommit = autocommit
         except (psycopg.Error, OSError):
             return False
         return True
@@ -169,8 +169,8 @@ class PostgresDatabase(SqlDatabase):
 
     @contextlib.contextmanager
     def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
-        with prepared_session(connect_kwargs) as prepared:
-            yield prepared
+        with self.driver_connection(connect_kwargs) as conn:
+            yield PreparedTransactions(conn)
 
 
 #: The room's descriptor.

@@ -10,6 +10,7 @@ two-phase session. Nothing here imports a driver: a descriptor imports its own, 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.value_checks import ColumnFacts
+from airflow_eo.sqlstore.connections import close_kept_under, kept_connection
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 
@@ -69,14 +71,41 @@ class SqlDatabase(ABC):
         counting matched rows (a compare-and-set that rewrites an unchanged value still counts)."""
         raise NotImplementedError
 
-    #: whether the offset store keeps its connections open between transactions (``sqlstore/connections.py``):
-    #: only for a database whose :meth:`store_connection_alive` can tell a live connection from a dead one
-    reuses_store_connections: ClassVar[bool] = False
+    #: whether a process keeps its connections open between the store's transactions and the sink's driver-side
+    #: steps (``sqlstore/connections.py``): only for a database whose :meth:`connection_alive` can tell a live
+    #: connection from a dead one
+    keeps_connections: ClassVar[bool] = False
 
-    def store_connection_alive(self, conn: Any) -> bool:
-        """Whether an idle store connection (from :meth:`store_connection`, its transaction ended) still answers:
-        one round trip that starts no transaction. False for any error (the store then connects anew)."""
+    def connection_alive(self, conn: Any) -> bool:
+        """Whether an idle connection (from :meth:`store_connection` or :meth:`driver_connection`, no transaction
+        open) still answers: one round trip that starts no transaction. False for any error (the process then
+        connects anew)."""
         return False
+
+    @contextlib.contextmanager
+    def driver_connection(self, connect_kwargs: Mapping[str, Any]) -> Iterator[Any]:
+        """An autocommit connection (as :meth:`connect`'s) for the sink's short steps on the driver: its checks, its
+        recovery and the commit of its prepared branches. Kept open between them, and between batches, when the
+        database :attr:`keeps_connections`; else new, and closed after the block. The block must leave it as it
+        found it: no transaction open, no session setting changed."""
+        if not self.keeps_connections:
+            conn = self.connect(connect_kwargs, autocommit=True)
+            try:
+                yield conn
+            finally:
+                conn.close()
+            return
+        with kept_connection(self._driver_key(connect_kwargs), lambda: self.connect(connect_kwargs, autocommit=True),
+                             self.connection_alive, self.errors()) as conn:
+            yield conn
+
+    def close_driver_connections(self, connect_kwargs: Mapping[str, Any]) -> None:
+        """Close the idle :meth:`driver_connection` this process keeps (the next step connects anew)."""
+        close_kept_under(self._driver_key(connect_kwargs))
+
+    def _driver_key(self, connect_kwargs: Mapping[str, Any]) -> str:
+        return json.dumps(["driver", type(self).__module__, type(self).__qualname__, dict(connect_kwargs)],
+                          sort_keys=True, default=repr)
 
     @abstractmethod
     def errors(self) -> tuple[type[BaseException], ...]:
@@ -227,7 +256,8 @@ class SqlDatabase(ABC):
     @abstractmethod
     @contextlib.contextmanager
     def two_phase_session(self, connect_kwargs: Mapping[str, Any]) -> Iterator[PreparedBranches]:
-        """The database's two-phase API on a new session, closed afterwards (a prepared branch survives it)."""
+        """The database's two-phase API on the driver's connection (:meth:`driver_connection`; a prepared branch
+        survives its session)."""
         raise NotImplementedError
         yield  # pragma: no cover
 

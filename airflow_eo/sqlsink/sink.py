@@ -81,22 +81,25 @@ class SqlTableSink(SqlPipelineRows, KindAdapter):
         self.column_facts: list[ColumnFacts] = []
         self.add_missing_columns = add_missing_columns
 
+    def close(self) -> None:
+        """Close the driver's connection this process keeps for the sink's database
+        (:meth:`~airflow_eo.sqlsink.database.SqlDatabase.driver_connection`)."""
+        self.database.close_driver_connections(self.connect_kwargs)
+
     # -- checks before any side effect
 
     def check(self) -> None:
         """The server, the table, its unique key; reads only."""
         db = self.database
-        try:
-            conn = db.connect(self.connect_kwargs, autocommit=True)
-        except db.errors() as exc:
-            raise ConfigurationError(f"{self.name}: cannot connect to {db.name} at {db.where(self.connect_kwargs)} as "
-                                     f"{self.connect_kwargs.get('user')!r}: {db.describe(exc)}") from exc
-        try:
+        with contextlib.ExitStack() as connected:
+            try:
+                conn = connected.enter_context(db.driver_connection(self.connect_kwargs))
+            except db.errors() as exc:
+                raise ConfigurationError(f"{self.name}: cannot connect to {db.name} at {db.where(self.connect_kwargs)} "
+                                         f"as {self.connect_kwargs.get('user')!r}: {db.describe(exc)}") from exc
             self._check_target(conn)
             with conn.cursor() as cur:
                 self.column_facts = db.column_facts(cur, self.table)
-        finally:
-            conn.close()
 
     def value_rules(self, output: Sequence[tuple[str, str]]) -> list[ValueRule]:
         """What the table refuses of the ``output`` columns' values (name, Spark type), checked where the records
@@ -298,9 +301,8 @@ class SqlUpsertAdapter(SqlTableSink):
         if store is None or [store.get(k) for k in where] != [self.connect_kwargs.get(k) for k in where]:
             return None
         fence = EpochFence(batch.pipeline_id, batch.epoch, batch.interval, db.store_schema(store), dialect=db.dialect)
-        conn = db.connect(self.connect_kwargs, autocommit=True)
         try:
-            with conn.cursor() as cur:
+            with db.driver_connection(self.connect_kwargs) as conn, conn.cursor() as cur:
                 fence.check(cur, "none")
         except db.errors() as exc:
             if not db.is_privilege_error(exc):
@@ -308,8 +310,6 @@ class SqlUpsertAdapter(SqlTableSink):
             raise ConfigurationError(
                 f"{self.name}: the sink's user {self.connect_kwargs.get('user')!r} cannot read the offset store's "
                 f"epoch ({db.describe(exc)}); writes of an upsert sink {db.fence_advice(store)}") from exc
-        finally:
-            conn.close()
         return fence
 
     # -- change streams (ability applies_changes: an upsert sink deletes rows, which a change stream does)

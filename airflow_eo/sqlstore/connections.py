@@ -1,17 +1,18 @@
-"""The offset store's connections, kept open between its transactions (``docs/architecture.md``, "The offset
-store").
+"""The connections a process keeps open between a batch's short steps: the offset store's transactions and the SQL
+sink's driver-side steps (its checks, recovery and commit of prepared branches) (``docs/architecture.md``, "The
+offset store").
 
-A batch's protocol runs about ten short store transactions; a connection of its own for each cost a TCP and
-authentication handshake every time (PostgreSQL's: 8 ms here). A process keeps a few idle connections per store
-database in SQLAlchemy's pool, and before it hands one out again asks the database whether it still answers (the
-server may have restarted, or closed it while idle), unless it came back less than :data:`ALIVE_BYPASS_S` ago (as
-HikariCP's ``aliveBypassWindowMs``: a batch's transactions follow each other within milliseconds, and each question
-was a round trip; a connection lost in that window fails its transaction as one lost during it would, and is
-discarded). A transaction that fails discards its connection; one kept
-longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
+A batch's protocol runs about ten short store transactions and three or four sink steps; a connection of its own for
+each cost a TCP and authentication handshake every time (PostgreSQL's: 8 ms here). A process keeps a few idle
+connections per database (and use: the store's transactions, the sink's autocommit steps) in SQLAlchemy's pool, and
+before it hands one out again asks the database whether it still answers (the server may have restarted, or closed it
+while idle), unless it came back less than :data:`ALIVE_BYPASS_S` ago (as HikariCP's ``aliveBypassWindowMs``: a
+batch's steps follow each other within milliseconds, and each question was a round trip; a connection lost in that
+window fails its step as one lost during it would, and is discarded). A step that fails discards its connection; one
+kept longer than :data:`RECYCLE_S` is replaced (a moved server, rotated credentials). A forked child starts with no
 kept connection: it never writes on its parent's sockets. A process that exits normally closes its kept connections
 (else the server counts each as an aborted client and may log it); an Airflow task's process ends with ``os._exit``,
-which runs no at-exit handler, so the micro-batch operator closes its store's at the end of its task.
+which runs no at-exit handler, so the micro-batch operator closes its store's and its sink's at the end of its task.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register
-def _close_kept_at_exit() -> None:
+def close_kept() -> None:
+    """Close every connection this process keeps (the next use connects anew)."""
     with _pools_lock:
         pools = list(_pools.values())
         _pools.clear()
@@ -85,24 +87,48 @@ def _pool(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool]) ->
                     return
                 idle = time.monotonic() - record.info.get("returned", 0.0)
                 if idle >= ALIVE_BYPASS_S and not alive(dbapi_connection):
-                    raise exc.DisconnectionError("the kept offset store connection no longer answers")
+                    raise exc.DisconnectionError("the kept connection no longer answers")
 
             _pools[key] = pool
         return pool
 
 
+def close_kept_under(key: str) -> None:
+    """Close the idle connections this process keeps under ``key`` (the next use connects anew)."""
+    with _pools_lock:
+        pool = _pools.pop(key, None)
+    if pool is not None:
+        pool.dispose()
+
+
+@contextmanager
+def kept_connection(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool],
+                    errors: tuple[type[BaseException], ...]) -> Iterator[Any]:
+    """A connection of the ones this process keeps under ``key`` (made by ``connect``; ``alive`` asks an idle one
+    whether it still answers): back among them after the block, closed if the block raised. The block leaves the
+    connection as it found it (no transaction open, no session setting changed)."""
+    proxy = _pool(key, connect, alive).connect()
+    try:
+        yield proxy.dbapi_connection
+    except BaseException:
+        with suppress(*errors):
+            proxy.invalidate()
+        raise
+    proxy.close()  # back to the pool
+
+
 class StoreConnections:
     """One store database's connections: :meth:`transaction` on a kept connection when the database can tell a
-    live one (``reuses_store_connections``), else on a new one each time.
+    live one (``keeps_connections``), else on a new one each time.
 
-    :param database: the room's descriptor (``store_connection``, ``store_connection_alive``, ``errors``).
+    :param database: the room's descriptor (``store_connection``, ``connection_alive``, ``errors``).
     :param connect_kwargs: the driver's arguments.
     """
 
     def __init__(self, database: Any, connect_kwargs: Mapping[str, Any]) -> None:
         self._database = database
         self._connect_kwargs = dict(connect_kwargs)
-        self._reuse = database.reuses_store_connections
+        self._reuse = database.keeps_connections
         self._key = json.dumps([type(database).__module__, type(database).__qualname__, self._connect_kwargs],
                                sort_keys=True, default=repr)
 
@@ -112,13 +138,19 @@ class StoreConnections:
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         """One transaction: committed on success, rolled back (and its connection closed) on error."""
-        conn: Any  # the driver's connection, or the pool's proxy of one (its cursor is the driver's)
-        if self._reuse:
-            conn = _pool(self._key, self._connect, self._database.store_connection_alive).connect()
-            discard, release = conn.invalidate, conn.close  # close: back to the pool
-        else:
+        if not self._reuse:
             conn = self._connect()
-            discard = release = conn.close
+            try:
+                yield from self._in_transaction(conn)
+            finally:
+                with suppress(*self._database.errors()):
+                    conn.close()
+            return
+        with kept_connection(self._key, self._connect, self._database.connection_alive,
+                             self._database.errors()) as conn:
+            yield from self._in_transaction(conn)
+
+    def _in_transaction(self, conn: Any) -> Iterator[Any]:
         try:
             with conn.cursor() as cur:
                 yield cur
@@ -128,14 +160,8 @@ class StoreConnections:
             # ROLLBACK must not hide the error that says what happened.
             with suppress(*self._database.errors()):
                 conn.rollback()
-            with suppress(*self._database.errors()):
-                discard()
             raise
-        release()
 
     def close(self) -> None:
         """Close the idle connections this process keeps for the database (the next transaction connects anew)."""
-        with _pools_lock:
-            pool = _pools.pop(self._key, None)
-        if pool is not None:
-            pool.dispose()
+        close_kept_under(self._key)

@@ -63,10 +63,10 @@ class OffsetStoreDatabase(Protocol):
         """One transaction's connection: cursors return rows as dicts and count matched rows."""
 
     @property
-    def reuses_store_connections(self) -> bool:
+    def keeps_connections(self) -> bool:
         """Whether the store keeps its connections open between transactions (it can tell a live one)."""
 
-    def store_connection_alive(self, conn: Any) -> bool:
+    def connection_alive(self, conn: Any) -> bool:
         """Whether an idle store connection still answers (asked before it is used again)."""
 
     def errors(self) -> tuple[type[BaseException], ...]: ...

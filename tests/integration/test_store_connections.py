@@ -73,8 +73,8 @@ def test_a_connection_lost_right_after_its_last_transaction_fails_the_next_one_a
     """Within the alive-bypass window a kept connection is handed out unasked: one the server ended meanwhile fails
     its transaction with the driver's error (as one lost during the transaction does), and is discarded."""
     asked = []
-    alive = store.database.store_connection_alive
-    monkeypatch.setattr(type(store.database), "store_connection_alive",
+    alive = store.database.connection_alive
+    monkeypatch.setattr(type(store.database), "connection_alive",
                         lambda self, conn: asked.append(conn) or alive(conn))
     monkeypatch.setattr(connections, "ALIVE_BYPASS_S", 60)  # the kill below is inside the window however slow
     store.close()
@@ -154,7 +154,7 @@ from airflow_eo.mysql.database import DATABASE
 from airflow_eo.sqlstore import connections
 from airflow_eo.sqlstore.store import SqlOffsetStore
 if mode == "leave":
-    atexit.unregister(connections._close_kept_at_exit)
+    atexit.unregister(connections.close_kept)
 with SqlOffsetStore(DATABASE, kwargs).transaction() as cur:
     cur.execute("SELECT CONNECTION_ID() AS id")
     session.append(cur.fetchone()["id"])

@@ -53,6 +53,9 @@ class _SinkBase:
     def discard(self, batch: BatchContext, xids: Sequence[str]) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
 
 # -- XA
 
