@@ -37,7 +37,7 @@ from airflow_eo.mysql.sql import (
     upsert_from_staging_statement,
     upsert_statement,
 )
-from airflow_eo.mysql.xa import XaFacade, xa_session
+from airflow_eo.mysql.xa import XaFacade
 from airflow_eo.sqlsink.writer import SqlPartitionWriter, nonempty, rollback_earlier_attempts
 
 # Characters of values per multi-row statement (at most 4 bytes each in utf8mb4: 8 MiB).
@@ -115,10 +115,12 @@ class PartitionWriter(SqlPartitionWriter):
             xa = XaFacade(conn) if self.xa else None
             xid = self.xid(partition, stage_id, attempt_id)
             if xa is not None:
-                # On an autocommit session of its own: on this one (autocommit off) MariaDB refuses XA ROLLBACK of
-                # another session's branch with XAER_OUTSIDE, even right after connecting (checked on 10.11).
-                with xa_session(self.connect_kwargs) as own:
-                    rollback_earlier_attempts(own, xid)
+                # In autocommit for a moment, before the branch starts: with autocommit off MariaDB refuses XA
+                # ROLLBACK of another session's branch with XAER_OUTSIDE, even right after connecting (checked on
+                # 10.11). (A session of its own for it cost a connection per task.)
+                conn.autocommit(True)
+                rollback_earlier_attempts(xa, xid)
+                conn.autocommit(False)
             # A branch waits out another's lock at most ROW_LOCK_WAIT_S, then fails (XA_RESTARTABLE says why).
             branch = xa is not None and not self.probe
             restartable = XA_RESTARTABLE if branch else RESTARTABLE

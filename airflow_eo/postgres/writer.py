@@ -26,10 +26,9 @@ from airflow_eo.core.config import DELETE_COLUMN
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.refused_rows import ROW_LOCK_WAIT_S, refusal_text
 from airflow_eo.core.vote import write_while_voting
-from airflow_eo.core.xid import Xid
 from airflow_eo.postgres.connection import connect
 from airflow_eo.postgres.database import DATABASE
-from airflow_eo.postgres.prepared import PreparedTransactions, prepared_session
+from airflow_eo.postgres.prepared import PreparedTransactions
 from airflow_eo.postgres.sql import (
     STAGING_SEQ,
     STAGING_TABLE,
@@ -94,7 +93,11 @@ class PartitionWriter(SqlPartitionWriter):
         try:
             prepared = PreparedTransactions(conn) if self.two_phase else None
             if prepared is not None:
-                self._rollback_earlier_attempts(xid)
+                # Before this task's transaction begins, the connection in autocommit for a moment: ROLLBACK
+                # PREPARED may not run inside a transaction (a session of its own for it cost a connection).
+                conn.autocommit = True
+                rollback_earlier_attempts(prepared, xid)
+                conn.autocommit = False
             failpoint("task_write")  # tests: an executor held back while newer attempts commit, or lost
             with conn.cursor() as cur:
                 if prepared is not None:
@@ -155,11 +158,6 @@ class PartitionWriter(SqlPartitionWriter):
 
     def lock_waited(self, exc: BaseException) -> bool:
         return self.two_phase and not self.probe and isinstance(exc, psycopg.errors.LockNotAvailable)
-
-    def _rollback_earlier_attempts(self, xid: Xid) -> None:
-        # On its own autocommit session: ROLLBACK PREPARED may not run inside this task's transaction.
-        with prepared_session(self.connect_kwargs) as prepared:
-            rollback_earlier_attempts(prepared, xid)
 
     def _copy(self, cur: Any, staging: str, batches: Iterator[pa.RecordBatch], csv: bool) -> int:
         staged = 0

@@ -18,6 +18,7 @@ import pytest
 
 from airflow_eo.core.batch import BatchContext
 from airflow_eo.core.errors import BadRecordError, ConfigurationError, FencedError, UnsupportedServerError
+from airflow_eo.core.recovery import BranchAction
 from airflow_eo.core.xid import Xid
 from airflow_eo.hooks.connected_sinks import build_sink
 from airflow_eo.hooks.offset_store import OffsetStoreHook
@@ -233,3 +234,24 @@ def test_the_upsert_sink_in_interval_mode_is_fenced_per_interval_and_replays_cha
     assert sorted(pg_rows(postgres_kwargs, f"SELECT event_id, app_id, ts FROM {table}")) == before
     assert pg_rows(postgres_kwargs, "SELECT count(*) FROM eo_interval WHERE pipeline_id = %s", (op.pipeline_id,)) \
         == [(2,)]
+
+
+def test_a_two_phase_task_attempt_rolls_back_its_earlier_attempts_prepared_transaction(postgres_kwargs):
+    """A task's new attempt (a Spark retry) first rolls back the transaction its earlier attempt prepared, which holds
+    the rows' locks (a prepared transaction has no lock timeout of its own), on its own connection in autocommit for
+    a moment before its transaction begins; then writes and prepares its own."""
+    pipeline, table = f"pgattempt_{uuid.uuid4().hex[:8]}", pg_table(postgres_kwargs, EVENTS_DDL, "pv_attempts")
+    sink = build_sink(PostgresTwoPhaseSink(table=table, key_columns=["event_id"]), pipeline, MYSQL_STORE)
+    sink.check()
+    writer = sink.partition_writer(BatchContext(pipeline, 1, "r1", 1, ()), ["event_id", "app_id"])  # type: ignore[attr-defined]
+    rows = [pa.RecordBatch.from_pylist([{"event_id": "e1", "app_id": "a"}])]
+    earlier, _ = writer(iter(rows), 0, 1, 1)
+    later, written = writer(iter(rows), 0, 2, 2)
+    try:
+        assert written == 1 and earlier is not None and later is not None and later != earlier
+        assert [x.encode() for x in sink.in_doubt(pipeline)] == [later]  # type: ignore[attr-defined]
+        assert sink.end_branch(Xid.decode(later), BranchAction.COMMIT)  # type: ignore[attr-defined]
+        assert pg_rows(postgres_kwargs, f"SELECT event_id, app_id FROM {table}") == [("e1", "a")]
+    finally:
+        for xid in sink.in_doubt(pipeline):  # type: ignore[attr-defined]
+            sink.end_branch(xid, BranchAction.ROLLBACK)  # type: ignore[attr-defined]
