@@ -63,15 +63,13 @@ class MySqlTableSink(SqlTableSink):
 
     def _check_target(self, conn: Any) -> None:
         with conn.cursor() as cur:
-            cur.execute("SELECT VERSION()")
+            cur.execute("SELECT VERSION(), @@local_infile")
             row = cur.fetchone()
             assert row is not None, "SELECT VERSION() returns one row"
             flavor, version = parse_server_version(row[0])
             self.row_alias = supports_row_alias(flavor, version)
             self._check_server(conn, flavor, version)
-            cur.execute("SELECT @@local_infile")
-            allowed = cur.fetchone()
-            self.bulk_load = bool(self.wants_bulk_load and allowed and int(allowed[0]))
+            self.bulk_load = bool(self.wants_bulk_load and row[1] is not None and int(row[1]))
             if self.wants_bulk_load and not self.bulk_load:
                 log.info("%s: the server does not allow LOAD DATA LOCAL INFILE (local_infile=OFF); writing with "
                          "multi-row statements", self.name)
