@@ -99,10 +99,9 @@ class MySqlTableSink(SqlTableSink):
         cur.execute(f"SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE {where} AND EXTRA NOT LIKE "
                     "'%%GENERATED%%'", (schema, table))
         columns = tuple(row[0] for row in cur.fetchall())
-        cur.execute(f"SELECT TABLE_TYPE FROM information_schema.TABLES WHERE {where}", (schema, table))
-        row = cur.fetchone()
         cur.execute(
-            "SELECT (SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
+            f"SELECT (SELECT TABLE_TYPE FROM information_schema.TABLES WHERE {where}), "
+            "(SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
             "COALESCE(%s, DATABASE()) AND EVENT_OBJECT_TABLE = %s), "
             "(SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER') + "
             "(SELECT COUNT(*) FROM information_schema.SCHEMA_PRIVILEGES WHERE PRIVILEGE_TYPE = 'TRIGGER' AND "
@@ -111,10 +110,10 @@ class MySqlTableSink(SqlTableSink):
             f"{where}), "
             "(SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
             "COALESCE(%s, DATABASE()) AND REFERENCED_TABLE_NAME = %s)",
-            (schema, table, schema, schema, table, schema, table))
-        triggers, may_see_triggers, referencing = cur.fetchone()
+            (schema, table, schema, table, schema, schema, table, schema, table))
+        table_type, triggers, may_see_triggers, referencing = cur.fetchone()
         return TableShape(columns=columns, unique_keys=unique_keys, has_triggers=bool(triggers or not may_see_triggers),
-                          referenced=bool(referencing), plain=bool(row and row[0] == "BASE TABLE"))
+                          referenced=bool(referencing), plain=table_type == "BASE TABLE")
 
     def _unique_keys(self, cur: Any, name: str | None = None) -> tuple[frozenset[str], ...]:
         """The columns of each PRIMARY KEY / UNIQUE index of table ``name`` (the sink's by default), by index."""
