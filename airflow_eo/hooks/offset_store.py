@@ -35,7 +35,8 @@ class OffsetStoreHook(BaseHook):
     @cached_property
     def reader(self) -> ManagedOffsetStore:
         """One store for repeated reads (a trigger's looks): its schema is checked and migrated once, not at every
-        read. Every read opens a connection of its own, so a store that restarted in between is read again."""
+        read. A read on a kept connection asks first whether it still answers, so a store that restarted in between is
+        read again on a new one."""
         return self.get_store()
 
     def committed_offsets(self, pipeline_id: str) -> dict[tuple[str, int], int]:

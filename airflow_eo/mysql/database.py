@@ -69,6 +69,9 @@ class MySqlDatabase(SqlDatabase):
             return False
         return True
 
+    def connection_closed(self, conn: Any) -> bool:
+        return not conn.open  # pymysql closes its socket on a lost connection
+
     def errors(self) -> tuple[type[BaseException], ...]:
         return (pymysql.err.MySQLError,)
 

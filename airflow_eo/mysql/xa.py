@@ -114,13 +114,3 @@ def xa_session(connect_kwargs: Mapping[str, Any]) -> Iterator[XaFacade]:
         yield XaFacade(conn)
     finally:
         conn.close()  # a prepared branch survives this (checked: keeps_prepared_xa)
-
-
-def prepared_branches(connect_kwargs: Mapping[str, Any], pipeline_id: str) -> list[Xid]:
-    """The pipeline's prepared (in-doubt) branches on a server, sorted; read-only.
-
-    :param connect_kwargs: pymysql arguments of the sink's database.
-    :param pipeline_id: the pipeline.
-    """
-    with xa_session(connect_kwargs) as xa:
-        return xa.recover(pipeline_id)

@@ -67,6 +67,9 @@ class PostgresDatabase(SqlDatabase):
             return False
         return True
 
+    def connection_closed(self, conn: Any) -> bool:
+        return bool(conn.closed or conn.broken)
+
     def errors(self) -> tuple[type[BaseException], ...]:
         return (psycopg.Error,)
 

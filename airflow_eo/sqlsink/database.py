@@ -10,7 +10,6 @@ two-phase session. Nothing here imports a driver: a descriptor imports its own, 
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,7 +17,7 @@ from typing import Any, ClassVar
 
 from airflow_eo.core.two_phase import PreparedBranches
 from airflow_eo.core.value_checks import ColumnFacts
-from airflow_eo.sqlstore.connections import close_kept_under, kept_connection
+from airflow_eo.sqlstore.connections import close_kept_under, kept_connection, pool_key
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 
@@ -82,6 +81,10 @@ class SqlDatabase(ABC):
         connects anew)."""
         return False
 
+    def connection_closed(self, conn: Any) -> bool:
+        """Whether the driver saw ``conn`` close (a lost connection whose error a caller caught): no round trip."""
+        return False
+
     @contextlib.contextmanager
     def driver_connection(self, connect_kwargs: Mapping[str, Any]) -> Iterator[Any]:
         """An autocommit connection (as :meth:`connect`'s) for the sink's short steps on the driver: its checks, its
@@ -93,19 +96,17 @@ class SqlDatabase(ABC):
             try:
                 yield conn
             finally:
-                conn.close()
+                with contextlib.suppress(*self.errors()):  # a failing close must not hide the block's error
+                    conn.close()
             return
-        with kept_connection(self._driver_key(connect_kwargs), lambda: self.connect(connect_kwargs, autocommit=True),
-                             self.connection_alive, self.errors()) as conn:
+        with kept_connection(pool_key(self, connect_kwargs, "driver"),
+                             lambda: self.connect(connect_kwargs, autocommit=True), self.connection_alive,
+                             self.connection_closed, self.errors()) as conn:
             yield conn
 
     def close_driver_connections(self, connect_kwargs: Mapping[str, Any]) -> None:
         """Close the idle :meth:`driver_connection` this process keeps (the next step connects anew)."""
-        close_kept_under(self._driver_key(connect_kwargs))
-
-    def _driver_key(self, connect_kwargs: Mapping[str, Any]) -> str:
-        return json.dumps(["driver", type(self).__module__, type(self).__qualname__, dict(connect_kwargs)],
-                          sort_keys=True, default=repr)
+        close_kept_under(pool_key(self, connect_kwargs, "driver"))
 
     @abstractmethod
     def errors(self) -> tuple[type[BaseException], ...]:

@@ -38,19 +38,15 @@ def claim_pipeline_rows(database: SqlDatabase, connect_kwargs: Mapping[str, Any]
         return
     create_if_missing(database, connect_kwargs, OWNER_TABLE, lambda t: owner_table_ddl(database, t), lambda t: [])
     key, quoted = seen_pipeline_key(pipeline_id), database.quote_table(OWNER_TABLE)
-    conn = database.connect(connect_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
+    with database.driver_connection(connect_kwargs) as conn, conn.cursor() as cur:
+        owner = _owner(cur, quoted, key)
+        if owner is None:
+            try:
+                cur.execute(f"INSERT INTO {quoted} (pipeline_key, pipeline_id, store_identity) VALUES (%s, %s, %s)",
+                            (key, pipeline_id, store_identity))
+            except database.errors():  # claimed by another batch meanwhile: what it wrote is read below
+                pass
             owner = _owner(cur, quoted, key)
-            if owner is None:
-                try:
-                    cur.execute(f"INSERT INTO {quoted} (pipeline_key, pipeline_id, store_identity) VALUES (%s, %s, %s)",
-                                (key, pipeline_id, store_identity))
-                except database.errors():  # claimed by another batch meanwhile: what it wrote is read below
-                    pass
-                owner = _owner(cur, quoted, key)
-    finally:
-        conn.close()
     if owner is None:
         raise ConfigurationError(f"pipeline {pipeline_id!r}: could not record its owner in {OWNER_TABLE} on "
                                  f"{database.name}")

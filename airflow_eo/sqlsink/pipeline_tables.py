@@ -36,13 +36,9 @@ def create_if_missing(database: SqlDatabase, connect_kwargs: Mapping[str, Any], 
                       ddl: Callable[[str], str], indexes: Callable[[str], list[str]]) -> None:
     """``table`` made with ``ddl(table)`` and ``indexes(table)`` when missing (DDL on the driver, before any branch of
     the batch starts: DDL may commit)."""
-    conn = database.connect(connect_kwargs, autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            if not database.table_columns(cur, table):
-                cur.execute(ddl(table))
-                for statement in indexes(table):
-                    cur.execute(statement)
-            database.check_own_table(cur, table)
-    finally:
-        conn.close()
+    with database.driver_connection(connect_kwargs) as conn, conn.cursor() as cur:
+        if not database.table_columns(cur, table):
+            cur.execute(ddl(table))
+            for statement in indexes(table):
+                cur.execute(statement)
+        database.check_own_table(cur, table)

@@ -301,15 +301,16 @@ class SqlUpsertAdapter(SqlTableSink):
         if store is None or [store.get(k) for k in where] != [self.connect_kwargs.get(k) for k in where]:
             return None
         fence = EpochFence(batch.pipeline_id, batch.epoch, batch.interval, db.store_schema(store), dialect=db.dialect)
-        try:
-            with db.driver_connection(self.connect_kwargs) as conn, conn.cursor() as cur:
-                fence.check(cur, "none")
-        except db.errors() as exc:
-            if not db.is_privilege_error(exc):
-                raise
-            raise ConfigurationError(
-                f"{self.name}: the sink's user {self.connect_kwargs.get('user')!r} cannot read the offset store's "
-                f"epoch ({db.describe(exc)}); writes of an upsert sink {db.fence_advice(store)}") from exc
+        with db.driver_connection(self.connect_kwargs) as conn:  # a failed connect is raised as itself
+            try:
+                with conn.cursor() as cur:
+                    fence.check(cur, "none")
+            except db.errors() as exc:
+                if not db.is_privilege_error(exc):
+                    raise
+                raise ConfigurationError(
+                    f"{self.name}: the sink's user {self.connect_kwargs.get('user')!r} cannot read the offset "
+                    f"store's epoch ({db.describe(exc)}); writes of an upsert sink {db.fence_advice(store)}") from exc
         return fence
 
     # -- change streams (ability applies_changes: an upsert sink deletes rows, which a change stream does)

@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import event, exc
 from sqlalchemy.pool import QueuePool
 
-#: idle connections a process keeps per store database (more may be open at once; those close when done)
+#: idle connections a process keeps per database and use (more may be open at once; those close when done)
 KEPT = 2
 #: seconds after which a kept connection is closed and replaced at its next use
 RECYCLE_S = 600
@@ -101,11 +101,18 @@ def close_kept_under(key: str) -> None:
         pool.dispose()
 
 
+def pool_key(database: Any, connect_kwargs: Mapping[str, Any], use: str) -> str:
+    """The key of a database's kept connections of one ``use`` (each use's connections are made alike)."""
+    return json.dumps([use, type(database).__module__, type(database).__qualname__, dict(connect_kwargs)],
+                      sort_keys=True, default=repr)
+
+
 @contextmanager
 def kept_connection(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool],
-                    errors: tuple[type[BaseException], ...]) -> Iterator[Any]:
+                    closed: Callable[[Any], bool], errors: tuple[type[BaseException], ...]) -> Iterator[Any]:
     """A connection of the ones this process keeps under ``key`` (made by ``connect``; ``alive`` asks an idle one
-    whether it still answers): back among them after the block, closed if the block raised. The block leaves the
+    whether it still answers): back among them after the block, unless the block raised or the driver saw the
+    connection close meanwhile (``closed``: an error the block caught and went on from). The block leaves the
     connection as it found it (no transaction open, no session setting changed)."""
     proxy = _pool(key, connect, alive).connect()
     try:
@@ -114,7 +121,11 @@ def kept_connection(key: str, connect: Callable[[], Any], alive: Callable[[Any],
         with suppress(*errors):
             proxy.invalidate()
         raise
-    proxy.close()  # back to the pool
+    if closed(proxy.dbapi_connection):
+        with suppress(*errors):
+            proxy.invalidate()
+    else:
+        proxy.close()  # back to the pool
 
 
 class StoreConnections:
@@ -129,8 +140,7 @@ class StoreConnections:
         self._database = database
         self._connect_kwargs = dict(connect_kwargs)
         self._reuse = database.keeps_connections
-        self._key = json.dumps([type(database).__module__, type(database).__qualname__, self._connect_kwargs],
-                               sort_keys=True, default=repr)
+        self._key = pool_key(database, self._connect_kwargs, "store")
 
     def _connect(self) -> Any:
         return self._database.store_connection(self._connect_kwargs)
@@ -147,7 +157,7 @@ class StoreConnections:
                     conn.close()
             return
         with kept_connection(self._key, self._connect, self._database.connection_alive,
-                             self._database.errors()) as conn:
+                             self._database.connection_closed, self._database.errors()) as conn:
             yield from self._in_transaction(conn)
 
     def _in_transaction(self, conn: Any) -> Iterator[Any]:

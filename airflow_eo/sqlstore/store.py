@@ -69,6 +69,9 @@ class OffsetStoreDatabase(Protocol):
     def connection_alive(self, conn: Any) -> bool:
         """Whether an idle store connection still answers (asked before it is used again)."""
 
+    def connection_closed(self, conn: Any) -> bool:
+        """Whether the driver saw the connection close (no round trip)."""
+
     def errors(self) -> tuple[type[BaseException], ...]: ...
 
     def is_missing_table(self, exc: BaseException) -> bool:

@@ -139,3 +139,17 @@ def test_close_ends_the_kept_session_on_the_server(sink, kind):
     gone = [_sql(sink, SESSIONS[kind].format(session)) for _ in range(50)]  # the server ends it within moments
     assert {"n": 0} in (row for rows in gone for row in rows)
     assert _session(sink, kind) != session  # the next step connects anew
+
+
+def test_a_connection_lost_in_a_step_that_caught_its_error_is_not_kept(sink, kind, monkeypatch):
+    """A step may catch a driver error and go on (``discard``'s best-effort rollbacks do); if the connection was lost,
+    the driver saw it close, and it is discarded instead of handed to the next step unasked."""
+    monkeypatch.setattr(connections, "ALIVE_BYPASS_S", 60)  # the next step would get it back without a question
+    first = _session(sink, kind)
+    with sink.database.driver_connection(sink.connect_kwargs) as conn:
+        _sql(sink, KILL[kind].format(first))
+        with pytest.raises(sink.database.errors()), conn.cursor() as cur:
+            cur.execute(SESSION_ID[kind])
+    second = _session(sink, kind)
+    assert second != first
+    assert _session(sink, kind) == second  # and the new one is kept
