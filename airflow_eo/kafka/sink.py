@@ -101,11 +101,12 @@ class KafkaTransactionalAdapter(KindAdapter):
                 "linger.ms": 20,
                 "queue.buffering.max.messages": 500_000,
             })
-            # A broker connection first (the metadata request waits for one): librdkafka asks for the transaction
-            # coordinator at once, and with no broker up yet asks again only after 500 ms, every start (init 506 ms
-            # against 4-14 ms after the metadata, measured on the stack's broker). All topics' metadata, as check()
-            # reads it: naming the topic could create it where the broker auto-creates topics.
-            producer.list_topics(timeout=ADMIN_TIMEOUT_S)
+            # A broker connection first (the metadata request waits for one, as long as init_transactions would):
+            # librdkafka asks for the transaction coordinator at once, and with no broker up yet asks again only
+            # after 500 ms, at most starts (init 506 ms against 4-14 ms after the metadata, measured on the stack's
+            # broker). All topics' metadata, as check() reads it: naming the topic could create it where the broker
+            # auto-creates topics.
+            producer.list_topics(timeout=TRANSACTION_TIMEOUT_S)
             producer.init_transactions(TRANSACTION_TIMEOUT_S)
             self._producer = producer
         return self._producer

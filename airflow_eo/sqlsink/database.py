@@ -88,9 +88,10 @@ class SqlDatabase(ABC):
     @contextlib.contextmanager
     def driver_connection(self, connect_kwargs: Mapping[str, Any]) -> Iterator[Any]:
         """An autocommit connection (as :meth:`connect`'s) for the sink's short steps on the driver: its checks, its
-        recovery and the commit of its prepared branches. Kept open between them, and between batches, when the
-        database :attr:`keeps_connections`; else new, and closed after the block. The block must leave it as it
-        found it: no transaction open, no session setting changed."""
+        recovery, the commit of its prepared branches, the fence check, the creation and claim of its pipeline
+        tables. Kept open between them, and between batches, when the database :attr:`keeps_connections`; else new,
+        and closed after the block. The block must leave it as it found it: no transaction open, no session setting
+        changed."""
         if not self.keeps_connections:
             conn = self.connect(connect_kwargs, autocommit=True)
             try:
