@@ -24,10 +24,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event, exc
-from sqlalchemy.pool import QueuePool
+if TYPE_CHECKING:
+    from sqlalchemy.pool import QueuePool
 
 #: idle connections a process keeps per database and use (more may be open at once; those close when done)
 KEPT = 2
@@ -66,6 +66,11 @@ def _pool(key: str, connect: Callable[[], Any], alive: Callable[[Any], bool]) ->
     pool = _pools.get(key)
     if pool is not None:
         return pool
+    # Imported here: a Spark executor unpickles the sink's database descriptor, which imports this module, and a
+    # cluster's executors have no SQLAlchemy (they never keep a connection).
+    from sqlalchemy import event, exc
+    from sqlalchemy.pool import QueuePool
+
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
