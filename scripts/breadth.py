@@ -18,8 +18,10 @@ every driver is warm; before them, one driver runs ``--at-a-time`` pipelines alo
 the median and the largest protocol time of a batch in each setting (and the median of the driver process's CPU
 seconds in it: its own work, the rest is waiting), and the store's row-lock waits and deadlocks
 meanwhile (MariaDB's ``Innodb_row_lock_waits``,
-``Innodb_row_lock_time``, ``Innodb_deadlocks``; the stack's MariaDB serves nothing else while it runs). Target:
-the median within 1.5x of the pipelines alone.
+``Innodb_row_lock_time``, ``Innodb_deadlocks``; the stack's MariaDB serves nothing else while it runs), the server's
+statements per batch, and what the load did to a round trip meanwhile (:class:`RoundTrips`: a ``SELECT 1`` to the
+store and a metadata request to the broker, from the idle parent process). Target: the median within 1.5x of the
+pipelines alone.
 
 Every batch's output is checked (rows in its table, offsets committed) before its time counts. Topics and tables
 are deleted at the end. Numbers, not assertions: compare ratios within one run.
@@ -68,6 +70,8 @@ SCRIPT = Path(__file__).resolve()
 #: the protocol's phases of a batch (core/protocol.py's seconds), and the mirror the operator adds after it
 PROTOCOL = ("plan", "commit", "finalize", "group_mirror")
 LOCK_STATUS = ("Innodb_row_lock_waits", "Innodb_row_lock_time", "Innodb_deadlocks")
+#: the server's count of statements (every client's: the stack's MariaDB serves nothing else while the part runs)
+STATEMENTS = "Questions"
 
 
 def produce_spread(topic: str, partitions: int, records: int) -> None:
@@ -95,16 +99,42 @@ class CpuOutsideExecute:
             self.cpu_s += time.process_time() - started
 
 
+class CallSeconds:
+    """One of the protocol's collaborators (the store, the offset source, the sink), adding each of its calls' wall
+    seconds to ``into`` under ``<label>.<method>``: which of the protocol's round trips a busier machine slowed."""
+
+    def __init__(self, inner: Any, label: str, into: dict[str, float]) -> None:
+        self._inner, self._label, self._into = inner, label, into
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if name.startswith("_") or not callable(found):
+            return found
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return found(*args, **kwargs)
+            finally:
+                key = f"{self._label}.{name}"
+                self._into[key] = self._into.get(key, 0.0) + time.monotonic() - started
+
+        return timed
+
+
 def one_batch(pipeline_id: str, topic: str, records: int, parallelism: int) -> dict[str, Any]:
     """One batch of the XA sink over the whole topic into a fresh table, with the consumer-group mirror after it;
-    its output checked; its seconds by phase, and the driver's CPU seconds in its protocol."""
+    its output checked; its seconds by phase and by call of the store, the offset source and the sink
+    (:class:`CallSeconds`), and the driver's CPU seconds in its protocol."""
     table = fresh_table("page_view_events", "breadth")
     kafka, store = KafkaClusterHook("kafka_default"), OffsetStoreHook().get_store()
     spark, source = CpuOutsideExecute(engine(parallelism)), kafka.get_offset_source()
     sink = build_sink(MySqlXaSink(table=table, key_columns=["event_id"]), pipeline_id)
+    calls: dict[str, float] = {}
     started, cpu = time.monotonic(), time.process_time()
-    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="breadth", topics=[topic]), store=store,
-                        source=source, engine=spark, sink=sink)
+    summary = run_batch(RunRequest(pipeline_id=pipeline_id, run_id="breadth", topics=[topic]),
+                        store=CallSeconds(store, "store", calls), source=CallSeconds(source, "source", calls),
+                        engine=spark, sink=CallSeconds(sink, "sink", calls))
     committed = time.monotonic()
     offsets = store.committed_offsets(pipeline_id)
     source.mirror_group_offsets(pipeline_id, offsets)
@@ -116,7 +146,8 @@ def one_batch(pipeline_id: str, topic: str, records: int, parallelism: int) -> d
     expect(f"{pipeline_id}: records under the committed offsets", sum(offsets.values()), records)
     protocol = sum(phases.get(phase, 0.0) for phase in PROTOCOL)
     return {"pipeline": pipeline_id, "seconds": round(seconds, 3), "protocol_s": round(protocol, 3),
-            "protocol_cpu_s": round(protocol_cpu, 4), "protocol_share": protocol / seconds, "phases": phases}
+            "protocol_cpu_s": round(protocol_cpu, 4), "protocol_share": protocol / seconds, "phases": phases,
+            "calls": {name: round(s, 4) for name, s in calls.items() if name != "sink.write"}}
 
 
 def wide_batch_in_this_process(topic: str, partitions: int, records: int, parallelism: int) -> dict[str, Any]:
@@ -198,6 +229,7 @@ class LongLockWaits:
         from airflow_eo.mysql.connection import connect as mysql_connect
 
         self.found: dict[tuple[str, str], dict[str, Any]] = {}
+        self.statements = 0  # its own, on the server the part counts statements of
         self._conn = mysql_connect(mysql_kwargs(), autocommit=True, cursorclass=pymysql.cursors.DictCursor)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -207,6 +239,7 @@ class LongLockWaits:
         while not self._stop.wait(0.5):
             with self._conn.cursor() as cur:
                 cur.execute(LOCK_WAITS)
+                self.statements += 1
                 for row in cur.fetchall():
                     if (row["waited_s"] or 0) >= LONG_WAIT_S:
                         self.found[(str(row["waiting_trx"]), str(row["holding_trx"]))] = {
@@ -225,8 +258,67 @@ class LongLockWaits:
         return list(self.found.values())
 
 
+class RoundTrips:
+    """What the machine's load does to a round trip, whatever the protocol asks: every :data:`PROBE_EVERY_S`, the
+    time of a ``SELECT 1`` and of a one-row committed write (its redo log flushed, as every store transaction's is)
+    on a store connection of its own, and of a metadata request of one topic to the broker (the planning's kind of
+    request), from this process (idle meanwhile, as a driver between its Spark jobs is). A protocol that slows down
+    as much as these did waited for the machine, not for other pipelines."""
+
+    def __init__(self, topic: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from airflow_eo.mysql.connection import connect as mysql_connect
+
+        self.store_s: list[float] = []
+        self.commit_s: list[float] = []
+        self.kafka_s: list[float] = []
+        self._table = f"bench_breadth_probe_{uuid.uuid4().hex[:8]}"
+        self.statements = 2  # its own, on the server the part counts statements of: the table's CREATE and DROP
+        self._topic = topic
+        self._conn = mysql_connect(mysql_kwargs(), autocommit=True)
+        with self._conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{self._table}` (id INT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB")
+        self._admin = AdminClient({"bootstrap.servers": os.environ["EO_KAFKA_BOOTSTRAP"]})
+        self._admin.list_topics(topic=topic, timeout=10)  # the broker's connection up before any round trip counts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        while not self._stop.wait(PROBE_EVERY_S):
+            started = time.perf_counter()
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT 1")
+                cur.fetchall()
+                selected = time.perf_counter()
+                cur.execute(f"INSERT INTO `{self._table}` VALUES (1, 0) ON DUPLICATE KEY UPDATE n = n + 1")
+            asked = time.perf_counter()
+            self._admin.list_topics(topic=self._topic, timeout=10)
+            self.statements += 2
+            self.store_s.append(selected - started)
+            self.commit_s.append(asked - selected)
+            self.kafka_s.append(time.perf_counter() - asked)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        try:
+            with self._conn.cursor() as cur:
+                cur.execute(f"DROP TABLE `{self._table}`")
+        finally:
+            self._conn.close()
+        return {"store_median_s": statistics.median(self.store_s or [0.0]),
+                "commit_median_s": statistics.median(self.commit_s or [0.0]),
+                "kafka_median_s": statistics.median(self.kafka_s or [0.0]), "probes": len(self.store_s)}
+
+
+#: how often :class:`RoundTrips` times its two round trips
+PROBE_EVERY_S = 0.02
+
+
 def lock_status() -> dict[str, int]:
-    rows = sql("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s)", LOCK_STATUS)
+    rows = sql("SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s, %s)", (*LOCK_STATUS, STATEMENTS))
     return {name: int(value) for name, value in rows}
 
 
@@ -259,10 +351,10 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
             failed(*culprit, "before its measured batches")
         time.sleep(0.2)
     before = lock_status()
-    waits = LongLockWaits()
+    waits, round_trips = LongLockWaits(), RoundTrips(drivers[0][1])
     go.touch()
     outputs = [child.communicate()[0] for child in children]
-    long_waits = waits.stop()
+    long_waits, probed = waits.stop(), round_trips.stop()
     after = lock_status()
     found = []
     for child, output, error in zip(children, outputs, errors, strict=True):
@@ -274,7 +366,9 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
     return {"pipelines": len(found), "at_a_time": len(drivers), "median_protocol_s": statistics.median(protocol),
             "median_protocol_cpu_s": statistics.median(batch["protocol_cpu_s"] for batch in found),
             "max_protocol_s": max(protocol), "lock": {k: after[k] - before[k] for k in LOCK_STATUS},
-            "long_lock_waits": long_waits,
+            "statements_per_batch": (after[STATEMENTS] - before[STATEMENTS] - waits.statements
+                                     - round_trips.statements) / len(found),
+            "round_trips": probed, "long_lock_waits": long_waits,
             "batches": found}
 
 
@@ -295,6 +389,12 @@ def driver_batches_in_this_process(go: Path, records: int, parallelism: int, top
         finally:
             drop_made_tables()
     return found
+
+
+def median_calls(batches: list[dict[str, Any]]) -> dict[str, float]:
+    """Each protocol call's median seconds over ``batches`` (a batch that did not make it counts 0)."""
+    names = {name for batch in batches for name in batch["calls"]}
+    return {name: statistics.median(batch["calls"].get(name, 0.0) for batch in batches) for name in names}
 
 
 def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list[dict[str, Any]]:
@@ -320,13 +420,27 @@ def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list
                       f"{result['median_protocol_s']:.3f}s (the driver's CPU in it "
                       f"{result['median_protocol_cpu_s']:.3f}s), largest {result['max_protocol_s']:.3f}s; store "
                       f"row-lock waits {lock['Innodb_row_lock_waits']} ({lock['Innodb_row_lock_time']} ms), deadlocks "
-                      f"{lock['Innodb_deadlocks']}", flush=True)
+                      f"{lock['Innodb_deadlocks']}; the server's statements per batch "
+                      f"{result['statements_per_batch']:.0f}; a round trip meanwhile, median: the store's "
+                      f"{result['round_trips']['store_median_s'] * 1000:.2f} ms, a committed write "
+                      f"{result['round_trips']['commit_median_s'] * 1000:.2f} ms, the broker's "
+                      f"{result['round_trips']['kafka_median_s'] * 1000:.2f} ms", flush=True)
                 results.append(result)
     finally:
         delete_topics(os.environ["EO_KAFKA_BOOTSTRAP"], topics)
     alone, shared = results
+    print(f"[many] the protocol's calls, median seconds per batch alone and {at_a_time} at a time:", flush=True)
+    alone_calls, shared_calls = median_calls(alone["batches"]), median_calls(shared["batches"])
+    for name in sorted(shared_calls, key=lambda n: alone_calls.get(n, 0.0) - shared_calls[n]):
+        print(f"[many]   {name:<32} {alone_calls.get(name, 0.0) * 1000:7.1f} ms {shared_calls[name] * 1000:7.1f} ms",
+              flush=True)
+    loaded = {k: shared["round_trips"][k] / alone["round_trips"][k] if alone["round_trips"][k] else None
+              for k in ("store_median_s", "commit_median_s", "kafka_median_s")}
     print(f"[many] {pipelines} pipelines {at_a_time} at a time against alone: protocol per batch "
-          f"x{shared['median_protocol_s'] / alone['median_protocol_s']:.2f} (target <= 1.5)", flush=True)
+          f"x{shared['median_protocol_s'] / alone['median_protocol_s']:.2f} (target <= 1.5); under the same load a "
+          f"round trip to the store x{loaded['store_median_s'] or 0:.2f}, a committed write "
+          f"x{loaded['commit_median_s'] or 0:.2f}, to the broker "
+          f"x{loaded['kafka_median_s'] or 0:.2f}", flush=True)
     return results
 
 

@@ -32,7 +32,14 @@ def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_p
         assert len({batch["pipeline"] for batch in setting["batches"]}) == setting["pipelines"]
         assert 0 < setting["median_protocol_s"] <= setting["max_protocol_s"]
         assert all(value >= 0 for value in setting["lock"].values())
-    assert "target <= 5%" in stdout and "(target <= 1.5)" in stdout
+        # the protocol's statements counted apart from the probes', its calls timed, the machine's round trips probed
+        assert setting["statements_per_batch"] > 0
+        assert all(batch["calls"]["store.commit_batch"] > 0 and batch["calls"]["sink.check"] > 0
+                   and "sink.write" not in batch["calls"] for batch in setting["batches"])
+        probed = setting["round_trips"]
+        assert probed["probes"] > 0 and all(probed[k] > 0 for k in ("store_median_s", "commit_median_s",
+                                                                     "kafka_median_s"))
+    assert "target <= 5%" in stdout and "(target <= 1.5)" in stdout and "a committed write x" in stdout
     left, deadline = ["?"], time.monotonic() + 60
     while left and time.monotonic() < deadline:  # a deleted topic leaves the metadata a moment later
         left = [topic for topic in set(admin.list_topics(timeout=10).topics) - before if topic.startswith("breadth_")]
