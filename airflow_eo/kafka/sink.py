@@ -107,8 +107,6 @@ class KafkaTransactionalAdapter(KindAdapter):
                 "enable.idempotence": True,
                 "linger.ms": 20,
                 "queue.buffering.max.messages": 500_000,
-                # A topic deleted since check() is an error, not a new topic (a producer's default is to create).
-                "allow.auto.create.topics": False,
             })
             # A broker connection first (the metadata request waits for one, as long as init_transactions would):
             # librdkafka asks for the transaction coordinator at once, and with no broker up yet asks again only

@@ -75,7 +75,8 @@ def test_the_kafka_sinks_check_reads_its_output_topics_metadata_only(bootstrap, 
 def test_the_transactional_producer_starts_on_its_output_topics_metadata_and_creates_no_topic(bootstrap, topic_name,
                                                                                                 monkeypatch):
     """Before ``init_transactions`` the producer reads the output topic's metadata (a broker connection up first), not
-    the cluster's; a producer would create a topic it is asked about, so it is told not to."""
+    the cluster's; a producer would ask the broker to create a topic it names, so it is told not to (the room's
+    default, ``CLIENT_DEFAULTS``)."""
     from confluent_kafka import Producer
 
     from airflow_eo.kafka import sink as kafka_sink

@@ -11,6 +11,7 @@ def test_the_offset_source_connects_with_the_room_defaults_under_the_connection_
     source = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1"})
     assert source.config == {"bootstrap.servers": "127.0.0.1:1", **CLIENT_DEFAULTS}
     assert CLIENT_DEFAULTS["reconnect.backoff.ms"] < 100  # librdkafka's default made a new client wait ~50 ms
+    assert CLIENT_DEFAULTS["allow.auto.create.topics"] is False  # naming a topic never asks the broker to create it
     mine = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1", "reconnect.backoff.ms": 300})
     assert mine.config["reconnect.backoff.ms"] == 300  # the connection's extra wins
 
