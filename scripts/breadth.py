@@ -19,8 +19,9 @@ the median and the largest protocol time of a batch in each setting (and the med
 seconds in it: its own work, the rest is waiting), and the store's row-lock waits and deadlocks
 meanwhile (MariaDB's ``Innodb_row_lock_waits``,
 ``Innodb_row_lock_time``, ``Innodb_deadlocks``; the stack's MariaDB serves nothing else while it runs), the server's
-statements per batch, and what the load did to a round trip meanwhile (:class:`RoundTrips`: a ``SELECT 1`` to the
-store and a metadata request to the broker, from the idle parent process). Target: the median within 1.5x of the
+statements per batch, each protocol call's seconds (:class:`CallSeconds`), and what the load did to a round trip
+meanwhile (:class:`RoundTrips`: a ``SELECT 1`` and a one-row committed write to the store and a metadata request to
+the broker, from the idle parent process). Target: the median within 1.5x of the
 pipelines alone.
 
 Every batch's output is checked (rows in its table, offsets committed) before its time counts. Topics and tables
@@ -313,7 +314,7 @@ class RoundTrips:
                 "kafka_median_s": statistics.median(self.kafka_s or [0.0]), "probes": len(self.store_s)}
 
 
-#: how often :class:`RoundTrips` times its two round trips
+#: how often :class:`RoundTrips` times its three round trips
 PROBE_EVERY_S = 0.02
 
 
@@ -392,7 +393,7 @@ def driver_batches_in_this_process(go: Path, records: int, parallelism: int, top
 
 
 def median_calls(batches: list[dict[str, Any]]) -> dict[str, float]:
-    """Each protocol call's median seconds over ``batches`` (a batch that did not make it counts 0)."""
+    """Each protocol call's median seconds over ``batches`` (a batch that did not make the call counts 0)."""
     names = {name for batch in batches for name in batch["calls"]}
     return {name: statistics.median(batch["calls"].get(name, 0.0) for batch in batches) for name in names}
 

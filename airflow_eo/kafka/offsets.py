@@ -121,17 +121,19 @@ def read_group_offsets(admin: AdminClient, group: str, partitions: Iterable[tupl
         time.sleep(0.2)
 
 
-def described_topics(admin: AdminClient, topics: Sequence[str],
+def described_topics(admin: Callable[[], AdminClient], topics: Sequence[str],
                      refresh: Callable[[], None] | None = None) -> dict[str, Any]:
     """Each of ``topics``' description (``describe_topics``: its partitions and their leaders), None for a topic that
-    does not exist; asked again on a broker's transient errors (:func:`retry_transient`).
+    does not exist; asked again on a broker's transient errors (:func:`retry_transient`), each time of the client
+    ``admin()`` gives then (``refresh`` may have made a new one).
 
     Only these topics' metadata, never the cluster's: that grew with the cluster's topics (a new client's first answer,
     1,040 topics on the stack's broker: 24-25 ms for all of them, 2.0 ms for one). The room's clients ask the broker
     not to create a topic they name (``allow.auto.create.topics``: :data:`~airflow_eo.kafka.timeouts.CLIENT_DEFAULTS`).
     """
     def look_up() -> dict[str, Any]:
-        futures = admin.describe_topics(TopicCollection(list(dict.fromkeys(topics))), request_timeout=ADMIN_TIMEOUT_S)
+        futures = admin().describe_topics(TopicCollection(list(dict.fromkeys(topics))),
+                                          request_timeout=ADMIN_TIMEOUT_S)
         found: dict[str, Any] = {}
         for topic, future in futures.items():
             try:
@@ -163,7 +165,7 @@ class KafkaOffsetSource:
 
     def partitions(self, topics: Sequence[str]) -> list[TopicPartition]:
         """The partitions of ``topics``, from the broker's metadata of those topics only (:func:`described_topics`)."""
-        described = described_topics(self._admin, topics, refresh=self._new_client)
+        described = described_topics(lambda: self._admin, topics, refresh=self._new_client)
         found: list[TopicPartition] = []
         for topic in topics:
             description = described.get(topic)

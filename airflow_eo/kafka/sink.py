@@ -73,7 +73,7 @@ class KafkaTransactionalAdapter(KindAdapter):
     # ------------------------------------------------------------------ checks
 
     def check(self) -> None:
-        description = described_topics(self._admin, [self.topic]).get(self.topic)
+        description = described_topics(lambda: self._admin, [self.topic]).get(self.topic)
         if description is None:
             raise ConfigurationError(f"{self.name}: output topic {self.topic!r} does not exist: create it first")
         leader = next((info.leader for info in description.partitions if info.leader is not None), None)

@@ -26,3 +26,35 @@ def test_the_kafka_sink_connects_with_the_room_defaults_under_the_connection_ext
     sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1"}, "p", name="n", topic="t", key_column="k",
                                      value_column="v", transaction_timeout_ms=60_000)
     assert sink.config["reconnect.backoff.ms"] == CLIENT_DEFAULTS["reconnect.backoff.ms"]
+
+
+def test_a_metadata_look_up_asked_again_after_a_transient_error_asks_the_new_client():
+    """A transient error makes a new admin client (an old one may keep asking with stale leader epochs): the next try
+    of the topics' description must go to it, not to the client the first try used."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Admin:
+        def __init__(self, fails: bool) -> None:
+            self.fails, self.asked = fails, 0
+
+        def describe_topics(self, topics, request_timeout):
+            self.asked += 1
+            found: dict[str, Future] = {}
+            for topic in topics.topic_names:
+                future: Future = Future()
+                if self.fails:
+                    future.set_exception(KafkaException(KafkaError(KafkaError._TRANSPORT)))
+                else:
+                    future.set_result(SimpleNamespace(partitions=[SimpleNamespace(id=1), SimpleNamespace(id=0)]))
+                found[topic] = future
+            return found
+
+    source = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1"})
+    old, new = Admin(fails=True), Admin(fails=False)
+    source._admin = old
+    source._new_client = lambda: setattr(source, "_admin", new)  # what a refresh does: a client of its own
+    assert [(tp.topic, tp.partition) for tp in source.partitions(["t"])] == [("t", 0), ("t", 1)]
+    assert (old.asked, new.asked) == (1, 1)
