@@ -128,8 +128,8 @@ def described_topics(admin: Callable[[], AdminClient], topics: Sequence[str],
     ``admin()`` gives then (``refresh`` may have made a new one).
 
     Only these topics' metadata, never the cluster's: that grew with the cluster's topics (a new client's first answer,
-    1,040 topics on the stack's broker: 24-25 ms for all of them, 2.0 ms for one). The room's clients ask the broker
-    not to create a topic they name (``allow.auto.create.topics``: :data:`~airflow_eo.kafka.timeouts.CLIENT_DEFAULTS`).
+    1,040 topics on the stack's broker: 24-25 ms for all of them, 2.0 ms for one). librdkafka's request for a
+    description never asks the broker to create a topic.
     """
     def look_up() -> dict[str, Any]:
         futures = admin().describe_topics(TopicCollection(list(dict.fromkeys(topics))),
@@ -142,7 +142,7 @@ def described_topics(admin: Callable[[], AdminClient], topics: Sequence[str],
                 error = exc.args[0] if exc.args else None
                 if not (isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
                     raise
-                found[topic] = None  # Kafka calls it retriable: it is not, for a topic nobody creates meanwhile
+                found[topic] = None  # no such topic: the caller says so, in its words
         return found
 
     return retry_transient("Kafka metadata look-up", look_up, refresh=refresh)

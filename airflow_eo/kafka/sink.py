@@ -77,7 +77,7 @@ class KafkaTransactionalAdapter(KindAdapter):
         if description is None:
             raise ConfigurationError(f"{self.name}: output topic {self.topic!r} does not exist: create it first")
         leader = next((info.leader for info in description.partitions if info.leader is not None), None)
-        broker_max = self.broker_max_transaction_timeout_ms(leader.id) if leader is not None else None
+        broker_max = self.broker_max_transaction_timeout_ms(leader.id if leader is not None else self._any_broker())
         if broker_max is not None and self.transaction_timeout_ms > broker_max:
             raise ConfigurationError(
                 f"{self.name}: transaction_timeout_ms={self.transaction_timeout_ms} exceeds the broker's "
@@ -85,13 +85,24 @@ class KafkaTransactionalAdapter(KindAdapter):
                 "so also lower max_records_per_run) or raise the broker setting"
             )
 
-    def broker_max_transaction_timeout_ms(self, broker_id: int) -> int | None:
-        """The broker's ``transaction.max.timeout.ms`` (None: not allowed to describe its configuration)."""
+    def _any_broker(self) -> int | None:
+        """A broker of the cluster (the output topic's partitions have no leader now); None if none answers."""
+        try:
+            nodes = self._admin.describe_cluster(request_timeout=ADMIN_TIMEOUT_S).result(timeout=ADMIN_TIMEOUT_S).nodes
+        except (KafkaException, TimeoutError):
+            return None
+        return nodes[0].id if nodes else None
+
+    def broker_max_transaction_timeout_ms(self, broker_id: int | None) -> int | None:
+        """The broker's ``transaction.max.timeout.ms`` (None: no broker, or not allowed to describe its configuration:
+        the producer then reports a mismatch itself)."""
+        if broker_id is None:
+            return None
         resource = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
         try:
             configs = self._admin.describe_configs([resource])[resource].result(timeout=ADMIN_TIMEOUT_S)
-        except KafkaException:
-            return None  # not allowed to describe broker configs: the producer will report a mismatch
+        except (KafkaException, TimeoutError):
+            return None  # not allowed to describe broker configs, or no answer: the producer will report a mismatch
         entry = configs.get("transaction.max.timeout.ms")
         return int(entry.value) if entry is not None and entry.value is not None else None
 
@@ -107,6 +118,8 @@ class KafkaTransactionalAdapter(KindAdapter):
                 "enable.idempotence": True,
                 "linger.ms": 20,
                 "queue.buffering.max.messages": 500_000,
+                # Whatever the connection's extra says: a topic deleted since check() is an error, not a new topic.
+                "allow.auto.create.topics": False,
             })
             # A broker connection first (the metadata request waits for one, as long as init_transactions would):
             # librdkafka asks for the transaction coordinator at once, and with no broker up yet asks again only

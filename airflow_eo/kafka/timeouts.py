@@ -12,9 +12,10 @@ TRANSACTION_TIMEOUT_S = 60.0
 #: "sparse connect" interval: half of ``reconnect.backoff.ms`` (librdkafka's 100 ms default: 50 ms; at least 11 ms).
 #: Measured on the stack's broker: a new admin client's first metadata answer in 55 ms, in 4-16 ms at 20 ms. Later
 #: reconnects still back off exponentially up to ``reconnect.backoff.max.ms``.
-#: ``allow.auto.create.topics``: a metadata request that names a topic asks the broker not to create it (a producer's
-#: and an admin client's default is to ask for it, where the broker auto-creates topics): a topic missing or deleted
-#: is an error that says so, not a new empty topic.
+#: ``allow.auto.create.topics``: a metadata request that names a topic (a producer's ``list_topics(topic)``) asks the
+#: broker not to create it (librdkafka's default for a producer is to ask, where the broker auto-creates topics): a
+#: topic missing or deleted is an error that says so, not a new empty topic. The transactional producer sets it again
+#: over the connection's extra.
 CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.ms": 20, "allow.auto.create.topics": False}
 
 

@@ -32,7 +32,7 @@ def test_breadth_short_measures_a_wide_topic_and_pipelines_sharing_a_store(tmp_p
         assert len({batch["pipeline"] for batch in setting["batches"]}) == setting["pipelines"]
         assert 0 < setting["median_protocol_s"] <= setting["max_protocol_s"]
         assert all(value >= 0 for value in setting["lock"].values())
-        # the protocol's statements counted apart from the probes', its calls timed, the machine's round trips probed
+        # the server's statements per batch (the probes' own left out), the protocol's calls timed, round trips probed
         assert setting["statements_per_batch"] > 0
         assert all(batch["calls"]["store.commit_batch"] > 0 and batch["calls"]["sink.check"] > 0
                    and "sink.write" not in batch["calls"] for batch in setting["batches"])

@@ -58,3 +58,42 @@ def test_a_metadata_look_up_asked_again_after_a_transient_error_asks_the_new_cli
     source._new_client = lambda: setattr(source, "_admin", new)  # what a refresh does: a client of its own
     assert [(tp.topic, tp.partition) for tp in source.partitions(["t"])] == [("t", 0), ("t", 1)]
     assert (old.asked, new.asked) == (1, 1)
+
+
+def test_the_kafka_sinks_check_asks_a_broker_of_the_cluster_when_its_topic_has_no_leader():
+    """The transaction limit is read from the broker leading the output topic, or, while none leads it (a broker
+    restarting), from any broker of the cluster; a broker that does not answer in time skips the check (the producer
+    reports a mismatch itself)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    import pytest
+
+    from airflow_eo.core.errors import ConfigurationError
+    from airflow_eo.kafka.sink import KafkaTransactionalAdapter
+
+    def done(value: object) -> Future:
+        future: Future = Future()
+        future.set_result(value)
+        return future
+
+    class Admin:
+        asked: list[str] = []
+
+        def describe_topics(self, topics, request_timeout):
+            leaderless = SimpleNamespace(partitions=[SimpleNamespace(id=0, leader=None)])
+            return {topic: done(leaderless) for topic in topics.topic_names}
+
+        def describe_cluster(self, request_timeout):
+            return done(SimpleNamespace(nodes=[SimpleNamespace(id=7)]))
+
+        def describe_configs(self, resources):
+            self.asked.extend(r.name for r in resources)
+            return {r: done({"transaction.max.timeout.ms": SimpleNamespace(value="900000")}) for r in resources}
+
+    sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1"}, "p", name="n", topic="t", key_column="k",
+                                     value_column="v", transaction_timeout_ms=3_600_000)
+    sink._admin = Admin()
+    with pytest.raises(ConfigurationError, match="transaction.max.timeout.ms=900000"):
+        sink.check()
+    assert Admin.asked == ["7"]
