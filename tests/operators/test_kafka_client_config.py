@@ -3,7 +3,15 @@ connection's extra sets (no stack needed: a client connects only when first aske
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from airflow_eo.core.errors import ConfigurationError
 from airflow_eo.kafka.offsets import KafkaOffsetSource
+from airflow_eo.kafka.sink import KafkaTransactionalAdapter
 from airflow_eo.kafka.timeouts import CLIENT_DEFAULTS
 
 
@@ -17,8 +25,6 @@ def test_the_offset_source_connects_with_the_room_defaults_under_the_connection_
 
 
 def test_the_kafka_sink_connects_with_the_room_defaults_under_the_connection_extra():
-    from airflow_eo.kafka.sink import KafkaTransactionalAdapter
-
     sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1", "reconnect.backoff.ms": 300}, "p",
                                      name="n", topic="t", key_column="k", value_column="v",
                                      transaction_timeout_ms=60_000)
@@ -28,13 +34,19 @@ def test_the_kafka_sink_connects_with_the_room_defaults_under_the_connection_ext
     assert sink.config["reconnect.backoff.ms"] == CLIENT_DEFAULTS["reconnect.backoff.ms"]
 
 
+def answered(value: object) -> Future:
+    """An admin call's future, already answered with ``value`` (an exception: raised by ``result()``)."""
+    future: Future = Future()
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+    return future
+
+
 def test_a_metadata_look_up_asked_again_after_a_transient_error_asks_the_new_client():
     """A transient error makes a new admin client (an old one may keep asking with stale leader epochs): the next try
     of the topics' description must go to it, not to the client the first try used."""
-    from concurrent.futures import Future
-    from types import SimpleNamespace
-
-    from confluent_kafka import KafkaError, KafkaException
 
     class Admin:
         def __init__(self, fails: bool) -> None:
@@ -42,15 +54,9 @@ def test_a_metadata_look_up_asked_again_after_a_transient_error_asks_the_new_cli
 
         def describe_topics(self, topics, request_timeout):
             self.asked += 1
-            found: dict[str, Future] = {}
-            for topic in topics.topic_names:
-                future: Future = Future()
-                if self.fails:
-                    future.set_exception(KafkaException(KafkaError(KafkaError._TRANSPORT)))
-                else:
-                    future.set_result(SimpleNamespace(partitions=[SimpleNamespace(id=1), SimpleNamespace(id=0)]))
-                found[topic] = future
-            return found
+            answer = (KafkaException(KafkaError(KafkaError._TRANSPORT)) if self.fails
+                      else SimpleNamespace(partitions=[SimpleNamespace(id=1), SimpleNamespace(id=0)]))
+            return {topic: answered(answer) for topic in topics.topic_names}
 
     source = KafkaOffsetSource({"bootstrap.servers": "127.0.0.1:1"})
     old, new = Admin(fails=True), Admin(fails=False)
@@ -62,38 +68,26 @@ def test_a_metadata_look_up_asked_again_after_a_transient_error_asks_the_new_cli
 
 def test_the_kafka_sinks_check_asks_a_broker_of_the_cluster_when_its_topic_has_no_leader():
     """The transaction limit is read from the broker leading the output topic, or, while none leads it (a broker
-    restarting), from any broker of the cluster; a broker that does not answer in time skips the check (the producer
-    reports a mismatch itself)."""
-    from concurrent.futures import Future
-    from types import SimpleNamespace
-
-    import pytest
-
-    from airflow_eo.core.errors import ConfigurationError
-    from airflow_eo.kafka.sink import KafkaTransactionalAdapter
-
-    def done(value: object) -> Future:
-        future: Future = Future()
-        future.set_result(value)
-        return future
+    restarting), from any broker of the cluster."""
 
     class Admin:
-        asked: list[str] = []
+        def __init__(self) -> None:
+            self.asked: list[str] = []
 
         def describe_topics(self, topics, request_timeout):
             leaderless = SimpleNamespace(partitions=[SimpleNamespace(id=0, leader=None)])
-            return {topic: done(leaderless) for topic in topics.topic_names}
+            return {topic: answered(leaderless) for topic in topics.topic_names}
 
         def describe_cluster(self, request_timeout):
-            return done(SimpleNamespace(nodes=[SimpleNamespace(id=7)]))
+            return answered(SimpleNamespace(nodes=[SimpleNamespace(id=7)]))
 
         def describe_configs(self, resources):
             self.asked.extend(r.name for r in resources)
-            return {r: done({"transaction.max.timeout.ms": SimpleNamespace(value="900000")}) for r in resources}
+            return {r: answered({"transaction.max.timeout.ms": SimpleNamespace(value="900000")}) for r in resources}
 
     sink = KafkaTransactionalAdapter({"bootstrap.servers": "127.0.0.1:1"}, "p", name="n", topic="t", key_column="k",
                                      value_column="v", transaction_timeout_ms=3_600_000)
-    sink._admin = Admin()
+    sink._admin = admin = Admin()
     with pytest.raises(ConfigurationError, match="transaction.max.timeout.ms=900000"):
         sink.check()
-    assert Admin.asked == ["7"]
+    assert admin.asked == ["7"]
