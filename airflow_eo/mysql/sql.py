@@ -245,3 +245,20 @@ def supports_row_alias(flavor: str, version: tuple[int, int, int]) -> bool:
 def keeps_prepared_xa(flavor: str, version: tuple[int, int, int]) -> bool:
     """Older servers roll back a prepared XA branch when its connection closes."""
     return version >= (10, 5, 0) if flavor == "mariadb" else version >= (5, 7, 7)
+
+
+#: The global privileges that show a user every table of the server in ``information_schema`` (any one of them; a
+#: table is listed to a user who holds some privilege on it).
+TABLE_VISIBILITY_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "REFERENCES", "INDEX",
+                               "ALTER", "CREATE VIEW", "SHOW VIEW", "TRIGGER", "DELETE HISTORY")
+
+
+def innodb_dictionary_name(database: str, table: str, lower_case_table_names: int) -> str | None:
+    """The name MariaDB's InnoDB dictionary (``information_schema.INNODB_SYS_FOREIGN``'s ``REF_NAME``) gives table
+    ``database.table``: ``database/table``, in lower case on a server that folds names (``lower_case_table_names``
+    1 or 2). None when either name has a character InnoDB encodes in its file names (anything but ASCII letters,
+    digits and ``_``): the caller asks ``information_schema`` instead."""
+    if not all(re.fullmatch(r"[0-9A-Za-z_]+", name) for name in (database, table)):
+        return None
+    name = f"{database}/{table}"
+    return name.lower() if lower_case_table_names else name

@@ -19,7 +19,8 @@ class TableShape:
     unique_keys: tuple[frozenset[str], ...]
     #: it has triggers (a replacing load deletes rows, which fires DELETE triggers an upsert never fires)
     has_triggers: bool = False
-    #: another table's foreign key refers to it (a deleted row would cascade, or be refused)
+    #: another table's foreign key refers to it, or may (one the user cannot see): a deleted row would cascade, or
+    #: be refused
     referenced: bool = False
     #: a plain base table (not a view, not system-versioned: those keep or change history rows differently)
     plain: bool = True
@@ -51,7 +52,8 @@ def why_replace_is_not_upsert(shape: TableShape, columns: Sequence[str], key_col
     if shape.has_triggers:
         return "the table has triggers"
     if shape.referenced:
-        return "a foreign key refers to the table"
+        return ("a foreign key refers to the table, or may (the check's user sees no foreign key of a table it "
+                "holds no privilege on; with PROCESS, MariaDB's InnoDB dictionary shows them all)")
     if not shape.plain:
         return "the table is not a plain base table"
     return None

@@ -96,19 +96,20 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
     wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
-    if fresh:
-        mariadb = require("mariadb", apt_hint)
-        sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
-               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
-               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}';"
-               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'127.0.0.1';"
-               f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'localhost';")
-        deadline = time.monotonic() + 60
-        while subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql],
-                             capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                die(f"could not create database {DB_NAME}; see {log}")
-            time.sleep(0.5)
+    # Each start (a data directory of an older stack gets the grants of this one): the tests make users of their
+    # own with fewer privileges (GRANT OPTION), e.g. one who cannot see every table.
+    mariadb = require("mariadb", apt_hint)
+    sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+           f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
+           f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}';"
+           f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'127.0.0.1' WITH GRANT OPTION;"
+           f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'localhost' WITH GRANT OPTION;")
+    deadline = time.monotonic() + 60
+    while subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql],
+                         capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            die(f"could not create database {DB_NAME}; see {log}")
+        time.sleep(0.5)
     wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
     print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
     return settings

@@ -264,6 +264,58 @@ def test_the_sink_reads_the_tables_shape_and_replaces_rows_only_where_that_is_th
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
 
 
+#: Who asks whether a foreign key refers to the sink's table: the stack's user (PROCESS: MariaDB's InnoDB dictionary),
+#: a user who sees every table but may not read the dictionary (information_schema), one who holds privileges on the
+#: sink's database only (it cannot see a referring table elsewhere). Value: the user's grant (None: the stack's user;
+#: TRIGGER: a user who may not see the table's triggers takes them to exist, and no row is replaced either way).
+ASKERS = {"the stack's user": None, "a user without PROCESS": "SELECT, CREATE, DROP, TRIGGER ON *.*",
+          "a user of the sink's database only": "SELECT, CREATE, DROP, TRIGGER ON `{database}`.*"}
+
+
+@pytest.mark.parametrize("asker", ASKERS)
+def test_a_foreign_key_from_another_database_keeps_rows_from_being_replaced_whoever_asks(asker, mysql, mysql_kwargs):
+    """A table in another database whose foreign key refers to the sink's table (ON DELETE CASCADE: a replaced row
+    would delete the rows referring to it) keeps the sink on the staging table, whoever asks; without it the rows
+    are replaced, except for a user who cannot see every table (the referring table may be one it holds no
+    privilege on, so it is taken to exist)."""
+    from airflow_eo.mysql.sink import MySqlUpsertAdapter
+
+    tag = uuid.uuid4().hex[:8]
+    table, other, user = f"bulk_{tag}_referred", f"eo_refs_{tag}", f"eo_fk_{tag}"
+    database = mysql_kwargs["database"]
+    kwargs = mysql_kwargs
+    try:
+        with mysql.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s TEXT NULL, n BIGINT NULL)")
+            cur.execute(f"CREATE DATABASE `{other}`")
+            if ASKERS[asker] is not None:
+                cur.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", (tag,))
+                cur.execute(f"GRANT {ASKERS[asker].format(database=database)} TO '{user}'@'127.0.0.1'")
+                kwargs = {**mysql_kwargs, "user": user, "password": tag}
+
+        def replaced() -> bool:
+            sink = MySqlUpsertAdapter(kwargs, name="sink", table=table, key_columns=("id",), updates={},
+                                      rows_per_statement=100, dead_letter_table="eo_dead_letter", bulk_load=True)
+            try:
+                sink.check()
+                assert sink.reads_innodb_dictionary is (ASKERS[asker] is None), \
+                    "only the stack's user (PROCESS) reads InnoDB's dictionary"
+                return sink.replaces_rows(("id", "s", "n"))
+            finally:
+                sink.close()
+
+        assert replaced() is (asker != "a user of the sink's database only")
+        with mysql.cursor() as cur:
+            cur.execute(f"CREATE TABLE `{other}`.`child` (id BIGINT PRIMARY KEY, parent BIGINT, FOREIGN KEY (parent) "
+                        f"REFERENCES `{database}`.`{table}` (id) ON DELETE CASCADE)")
+        assert not replaced(), "a referring table in another database"
+    finally:
+        with mysql.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'127.0.0.1'")
+            cur.execute(f"DROP DATABASE IF EXISTS `{other}`")
+            cur.execute(f"DROP TABLE IF EXISTS `{table}`")
+
+
 def test_the_dead_letter_table_is_loaded_straight_in_and_stamped_by_the_server(mysql, mysql_kwargs, monkeypatch):
     """A dead-letter table as the sink makes it takes the replacing load, its ``created_at`` set by the server at
     the load (the column's default for a new row); one with a column of the user's (here on a table of an older

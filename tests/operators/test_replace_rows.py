@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_eo.mysql.sql import innodb_dictionary_name
 from airflow_eo.mysql.table_shape import TableShape, why_replace_is_not_upsert
 
 EVENTS = TableShape(columns=("event_id", "app_id", "user_id", "ts"), unique_keys=(frozenset({"event_id"}),))
@@ -33,3 +34,17 @@ def test_anything_a_replace_would_do_otherwise_keeps_the_staging_table(shape, co
 
 def test_a_key_that_is_not_the_tables_unique_key_is_no_replace():
     assert "another unique key" in why_replace_is_not_upsert(EVENTS, ALL, ("app_id",), {})
+
+
+@pytest.mark.parametrize(("database", "table", "lower_case_table_names", "name"), [
+    ("airflow_eo", "Page_Views", 0, "airflow_eo/Page_Views"),
+    ("Shop", "Page_Views", 1, "shop/page_views"),
+    ("Shop", "Page_Views", 2, "shop/page_views"),
+    ("my-shop", "page_views", 0, None),
+    ("caf\u00e9", "page_views", 0, None),
+])
+def test_innodb_names_a_table_database_slash_table_and_other_characters_are_asked_elsewhere(
+        database, table, lower_case_table_names, name):
+    """The name a foreign key's referred table has in MariaDB's InnoDB dictionary; None where InnoDB would encode a
+    character (the sink then reads information_schema)."""
+    assert innodb_dictionary_name(database, table, lower_case_table_names) == name
