@@ -22,7 +22,8 @@ meanwhile (MariaDB's ``Innodb_row_lock_waits``,
 statements per batch, each protocol call's seconds (:class:`CallSeconds`), and what the load did to a round trip
 meanwhile (:class:`RoundTrips`: a ``SELECT 1`` and a one-row committed write to the store and a metadata request to
 the broker, from the idle parent process). Target: the median within 1.5x of the
-pipelines alone.
+pipelines alone. ``--jvm-nice N`` runs the drivers' Spark JVMs at nice N in both settings: what is left of the
+slowdown is then not Spark's compute taking the cores the protocol waits for.
 
 Every batch's output is checked (rows in its table, offsets committed) before its time counts. Topics and tables
 are deleted at the end. Numbers, not assertions: compare ratios within one run.
@@ -323,7 +324,7 @@ def lock_status() -> dict[str, int]:
     return {name: int(value) for name, value in rows}
 
 
-def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: Path) -> dict[str, Any]:
+def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: Path, jvm_nice: int) -> dict[str, Any]:
     """Each of ``drivers`` (a warm-up topic, then its measured topics) in a driver process of its own, as an Airflow
     worker's task would run, their measured batches started together once every driver is warm; their protocol
     times and the store's lock waits meanwhile."""
@@ -333,7 +334,7 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
     for topics, error in zip(drivers, errors, strict=True):
         with error.open("w") as stderr:
             children.append(subprocess.Popen([sys.executable, str(SCRIPT), "--driver-batches",
-                                              f"{go}:{records}:{parallelism}:{','.join(topics)}"],
+                                              f"{go}:{records}:{parallelism}:{jvm_nice}:{','.join(topics)}"],
                                              stdout=subprocess.PIPE, stderr=stderr, text=True))
 
     def failed(child: subprocess.Popen, error: Path, when: str) -> None:
@@ -373,9 +374,21 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
             "batches": found}
 
 
-def driver_batches_in_this_process(go: Path, records: int, parallelism: int, topics: list[str]) -> list[dict]:
-    """A warm-up batch over the first topic (not measured), then, once ``go`` exists, a batch over each other."""
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux's ``/proc``)."""
+    children = [int(child) for task in os.listdir(f"/proc/{pid}/task")
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return [found for child in children for found in (child, *descendants(child))]
+
+
+def driver_batches_in_this_process(go: Path, records: int, parallelism: int, jvm_nice: int,
+                                   topics: list[str]) -> list[dict]:
+    """A warm-up batch over the first topic (not measured), then, once ``go`` exists, a batch over each other; the
+    process's Spark JVM (every thread of it: Linux sets a nice value per thread) at nice ``jvm_nice``."""
     spark_hook().get_conn()
+    for jvm in descendants(os.getpid()) if jvm_nice else []:
+        for thread in os.listdir(f"/proc/{jvm}/task"):
+            os.setpriority(os.PRIO_PROCESS, int(thread), jvm_nice)
     try:
         one_batch(f"breadth_{topics[0]}", topics[0], records, parallelism)
     finally:
@@ -398,7 +411,7 @@ def median_calls(batches: list[dict[str, Any]]) -> dict[str, float]:
     return {name: statistics.median(batch["calls"].get(name, 0.0) for batch in batches) for name in names}
 
 
-def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list[dict[str, Any]]:
+def many(pipelines: int, at_a_time: int, records: int, parallelism: int, jvm_nice: int = 0) -> list[dict[str, Any]]:
     def named(count: int) -> list[str]:
         return [f"breadth_many_{uuid.uuid4().hex[:8]}" for _ in range(count)]
 
@@ -414,7 +427,7 @@ def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list
     try:
         with tempfile.TemporaryDirectory(prefix="eo_breadth_") as workdir:
             for label, drivers in settings:
-                result = batches(drivers, records, parallelism, Path(workdir))
+                result = batches(drivers, records, parallelism, Path(workdir), jvm_nice)
                 result["setting"] = label
                 lock = result["lock"]
                 print(f"[many] {result['pipelines']:>3} pipelines {label:>12}: protocol per batch median "
@@ -437,7 +450,8 @@ def many(pipelines: int, at_a_time: int, records: int, parallelism: int) -> list
               flush=True)
     loaded = {k: shared["round_trips"][k] / alone["round_trips"][k] if alone["round_trips"][k] else None
               for k in ("store_median_s", "commit_median_s", "kafka_median_s")}
-    print(f"[many] {pipelines} pipelines {at_a_time} at a time against alone: protocol per batch "
+    print(f"[many] {pipelines} pipelines {at_a_time} at a time against alone"
+          f"{f' (Spark JVMs at nice {jvm_nice})' if jvm_nice else ''}: protocol per batch "
           f"x{shared['median_protocol_s'] / alone['median_protocol_s']:.2f} (target <= 1.5); under the same load a "
           f"round trip to the store x{loaded['store_median_s'] or 0:.2f}, a committed write "
           f"x{loaded['commit_median_s'] or 0:.2f}, to the broker "
@@ -454,6 +468,9 @@ def main() -> None:
     parser.add_argument("--pipeline-records", type=int, default=20_000, help="page views of each pipeline's topic")
     parser.add_argument("--parallelism", type=int, default=2, help="writer tasks of every batch")
     parser.add_argument("--only", choices=("wide", "many"), help="one part alone")
+    parser.add_argument("--jvm-nice", type=int, default=0,
+                        help="the many part's drivers' Spark JVMs at this nice value (1-19; 0: as started): what is "
+                             "left of the protocol's slowdown is then not Spark's compute taking the same cores")
     parser.add_argument("--short", action="store_true",
                         help="the suite's setting: 20,000 records over 200 partitions; 4 pipelines of 2,000, 2 at "
                              "a time")
@@ -467,9 +484,10 @@ def main() -> None:
               flush=True)
         return
     if args.driver_batches:
-        go, records, parallelism, topics = args.driver_batches.split(":", 3)
-        print("MANY " + json.dumps(driver_batches_in_this_process(Path(go), int(records), int(parallelism),
-                                                                  topics.split(","))), flush=True)
+        go, records, parallelism, jvm_nice, topics = args.driver_batches.split(":", 4)
+        found = driver_batches_in_this_process(Path(go), int(records), int(parallelism), int(jvm_nice),
+                                               topics.split(","))
+        print("MANY " + json.dumps(found), flush=True)
         return
     if args.short:
         args.records, args.partitions, args.pipelines, args.at_a_time, args.pipeline_records = 20_000, 200, 4, 2, 2_000
@@ -477,7 +495,7 @@ def main() -> None:
     if args.only in (None, "wide"):
         results["wide"] = wide(args.records, args.partitions, args.parallelism)
     if args.only in (None, "many"):
-        results["many"] = many(args.pipelines, args.at_a_time, args.pipeline_records, args.parallelism)
+        results["many"] = many(args.pipelines, args.at_a_time, args.pipeline_records, args.parallelism, args.jvm_nice)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
         print(f"json: {args.json}")

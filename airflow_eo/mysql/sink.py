@@ -140,7 +140,7 @@ class MySqlTableSink(SqlTableSink):
         dictionary answers for all of them (with the PROCESS privilege); else ``REFERENTIAL_CONSTRAINTS`` does for a
         user who sees every table, and for one who does not, the table is taken to be referred to. The dictionary
         answers at once; ``REFERENTIAL_CONSTRAINTS``, asked by the referred table, opens every table definition of
-        the server (3.4 ms of a 7.5 ms check with 377 tables here; it grows with the server's tables)."""
+        the server (with 377 tables here, 2.8 ms of a 7.5 ms check; it grows with the server's tables)."""
         database = schema or self.current_database
         dictionary_name = (innodb_dictionary_name(database, table, self.lower_case_table_names)
                            if self.flavor == "mariadb" and database and self.reads_innodb_dictionary else None)
