@@ -32,6 +32,7 @@ are deleted at the end. Numbers, not assertions: compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -375,9 +376,12 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
 
 
 def descendants(pid: int) -> list[int]:
-    """The processes ``pid`` started, and theirs (Linux's ``/proc``)."""
-    children = [int(child) for task in os.listdir(f"/proc/{pid}/task")
-                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    """The processes ``pid`` started, and theirs (Linux's ``/proc``; none of one that ended meanwhile)."""
+    children = []
+    with contextlib.suppress(FileNotFoundError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):
+                children += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
     return [found for child in children for found in (child, *descendants(child))]
 
 
@@ -387,8 +391,10 @@ def driver_batches_in_this_process(go: Path, records: int, parallelism: int, jvm
     process's Spark JVM (every thread of it: Linux sets a nice value per thread) at nice ``jvm_nice``."""
     spark_hook().get_conn()
     for jvm in descendants(os.getpid()) if jvm_nice else []:
-        for thread in os.listdir(f"/proc/{jvm}/task"):
-            os.setpriority(os.PRIO_PROCESS, int(thread), jvm_nice)
+        with contextlib.suppress(FileNotFoundError):  # a process that ended meanwhile
+            for thread in os.listdir(f"/proc/{jvm}/task"):
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.setpriority(os.PRIO_PROCESS, int(thread), jvm_nice)
     try:
         one_batch(f"breadth_{topics[0]}", topics[0], records, parallelism)
     finally:

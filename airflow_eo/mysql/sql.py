@@ -253,12 +253,15 @@ TABLE_VISIBILITY_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE",
                                "ALTER", "CREATE VIEW", "SHOW VIEW", "TRIGGER", "DELETE HISTORY")
 
 
-def innodb_dictionary_name(database: str, table: str, lower_case_table_names: int) -> str | None:
+def innodb_dictionary_name(database: str, table: str) -> str | None:
     """The name MariaDB's InnoDB dictionary (``information_schema.INNODB_SYS_FOREIGN``'s ``REF_NAME``) gives table
-    ``database.table``: ``database/table``, in lower case on a server that folds names (``lower_case_table_names``
-    1 or 2). None when either name has a character InnoDB encodes in its file names (anything but ASCII letters,
-    digits and ``_``): the caller asks ``information_schema`` instead."""
-    if not all(re.fullmatch(r"[0-9A-Za-z_]+", name) for name in (database, table)):
+    ``database.table``: ``database/table``. None when InnoDB would encode either name in its file names: a
+    character other than ASCII letters, digits and ``_``, or a name a Windows device has (``CON``, ``AUX``,
+    ``COM1`` ..: MariaDB appends ``@@@`` on every platform). The caller then asks ``information_schema``."""
+    if not all(re.fullmatch(r"[0-9A-Za-z_]+", name) and not _DEVICE_NAME.fullmatch(name) for name in (database, table)):
         return None
-    name = f"{database}/{table}"
-    return name.lower() if lower_case_table_names else name
+    return f"{database}/{table}"
+
+
+#: the names MariaDB's ``tablename_to_filename`` marks with ``@@@`` (Windows devices), compared without case
+_DEVICE_NAME = re.compile(r"(?i)con|prn|aux|nul|com[1-9]|lpt[1-9]")

@@ -19,9 +19,10 @@ class TableShape:
     unique_keys: tuple[frozenset[str], ...]
     #: it has triggers (a replacing load deletes rows, which fires DELETE triggers an upsert never fires)
     has_triggers: bool = False
-    #: another table's foreign key refers to it, or may (one the user cannot see): a deleted row would cascade, or
-    #: be refused
+    #: another table's foreign key refers to it: a deleted row would cascade, or be refused
     referenced: bool = False
+    #: the check's user cannot see every table, so one of those might refer to it (taken to: see ``referenced``)
+    foreign_keys_hidden: bool = False
     #: a plain base table (not a view, not system-versioned: those keep or change history rows differently)
     plain: bool = True
 
@@ -52,8 +53,10 @@ def why_replace_is_not_upsert(shape: TableShape, columns: Sequence[str], key_col
     if shape.has_triggers:
         return "the table has triggers"
     if shape.referenced:
-        return ("a foreign key refers to the table, or may (the check's user sees no foreign key of a table it "
-                "holds no privilege on; with PROCESS, MariaDB's InnoDB dictionary shows them all)")
+        return "a foreign key refers to the table"
+    if shape.foreign_keys_hidden:
+        return ("a foreign key may refer to the table from a table the check's user cannot see (on MariaDB, the "
+                "PROCESS privilege lets the check read every foreign key from InnoDB's dictionary)")
     if not shape.plain:
         return "the table is not a plain base table"
     return None

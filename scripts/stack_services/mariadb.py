@@ -67,16 +67,16 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
     pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
     if pid_alive(pid_file):
         wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+        grant_stack_user(sock, log)
         print(f"stack: MariaDB already running at 127.0.0.1:{port}")
         return settings
     if port_open(port):
         die(f"port {port} is taken by another process; set EO_STACK_MYSQL_PORT, "
             "or EO_MYSQL_HOST to use that server")
-    apt_hint = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
     mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/local/sbin")
     if not mariadbd:
-        die(f"'mariadbd' not found: {apt_hint}")
-    install_db = require("mariadb-install-db", apt_hint)
+        die(f"'mariadbd' not found: {APT_HINT}")
+    install_db = require("mariadb-install-db", APT_HINT)
     data = home / "data"
     home.mkdir(parents=True, exist_ok=True)
     fresh = not (data / "mysql").exists()
@@ -96,23 +96,34 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
     wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
-    # Each start (a data directory of an older stack gets the grants of this one): the tests make users of their
-    # own with fewer privileges (GRANT OPTION), e.g. one who cannot see every table.
-    mariadb = require("mariadb", apt_hint)
-    sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+    grant_stack_user(sock, log)
+    wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
+    print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
+    return settings
+
+
+#: what to run when MariaDB's programs are missing
+APT_HINT = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
+
+
+def grant_stack_user(sock: Path, log: Path) -> None:
+    """The stack's database and user, with every privilege and GRANT OPTION (the tests make users of their own with
+    fewer), as root over the server's socket; at each start, so that a data directory of an older stack gets this
+    one's grants. Not in a binlog: a change-data-capture connector reading it would meet them after a restart."""
+    mariadb = require("mariadb", APT_HINT)
+    sql = ("SET SESSION sql_log_bin = 0;"
+           f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}';"
            f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'127.0.0.1' WITH GRANT OPTION;"
            f"GRANT ALL PRIVILEGES ON *.* TO '{DB_USER}'@'localhost' WITH GRANT OPTION;")
     deadline = time.monotonic() + 60
-    while subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql],
-                         capture_output=True).returncode != 0:
+    while (done := subprocess.run([mariadb, f"--socket={sock}", "-uroot", "-e", sql], capture_output=True,
+                                  text=True)).returncode != 0:
         if time.monotonic() > deadline:
-            die(f"could not create database {DB_NAME}; see {log}")
+            die(f"could not create database {DB_NAME} and user {DB_USER} as root over {sock}: "
+                f"{done.stderr.strip()[-2000:]}; see {log}")
         time.sleep(0.5)
-    wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
-    print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
-    return settings
 
 
 def second_mariadb_up() -> dict:

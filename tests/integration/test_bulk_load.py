@@ -264,12 +264,18 @@ def test_the_sink_reads_the_tables_shape_and_replaces_rows_only_where_that_is_th
             cur.execute(f"DROP TABLE IF EXISTS `{table}`")
 
 
-#: Who asks whether a foreign key refers to the sink's table: the stack's user (PROCESS: MariaDB's InnoDB dictionary),
-#: a user who sees every table but may not read the dictionary (information_schema), one who holds privileges on the
-#: sink's database only (it cannot see a referring table elsewhere). Value: the user's grant (None: the stack's user;
-#: TRIGGER: a user who may not see the table's triggers takes them to exist, and no row is replaced either way).
-ASKERS = {"the stack's user": None, "a user without PROCESS": "SELECT, CREATE, DROP, TRIGGER ON *.*",
-          "a user of the sink's database only": "SELECT, CREATE, DROP, TRIGGER ON `{database}`.*"}
+#: Who asks whether a foreign key refers to the sink's table: (the user's grants (None: the stack's user; TRIGGER: a
+#: user who may not see the table's triggers takes them to exist, and no row is replaced either way), where the sink
+#: reads the foreign keys). The stack's user reads MariaDB's InnoDB dictionary (PROCESS); a user who sees every table
+#: but may not read the dictionary, information_schema; one who holds privileges on the sink's database only cannot
+#: see a referring table elsewhere, even when it may read the mysql database (where information_schema shows it
+#: every account's privileges).
+ASKERS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
+    "the stack's user": (None, "INNODB_SYS_FOREIGN"),
+    "a user without PROCESS": (("SELECT, CREATE, DROP, TRIGGER ON *.*",), "REFERENTIAL_CONSTRAINTS"),
+    "a user of the sink's database only": (("SELECT, CREATE, DROP, TRIGGER ON `{database}`.*",
+                                            "SELECT ON `mysql`.*"), None),
+}
 
 
 @pytest.mark.parametrize("asker", ASKERS)
@@ -277,20 +283,22 @@ def test_a_foreign_key_from_another_database_keeps_rows_from_being_replaced_whoe
     """A table in another database whose foreign key refers to the sink's table (ON DELETE CASCADE: a replaced row
     would delete the rows referring to it) keeps the sink on the staging table, whoever asks; without it the rows
     are replaced, except for a user who cannot see every table (the referring table may be one it holds no
-    privilege on, so it is taken to exist)."""
+    privilege on, so it is taken to exist). MariaDB only, as the stack's server."""
     from airflow_eo.mysql.sink import MySqlUpsertAdapter
 
     tag = uuid.uuid4().hex[:8]
     table, other, user = f"bulk_{tag}_referred", f"eo_refs_{tag}", f"eo_fk_{tag}"
     database = mysql_kwargs["database"]
+    grants, read_from = ASKERS[asker]
     kwargs = mysql_kwargs
     try:
         with mysql.cursor() as cur:
             cur.execute(f"CREATE TABLE `{table}` (id BIGINT PRIMARY KEY, s TEXT NULL, n BIGINT NULL)")
             cur.execute(f"CREATE DATABASE `{other}`")
-            if ASKERS[asker] is not None:
+            if grants is not None:
                 cur.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", (tag,))
-                cur.execute(f"GRANT {ASKERS[asker].format(database=database)} TO '{user}'@'127.0.0.1'")
+                for grant in grants:
+                    cur.execute(f"GRANT {grant.format(database=database)} TO '{user}'@'127.0.0.1'")
                 kwargs = {**mysql_kwargs, "user": user, "password": tag}
 
         def replaced() -> bool:
@@ -298,13 +306,12 @@ def test_a_foreign_key_from_another_database_keeps_rows_from_being_replaced_whoe
                                       rows_per_statement=100, dead_letter_table="eo_dead_letter", bulk_load=True)
             try:
                 sink.check()
-                assert sink.reads_innodb_dictionary is (ASKERS[asker] is None), \
-                    "only the stack's user (PROCESS) reads InnoDB's dictionary"
+                assert sink.foreign_keys_read_from == read_from
                 return sink.replaces_rows(("id", "s", "n"))
             finally:
                 sink.close()
 
-        assert replaced() is (asker != "a user of the sink's database only")
+        assert replaced() is (read_from is not None)
         with mysql.cursor() as cur:
             cur.execute(f"CREATE TABLE `{other}`.`child` (id BIGINT PRIMARY KEY, parent BIGINT, FOREIGN KEY (parent) "
                         f"REFERENCES `{database}`.`{table}` (id) ON DELETE CASCADE)")
