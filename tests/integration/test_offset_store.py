@@ -142,33 +142,6 @@ def test_cas_conflict_commits_nothing_of_the_losing_batch(store, pipeline):
     assert store.get_batch(pipeline, stale.batch_id).state == BatchState.PLANNED
 
 
-def test_a_batch_over_more_partitions_than_a_statement_takes_commits_each_and_refuses_a_moved_one(store, pipeline):
-    """The commit point moves partitions a statement per CAS_PARTITIONS: across statements, a first batch inserts
-    every row, the next moves every one, a new partition among moved ones gets its row, and a stale partition in
-    the last statement refuses the whole batch (the rows the earlier statements moved are rolled back too)."""
-    from airflow_eo.sqlstore.commit_point import CAS_PARTITIONS
-
-    width = 2 * CAS_PARTITIONS + 3
-    epoch = store.take_pipeline(pipeline)
-
-    def commit(run: str, ranges: list[OffsetRange]) -> None:
-        batch = store.insert_batch(pipeline, epoch, run, ranges, [])
-        store.commit_batch(batch, epoch, BatchSummary.of(batch, run, epoch))
-
-    commit("run-1", [OffsetRange("t", p, 0, p % 7) for p in range(width)])
-    assert store.committed_offsets(pipeline) == {("t", p): p % 7 for p in range(width)}
-    commit("run-2", [OffsetRange("t", p, p % 7, 10) for p in range(width)] + [OffsetRange("t", width, 0, 3)])
-    moved = {("t", p): 10 for p in range(width)} | {("t", width): 3}
-    assert store.committed_offsets(pipeline) == moved
-    stale = [OffsetRange("t", p, 10, 20) for p in range(width)] + [OffsetRange("t", width, 2, 5)]
-    batch = store.insert_batch(pipeline, epoch, "run-3", stale, [])
-    with pytest.raises(CommitConflictError, match=rf"t\[{width}\] is committed at offset 3, but batch "
-                                                  rf"{batch.batch_id} starts at 2"):
-        store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-3", epoch))
-    assert store.committed_offsets(pipeline) == moved
-    assert store.get_batch(pipeline, batch.batch_id).state == BatchState.PLANNED
-
-
 def test_first_commit_of_a_new_partition_conflicts_with_a_concurrent_one(store, pipeline):
     epoch = store.take_pipeline(pipeline)
     a = store.insert_batch(pipeline, epoch, "run-a", [OffsetRange("t", 0, 0, 4)], [])
