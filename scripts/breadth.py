@@ -45,6 +45,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]  # airflow's own dependency
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's package (bench/)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/: the page views' producer
 
@@ -375,26 +377,16 @@ def batches(drivers: list[list[str]], records: int, parallelism: int, workdir: P
             "batches": found}
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes ``pid`` started, and theirs (Linux's ``/proc``; none of one that ended meanwhile)."""
-    children = []
-    with contextlib.suppress(FileNotFoundError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                children += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return [found for child in children for found in (child, *descendants(child))]
-
-
 def driver_batches_in_this_process(go: Path, records: int, parallelism: int, jvm_nice: int,
                                    topics: list[str]) -> list[dict]:
     """A warm-up batch over the first topic (not measured), then, once ``go`` exists, a batch over each other; the
     process's Spark JVM (every thread of it: Linux sets a nice value per thread) at nice ``jvm_nice``."""
     spark_hook().get_conn()
-    for jvm in descendants(os.getpid()) if jvm_nice else []:
-        with contextlib.suppress(FileNotFoundError):  # a process that ended meanwhile
-            for thread in os.listdir(f"/proc/{jvm}/task"):
+    for jvm in psutil.Process().children(recursive=True) if jvm_nice else []:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a process that ended meanwhile
+            for thread in jvm.threads():
                 with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-                    os.setpriority(os.PRIO_PROCESS, int(thread), jvm_nice)
+                    os.setpriority(os.PRIO_PROCESS, thread.id, jvm_nice)
     try:
         one_batch(f"breadth_{topics[0]}", topics[0], records, parallelism)
     finally:

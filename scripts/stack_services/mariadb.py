@@ -24,6 +24,9 @@ from stack_services.layout import (
 )
 from stack_services.processes import die, pid_alive, port_open, require, spawn, stop, wait_for
 
+#: what to run when MariaDB's programs are missing
+APT_HINT = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
+
 
 def mysql_settings() -> dict:
     if os.environ.get("EO_MYSQL_HOST"):
@@ -100,10 +103,6 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
     wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
     print(f"stack: MariaDB ready at 127.0.0.1:{port} (database {DB_NAME})")
     return settings
-
-
-#: what to run when MariaDB's programs are missing
-APT_HINT = "install MariaDB (Debian: apt-get update && apt-get install mariadb-server)"
 
 
 def grant_stack_user(sock: Path, log: Path) -> None:
