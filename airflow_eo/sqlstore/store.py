@@ -32,7 +32,8 @@ from airflow_eo.core.errors import (
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.lifecycle import retired_message
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, ranges_to_json
+from airflow_eo.core.ranges import OffsetRange, TopicPartition, ranges_to_json
+from airflow_eo.sqlstore.commit_point import advance_offsets
 from airflow_eo.sqlstore.connections import StoreConnections
 from airflow_eo.sqlstore.dialect import StoreDialect
 from airflow_eo.sqlstore.fence import EpochFence, utc_bounds
@@ -388,33 +389,8 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
         """THE commit point: CAS every partition's offset and the batch state, in one transaction."""
         with self.transaction() as cur:
             self._fence(cur, batch.pipeline_id, batch.interval, epoch)
-            starts = batch_starts(batch.ranges, batch.skipped)
-            # Interval batches have no running position: their identity is the interval.
-            for r in batch.ranges if batch.interval is None else ():
-                cur.execute(
-                    "UPDATE eo_offset SET next_offset = %s, batch_id = %s WHERE pipeline_id = %s "
-                    "AND topic = %s AND kafka_partition = %s AND next_offset = %s",
-                    (r.until_offset, batch.batch_id, batch.pipeline_id, r.topic, r.partition, starts[r.key]),
-                )
-                if cur.rowcount == 1:
-                    continue
-                cur.execute(
-                    "SELECT next_offset FROM eo_offset WHERE pipeline_id = %s AND topic = %s "
-                    "AND kafka_partition = %s", (batch.pipeline_id, r.topic, r.partition),
-                )
-                row = cur.fetchone()
-                if row is not None:
-                    raise CommitConflictError(
-                        f"{r.topic}[{r.partition}] is committed at offset {row['next_offset']}, "
-                        f"but batch {batch.batch_id} starts at {starts[r.key]}; another run moved "
-                        "the offsets, nothing of this batch was committed"
-                    )
-                # First batch that reads this partition; a concurrent insert fails on the key.
-                cur.execute(
-                    "INSERT INTO eo_offset (pipeline_id, topic, kafka_partition, next_offset, batch_id) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (batch.pipeline_id, r.topic, r.partition, r.until_offset, batch.batch_id),
-                )
+            if batch.interval is None:  # interval batches have no running position: their identity is the interval
+                advance_offsets(cur, self.dialect, batch)
             self._transition(
                 cur, batch, epoch, BatchState.COMMITTED,
                 f", committed_at = {self.dialect.now}, records_in = %s, rows_out = %s, "

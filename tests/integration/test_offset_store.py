@@ -30,6 +30,7 @@ from airflow_eo.core.ranges import OffsetRange
 from airflow_eo.core.rewind import PartitionChange, RewindKind, RewindPlan, RewindTarget
 from airflow_eo.mysql.database import DATABASE as MYSQL
 from airflow_eo.postgres.database import DATABASE as POSTGRES
+from airflow_eo.sqlstore.commit_point import CAS_PARTITIONS, advance_offsets
 from airflow_eo.sqlstore.store import SqlOffsetStore
 
 STORES = {"mysql": partial(SqlOffsetStore, MYSQL), "postgres": partial(SqlOffsetStore, POSTGRES)}
@@ -140,6 +141,102 @@ def test_cas_conflict_commits_nothing_of_the_losing_batch(store, pipeline):
         store.commit_batch(stale, epoch, BatchSummary.of(stale, stale.run_id, epoch))
     assert store.committed_offsets(pipeline) == {("t", 0): 10, ("t", 1): 5}  # partition 1 rolled back too
     assert store.get_batch(pipeline, stale.batch_id).state == BatchState.PLANNED
+
+
+def test_a_batch_over_more_partitions_than_a_statement_takes_commits_each_and_refuses_a_moved_one(store, pipeline):
+    """The commit point moves partitions a statement per CAS_PARTITIONS: across statements, a first batch inserts
+    every row, the next moves every one, a new partition among moved ones gets its row, and a stale partition in
+    the last statement refuses the whole batch (the rows the earlier statements moved are rolled back too)."""
+    width = 2 * CAS_PARTITIONS + 3
+    epoch = store.take_pipeline(pipeline)
+
+    def commit(run: str, ranges: list[OffsetRange]) -> None:
+        batch = store.insert_batch(pipeline, epoch, run, ranges, [])
+        store.commit_batch(batch, epoch, BatchSummary.of(batch, run, epoch))
+
+    commit("run-1", [OffsetRange("t", p, 0, p % 7) for p in range(width)])
+    assert store.committed_offsets(pipeline) == {("t", p): p % 7 for p in range(width)}
+    commit("run-2", [OffsetRange("t", p, p % 7, 10) for p in range(width)] + [OffsetRange("t", width, 0, 3)])
+    moved = {("t", p): 10 for p in range(width)} | {("t", width): 3}
+    assert store.committed_offsets(pipeline) == moved
+    stale = [OffsetRange("t", p, 10, 20) for p in range(width)] + [OffsetRange("t", width, 2, 5)]
+    batch = store.insert_batch(pipeline, epoch, "run-3", stale, [])
+    with pytest.raises(CommitConflictError, match=rf"t\[{width}\] is committed at offset 3, but batch "
+                                                  rf"{batch.batch_id} starts at 2"):
+        store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-3", epoch))
+    assert store.committed_offsets(pipeline) == moved
+    assert store.get_batch(pipeline, batch.batch_id).state == BatchState.PLANNED
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_the_commit_locks_only_its_own_rows_and_names_the_first_partition_elsewhere(kind, request):
+    """The offsets move by the primary key: another pipeline's rows (and this one's partitions outside the batch) stay
+    free while the commit's transaction is open. On a small store (a database of its own) MariaDB planned a row IN
+    list of 48 partitions among 59 rows as a scan of the index, which at REPEATABLE READ locked every row it read.
+    Topics that differ only in case move apart, and of two partitions elsewhere the first in the batch's order is
+    named."""
+    kwargs, drop = _fresh_database(kind, request.getfixturevalue(f"{kind}_kwargs"))
+    request.addfinalizer(drop)
+    store = STORES[kind](kwargs)
+    store.migrate()
+    request.addfinalizer(store.close)
+    others = [f"other_{i}" for i in range(3)]
+    for other in others:
+        epoch = store.take_pipeline(other)
+        batch = store.insert_batch(other, epoch, "run-1", [OffsetRange("t", p, 0, 5) for p in range(3)], [])
+        store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    pipeline = "wide"
+    epoch = store.take_pipeline(pipeline)
+    first = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange(t, p, 0, 5) for t in ("t", "T")
+                                                          for p in range(25)], [])
+    store.commit_batch(first, epoch, BatchSummary.of(first, "run-1", epoch))
+    ranges = [OffsetRange("t", p, 5, 9) for p in range(24)] + [OffsetRange("T", p, 5, 7) for p in range(24)]
+    batch = store.insert_batch(pipeline, epoch, "run-2", ranges, [])
+    lock = ("SELECT next_offset FROM eo_offset WHERE pipeline_id = %s AND topic = %s AND kafka_partition = %s "
+            f"{store.dialect.exclusive_lock} NOWAIT")
+    with store.transaction() as cur:
+        advance_offsets(cur, store.dialect, batch)
+        with store.transaction() as other_cur:
+            for other in others:
+                for p in range(3):
+                    other_cur.execute(lock, (other, "t", p))
+                    assert other_cur.fetchone()["next_offset"] == 5
+            other_cur.execute(lock, (pipeline, "T", 24))  # this pipeline's, outside the batch
+            assert other_cur.fetchone()["next_offset"] == 5
+        with store.transaction() as other_cur, pytest.raises(Exception, match="(?i)lock"):
+            other_cur.execute(lock, (pipeline, "T", 3))  # the test can see a lock
+        if kind == "mysql":
+            time.sleep(0.2)  # InnoDB refreshes INNODB_TRX at most every 0.1 s
+            cur.execute("SELECT trx_rows_locked FROM information_schema.INNODB_TRX "
+                        "WHERE trx_mysql_thread_id = CONNECTION_ID()")
+            assert cur.fetchone()["trx_rows_locked"] == len(ranges)
+    assert store.committed_offsets(pipeline) == ({("t", p): 9 for p in range(24)} | {("T", p): 7 for p in range(24)}
+                                                 | {("t", 24): 5, ("T", 24): 5})
+    stale = store.insert_batch(pipeline, epoch, "run-3", [OffsetRange("t", 0, 9, 10), OffsetRange("T", 1, 5, 8),
+                                                          OffsetRange("t", 2, 5, 8)], [])
+    with pytest.raises(CommitConflictError, match=r"T\[1\] is committed at offset 7, but batch \d+ starts at 5"):
+        store.commit_batch(stale, epoch, BatchSummary.of(stale, "run-3", epoch))
+
+
+def test_a_second_commit_of_a_committed_batch_is_refused_by_its_offsets_too(store, pipeline):
+    """A row already at the batch's end before the update (an empty partition's compare-and-set matches it again)
+    is not one the update moved: the offsets refuse the second commit before the batch's state does."""
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 0, 0),
+                                                          OffsetRange("t", 2, 0, 0)], [])
+    store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    with store.transaction() as cur, pytest.raises(CommitConflictError, match=rf"1 of the partitions of batch "
+                                                                            rf"{batch.batch_id} .* already at its end"):
+        advance_offsets(cur, store.dialect, batch)
+    assert store.committed_offsets(pipeline) == {("t", 0): 10, ("t", 1): 0, ("t", 2): 0}
+
+
+def test_a_batch_that_names_a_partition_twice_is_refused(store, pipeline):
+    epoch = store.take_pipeline(pipeline)
+    batch = store.insert_batch(pipeline, epoch, "run-1", [OffsetRange("t", 0, 0, 4), OffsetRange("t", 0, 4, 6)], [])
+    with pytest.raises(ValueError, match=r"names t\[0\] twice"):
+        store.commit_batch(batch, epoch, BatchSummary.of(batch, "run-1", epoch))
+    assert store.committed_offsets(pipeline) == {}
 
 
 def test_first_commit_of_a_new_partition_conflicts_with_a_concurrent_one(store, pipeline):
