@@ -179,11 +179,19 @@ class KafkaOffsetSource:
 
     def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec],
                       isolation_level: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
-        if not specs:
-            return {}
-        def look_up() -> dict[tuple[str, int], int]:
-            futures = self._admin.list_offsets(specs, isolation_level=isolation_level, request_timeout=ADMIN_TIMEOUT_S)
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        return self._list_offsets_together([(specs, isolation_level)])[0]
+
+    def _list_offsets_together(self, lookups: Sequence[tuple[dict[TopicPartition, OffsetSpec], IsolationLevel]]
+                               ) -> list[dict[tuple[str, int], int]]:
+        """Each ``(specs, isolation level)`` look-up's offsets, their requests in flight together: a batch waits on
+        the broker once for all of them (under load, each wait is what grows)."""
+        if not any(specs for specs, _ in lookups):
+            return [{} for _ in lookups]
+
+        def look_up() -> list[dict[tuple[str, int], int]]:
+            sent = [self._admin.list_offsets(specs, isolation_level=level, request_timeout=ADMIN_TIMEOUT_S)
+                    if specs else {} for specs, level in lookups]
+            return [{(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()} for futures in sent]
 
         return retry_transient("Kafka offsets look-up", look_up, refresh=self._new_client)
 
@@ -223,7 +231,10 @@ class KafkaOffsetSource:
         tps = self.partitions(topics)
         append_time = self.uses_log_append_time(topics)
         # The ends first: a record appended after them is newer than the timestamp look-ups below.
-        log_start, stable, high = self.earliest(tps), self.last_stable(tps), self.high_watermarks(tps)
+        log_start, stable, high = self._list_offsets_together([
+            ({tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED),
+            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED),
+            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_UNCOMMITTED)])
         starts, ends = self._offsets_at(tps, interval.start_ms), self._offsets_at(tps, interval.end_ms)
         return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k],
                                 high_watermark=high[k], log_append_time=append_time[tp.topic])
@@ -306,8 +317,9 @@ class KafkaOffsetSource:
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)
         start_policy = parse_starting_offsets(starting_offsets)
-        log_start = self.earliest(tps)
-        stable = self.last_stable(tps)
+        log_start, stable = self._list_offsets_together([
+            ({tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED),
+            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED)])
         if start_policy == "earliest":
             initial = log_start
         elif start_policy == "latest":

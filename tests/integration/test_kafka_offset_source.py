@@ -97,3 +97,45 @@ def test_the_transactional_producer_starts_on_its_output_topics_metadata_and_cre
         producer.abort_transaction(30)
     finally:
         adapter.close()
+
+
+def test_planning_reads_each_partitions_log_start_stable_end_and_high_watermark_in_one_wait(bootstrap, topic_name):
+    """The look-ups a batch's planning makes go to the broker together: each answer must still land on its own
+    question. Partition 0's log starts at 4 (records deleted), partition 1 has an open transaction's three records
+    above its last stable offset."""
+    import time
+    from datetime import datetime, timezone
+
+    from confluent_kafka import Producer, TopicPartition
+
+    from airflow_eo.core.planning import Interval, PartitionOffsets
+
+    create_topic(bootstrap, topic_name, 2)
+    base = int(time.time() * 1000) - 60_000
+    plain = Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        plain.produce(topic_name, f"a{i}".encode(), partition=0, timestamp=base + i)
+    for i in range(5):
+        plain.produce(topic_name, f"b{i}".encode(), partition=1, timestamp=base + i)
+    assert plain.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic_name, 0, 4)], request_timeout=30).values():
+        future.result()
+    open_txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eo_test_{uuid.uuid4().hex[:8]}"})
+    open_txn.init_transactions(30)
+    open_txn.begin_transaction()
+    for i in range(3):
+        open_txn.produce(topic_name, f"t{i}".encode(), partition=1, timestamp=base + 10 + i)
+    assert open_txn.flush(30) == 0
+    try:
+        source = KafkaOffsetSource({"bootstrap.servers": bootstrap})
+        assert source.partition_offsets([topic_name], "earliest") == [
+            PartitionOffsets(topic_name, 0, log_start=4, last_stable=10, initial=4),
+            PartitionOffsets(topic_name, 1, log_start=0, last_stable=5, initial=0)]
+        assert [p.initial for p in source.partition_offsets([topic_name], "latest")] == [10, 5]
+        found = {(o.topic, o.partition): o for o in source.interval_offsets(
+            [topic_name], Interval(*(datetime.fromtimestamp((base + ms) / 1000, timezone.utc) for ms in (3, 7))))}
+        assert [(o.log_start, o.last_stable, o.high_watermark) for o in found.values()] == [(4, 10, 10), (0, 5, 8)]
+        assert (found[(topic_name, 0)].start, found[(topic_name, 1)].start) == (4, 3)
+    finally:
+        open_txn.abort_transaction(30)
