@@ -73,6 +73,16 @@ def check_contiguous(committed: Mapping[TopicPartition, int], ranges: Iterable[O
             )
 
 
+def repeated_partition(ranges: Iterable[OffsetRange]) -> TopicPartition | None:
+    """The first partition ``ranges`` name twice (a batch moves each partition once), or None."""
+    seen: set[TopicPartition] = set()
+    for r in ranges:
+        if r.key in seen:
+            return r.key
+        seen.add(r.key)
+    return None
+
+
 def batch_starts(ranges: Iterable[OffsetRange], skipped: Iterable[OffsetRange] = ()) -> dict[TopicPartition, int]:
     """Where the batch takes over each partition: the start of its skipped gap, else of its range."""
     starts = {r.key: r.from_offset for r in ranges}

@@ -230,7 +230,9 @@ class KafkaOffsetSource:
     def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]:
         tps = self.partitions(topics)
         append_time = self.uses_log_append_time(topics)
-        # The ends first: a record appended after them is newer than the timestamp look-ups below.
+        # The ends first: a record appended after them is newer than the timestamp look-ups below. The three go out
+        # together, so either end may be read first: the idle close (planning.py) holds either way, since a record
+        # beyond the high watermark it compares was appended after that read.
         log_start, stable, high = self._list_offsets_together([
             ({tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED),
             ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED),

@@ -22,7 +22,7 @@ DIALECT = StoreDialect(
     inline_indexes=True,
     # The table of parameters is read first, each of its rows then finds its row by the primary key: else MariaDB may
     # plan a scan of the index, which at REPEATABLE READ locks every pipeline's rows it reads (EXPLAIN: type index).
-    update_from="UPDATE {rows} STRAIGHT_JOIN {table} AS o ON {match} SET {assign} WHERE {where}",
+    update_from="UPDATE {rows} STRAIGHT_JOIN {table} AS o FORCE INDEX (PRIMARY) ON {match} SET {assign} WHERE {where}",
     values_table=False,
     # A later row's text takes the first row's collation in a UNION.
     exact_text="CONVERT(%s USING utf8mb4) COLLATE utf8mb4_bin",

@@ -4,10 +4,14 @@ compare-and-set from where the batch starts to where it ends, in the store's com
 A statement per :data:`CAS_PARTITIONS` partitions, not one per partition (a batch over a thousand partitions spent
 most of a 0.58 s commit on a thousand round trips). The statement joins a table of the batch's partitions to
 ``eo_offset`` by its primary key, so it reads and locks only the batch's own rows, and moves only those still at the
-batch's start. When it moves fewer than the chunk's partitions, the chunk's rows are read back: a partition the store
-has no row of yet is inserted (a concurrent first commit of it fails on the key); one elsewhere than at the batch's
-end was moved by another run (refused, and the transaction rolls back whole); and the rows at the batch's end must be
-exactly those the statement moved.
+batch's start (and, on MariaDB at REPEATABLE READ, the gap where a partition without a row yet would go, as the
+statement per partition did). When it moves fewer than the chunk's partitions, the chunk's rows are read back: a
+partition the store has no row of yet is inserted (a concurrent first commit of it fails on the key); one elsewhere
+than at the batch's end was moved by another run (refused, and the transaction rolls back whole); and the rows at the
+batch's end must be exactly those the statement moved. The read-back locks nothing (PostgreSQL cannot lock the
+nullable side of an outer join): it reads current rows because the commit's first statement is the fence's locking
+read of the pipeline's row, which every writer of the pipeline's offsets takes first, and nothing before it reads
+without a lock (which would fix MariaDB's snapshot earlier).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from airflow_eo.core.batch import BatchRecord
 from airflow_eo.core.errors import CommitConflictError
-from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts
+from airflow_eo.core.ranges import OffsetRange, TopicPartition, batch_starts, repeated_partition
 from airflow_eo.sqlstore.dialect import StoreDialect
 
 #: partitions per statement (each takes six parameters; PostgreSQL takes at most 65,535 per statement)
@@ -35,11 +39,9 @@ def advance_offsets(cur: Any, dialect: StoreDialect, batch: BatchRecord) -> None
     of its range, or raise :class:`CommitConflictError` naming the first partition (in the batch's order) that is
     elsewhere. ``cur``: a cursor of the commit's transaction, rows as dicts, a row count of the rows matched."""
     ranges = list(batch.ranges)
-    seen: set[TopicPartition] = set()
-    for r in ranges:
-        if r.key in seen:  # the planner's ranges never repeat one; two would need two moves of one row
-            raise ValueError(f"batch {batch.batch_id} of {batch.pipeline_id!r} names {r.topic}[{r.partition}] twice")
-        seen.add(r.key)
+    repeated = repeated_partition(ranges)
+    if repeated is not None:  # refused when planned (insert_batch); one row cannot move twice in a statement
+        raise ValueError(f"batch {batch.batch_id} of {batch.pipeline_id!r} names {repeated[0]}[{repeated[1]}] twice")
     starts = batch_starts(ranges, batch.skipped)
     for first in range(0, len(ranges), CAS_PARTITIONS):
         chunk = ranges[first:first + CAS_PARTITIONS]

@@ -1,8 +1,10 @@
 """What differs between the SQL databases the offset store runs on: a handful of statements' spellings and column
 types (each database's folder declares its own :class:`StoreDialect`, in its descriptor).
 
-Everything else (the tables, :mod:`.schema`; the fenced writes, the compare-and-set commit point, the reads, the
-audited rewind) is one SQL text with ``%s`` placeholders, which every room's driver takes.
+Everything else (the tables, :mod:`.schema`; the fenced writes, the reads, the audited rewind) is one SQL text with
+``%s`` placeholders, which every room's driver takes. The commit point's compare-and-set (:mod:`.commit_point`) is one
+text too, spelled through :attr:`StoreDialect.update_from`, :attr:`StoreDialect.values_table` and
+:attr:`StoreDialect.exact_text` (PostgreSQL's ``UPDATE .. FROM (VALUES ..)`` unless a database says otherwise).
 """
 
 from __future__ import annotations

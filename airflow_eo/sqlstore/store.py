@@ -32,7 +32,7 @@ from airflow_eo.core.errors import (
 from airflow_eo.core.failpoints import failpoint
 from airflow_eo.core.lifecycle import retired_message
 from airflow_eo.core.planning import Interval
-from airflow_eo.core.ranges import OffsetRange, TopicPartition, ranges_to_json
+from airflow_eo.core.ranges import OffsetRange, TopicPartition, ranges_to_json, repeated_partition
 from airflow_eo.sqlstore.commit_point import advance_offsets
 from airflow_eo.sqlstore.connections import StoreConnections
 from airflow_eo.sqlstore.dialect import StoreDialect
@@ -320,6 +320,10 @@ class SqlOffsetStore(StoreLifecycle, StoreOperations, StoreHistory):
 
     def insert_batch(self, pipeline_id: str, epoch: int, run_id: str, ranges: list[OffsetRange],
                      skipped: list[OffsetRange], interval: Interval | None = None) -> BatchRecord:
+        repeated = repeated_partition(ranges)
+        if repeated is not None:  # the planner never repeats one; its commit could not move one row twice
+            raise ValueError(f"a batch of {pipeline_id!r} may name each partition once: {repeated[0]}"
+                             f"[{repeated[1]}] is named twice")
         with self.transaction() as cur:
             self._fence(cur, pipeline_id, interval, epoch)
             if interval is not None:  # serialize batch-id allocation between concurrent intervals

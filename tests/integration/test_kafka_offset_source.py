@@ -99,10 +99,11 @@ def test_the_transactional_producer_starts_on_its_output_topics_metadata_and_cre
         adapter.close()
 
 
-def test_planning_reads_each_partitions_log_start_stable_end_and_high_watermark_in_one_wait(bootstrap, topic_name):
-    """The look-ups a batch's planning makes go to the broker together: each answer must still land on its own
-    question. Partition 0's log starts at 4 (records deleted), partition 1 has an open transaction's three records
-    above its last stable offset."""
+def test_planning_reads_each_partitions_log_start_stable_end_and_high_watermark_from_its_own_look_up(bootstrap,
+                                                                                                    topic_name):
+    """The look-ups a batch's planning makes go to the broker together (``_list_offsets_together``): each answer must
+    still land on its own question (two answers swapped fail this test). Partition 0's log starts at 4 (records
+    deleted), partition 1 has an open transaction's three records above its last stable offset."""
     import time
     from datetime import datetime, timezone
 
