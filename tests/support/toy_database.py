@@ -165,14 +165,15 @@ class ToyPreparedBranches:
 class ToyDatabase(SqlDatabase):
     name = "Toy SQL"
     conn_type = CONN_TYPE
-    # SQLite locks the whole file for a writer: no row locks to spell; JSON is text.
+    # SQLite locks the whole file for a writer: no row locks to spell; JSON is text. It names no columns of a
+    # VALUES table (``AS b (columns)``): the commit point's table of partitions is a UNION ALL of SELECTs.
     dialect = StoreDialect(name="Toy SQL", insert_ignore="INSERT OR IGNORE INTO {table} ({columns}) VALUES ({values})",
                            increment_on_conflict=("ON CONFLICT ({key}) DO UPDATE SET epoch = epoch + 1, "
                                                   "taken_at = {now}"),
                            share_lock="", utc_session="SELECT 1", identifier_quote='"', exclusive_lock="",
                            random_id="lower(hex(randomblob(16)))", now="(strftime('%Y-%m-%d %H:%M:%f', 'now'))",
                            timestamp_type="TIMESTAMP", utc_datetime_type="TIMESTAMP", json_type="TEXT",
-                           identity_column="INTEGER PRIMARY KEY AUTOINCREMENT")
+                           identity_column="INTEGER PRIMARY KEY AUTOINCREMENT", values_table=False)
     migrations = ((1, store_tables(dialect)),)  # the offset store's tables: written once, spelled by the dialect
     spark_column_types = {"string": "TEXT", "int": "INTEGER", "bigint": "INTEGER", "double": "REAL"}
     dead_letter_migrations = ((2, "kafka_headers", "TEXT"),)
