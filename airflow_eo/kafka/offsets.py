@@ -148,6 +148,22 @@ def described_topics(admin: Callable[[], AdminClient], topics: Sequence[str],
     return retry_transient("Kafka metadata look-up", look_up, refresh=refresh)
 
 
+#: one ListOffsets look-up: what to ask of each partition, and as which reader
+OffsetLookup = tuple[dict[TopicPartition, OffsetSpec], IsolationLevel]
+
+
+def _log_starts(tps: Sequence[TopicPartition]) -> OffsetLookup:
+    return {tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED
+
+
+def _last_stable_offsets(tps: Sequence[TopicPartition]) -> OffsetLookup:
+    return {tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED
+
+
+def _high_watermarks(tps: Sequence[TopicPartition]) -> OffsetLookup:
+    return {tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_UNCOMMITTED
+
+
 class KafkaOffsetSource:
     """Reads partition metadata and offsets; implements ``core.protocol.OffsetSource``.
 
@@ -177,12 +193,7 @@ class KafkaOffsetSource:
             found.extend(TopicPartition(topic, p) for p in sorted(info.id for info in description.partitions))
         return found
 
-    def _list_offsets(self, specs: dict[TopicPartition, OffsetSpec],
-                      isolation_level: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
-        return self._list_offsets_together([(specs, isolation_level)])[0]
-
-    def _list_offsets_together(self, lookups: Sequence[tuple[dict[TopicPartition, OffsetSpec], IsolationLevel]]
-                               ) -> list[dict[tuple[str, int], int]]:
+    def _list_offsets_together(self, lookups: Sequence[OffsetLookup]) -> list[dict[tuple[str, int], int]]:
         """Each ``(specs, isolation level)`` look-up's offsets, their requests in flight together: a batch waits on
         the broker once for all of them (under load, each wait is what grows)."""
         if not any(specs for specs, _ in lookups):
@@ -196,15 +207,15 @@ class KafkaOffsetSource:
         return retry_transient("Kafka offsets look-up", look_up, refresh=self._new_client)
 
     def earliest(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
-        return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+        return self._list_offsets_together([_log_starts(tps)])[0]
 
     def last_stable(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
         """End offsets for read_committed readers: records of open transactions are excluded."""
-        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps})
+        return self._list_offsets_together([_last_stable_offsets(tps)])[0]
 
     def high_watermarks(self, tps: Sequence[TopicPartition]) -> dict[tuple[str, int], int]:
         """End offsets including records of open transactions."""
-        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_UNCOMMITTED)
+        return self._list_offsets_together([_high_watermarks(tps)])[0]
 
     def uses_log_append_time(self, topics: Sequence[str]) -> dict[str, bool]:
         """Whether each topic's records carry the broker's append time (``message.timestamp.type``)."""
@@ -224,7 +235,8 @@ class KafkaOffsetSource:
 
     def _offsets_at(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> dict[tuple[str, int], int | None]:
         """``offsets_for_times``: first offset whose timestamp is >= ``timestamp_ms``, None when there is none."""
-        found = self._list_offsets({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps})
+        found = self._list_offsets_together([({tp: OffsetSpec.for_timestamp(timestamp_ms) for tp in tps},
+                                               IsolationLevel.READ_COMMITTED)])[0]
         return {k: (v if v >= 0 else None) for k, v in found.items()}
 
     def interval_offsets(self, topics: Sequence[str], interval: Interval) -> list[IntervalOffsets]:
@@ -233,10 +245,8 @@ class KafkaOffsetSource:
         # The ends first: a record appended after them is newer than the timestamp look-ups below. The three go out
         # together, so either end may be read first: the idle close (planning.py) holds either way, since a record
         # beyond the high watermark it compares was appended after that read.
-        log_start, stable, high = self._list_offsets_together([
-            ({tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED),
-            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED),
-            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_UNCOMMITTED)])
+        log_start, stable, high = self._list_offsets_together([_log_starts(tps), _last_stable_offsets(tps),
+                                                               _high_watermarks(tps)])
         starts, ends = self._offsets_at(tps, interval.start_ms), self._offsets_at(tps, interval.end_ms)
         return [IntervalOffsets(tp.topic, tp.partition, log_start[k], stable[k], starts[k], ends[k],
                                 high_watermark=high[k], log_append_time=append_time[tp.topic])
@@ -319,9 +329,7 @@ class KafkaOffsetSource:
     def partition_offsets(self, topics: Sequence[str], starting_offsets: str | int) -> list[PartitionOffsets]:
         tps = self.partitions(topics)
         start_policy = parse_starting_offsets(starting_offsets)
-        log_start, stable = self._list_offsets_together([
-            ({tp: OffsetSpec.earliest() for tp in tps}, IsolationLevel.READ_COMMITTED),
-            ({tp: OffsetSpec.latest() for tp in tps}, IsolationLevel.READ_COMMITTED)])
+        log_start, stable = self._list_offsets_together([_log_starts(tps), _last_stable_offsets(tps)])
         if start_policy == "earliest":
             initial = log_start
         elif start_policy == "latest":
