@@ -91,11 +91,15 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
         )
     # A 1 GiB buffer pool holds a retention window of seen ids (docs/how-to/duplicates.md, "What it costs"): with
     # 256 MiB the 4M-id window's look-up took 2.87 s and its insert 11.2 s, against 0.68 s and 1.35 s at 1 GiB
-    # (scripts/seen_id_cost.py); the benchmark's dedup job at 1M went 21-22 s -> 17-19 s.
+    # (scripts/seen_id_cost.py); the benchmark's dedup job at 1M went 21-22 s -> 17-19 s. A redo log of 1 GiB (96 MiB
+    # by default) holds a batch of 1M events and their ids: with the default, a run of six jobs at 1M (2.8 GB of redo)
+    # made InnoDB flush ~270,000 pages early to free the log and the dedup job took 12.1-13.1 s; with 1 GiB and a
+    # 256 MiB log buffer, ~58,000 pages and 10.7-12.1 s (docs/how-to/duplicates.md, "What it costs").
     spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
            "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
            "--user=root", "--innodb-buffer-pool-size=1G", "--max-connections=500",
-           "--innodb-lock-wait-timeout=20", "--skip-name-resolve", *options],
+           "--innodb-lock-wait-timeout=20", "--skip-name-resolve",
+           "--innodb-log-file-size=1G", "--innodb-log-buffer-size=256M", *options],
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
     wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)
