@@ -30,8 +30,9 @@ def has_lone_surrogate_escape(json_text: Column) -> Column:
     """Whether ``json_text`` (a JSON document) escapes a UTF-16 surrogate without its pair."""
     from pyspark.sql import functions as F
 
-    return (F.instr(json_text, "\\u") > 0) & F.regexp_replace(  # instr first: most values escape nothing
-        json_text, ESCAPED_BACKSLASH, "_").rlike(LONE_SURROGATE_ESCAPE)
+    # A byte search first: most values escape nothing. `contains`, not `instr`, which counts characters as it goes
+    # (1M page views read and parsed: 2.38-2.56 s with instr, 2.22-2.28 s with contains, 2.17 s with no check).
+    return json_text.contains("\\u") & F.regexp_replace(json_text, ESCAPED_BACKSLASH, "_").rlike(LONE_SURROGATE_ESCAPE)
 
 
 #: Text that may hold a JSON object or array (Java's regex syntax, ``rlike``): JSON's whitespace (RFC 8259), then

@@ -63,6 +63,9 @@ CASES: list[tuple[dict[str, Any], dict[str, str]]] = [
     ({"id": "nul", "name": "a\u0000b", "n": 4, "note": "x\u0000y"}, {"postgres": "name"}),
     ({"id": "long-text", "name": "t", "n": 5, "note": "é" * 40000}, {"mysql": "note"}),  # 80,000 bytes
     ({"id": "edge", "name": "8 chars.", "n": 2**31 - 1, "note": "ok"}, {}),  # at the limits: stored
+    # VARCHAR(n) counts characters: 8 of two bytes each are stored, 9 are refused.
+    ({"id": "wide-8", "name": "é" * 8, "n": 9, "note": None}, {}),
+    ({"id": "wide-9", "name": "é" * 9, "n": 10, "note": None}, {"mysql": "name", "postgres": "name"}),
 ]
 
 
