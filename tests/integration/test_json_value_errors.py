@@ -65,8 +65,9 @@ def test_values_left_unparsed_get_the_error_a_parse_gave_them(spark, monkeypatch
 
 
 def test_a_filter_on_the_error_leaves_each_value_parsed_by_two_from_jsons(spark):
-    """The typed parse and the parse as text, each computed once per record (``computed_once``): a filter on the
-    error pushed beneath them would put a from_json in every reference of the error (~20 per record)."""
+    """The typed parse and the parse as text, each computed once per record (one ``computed_once`` barrier above
+    both): a filter on the error pushed beneath them would put a from_json in every reference of the error (~20 per
+    record), and the typed parse inlined into the parse as text would be two more."""
     from pyspark.sql import functions as F
 
     parsed, payload = parsing.parse_records(spark, records(spark, [GOOD]), ParseConfig(schema=SCHEMA))
