@@ -43,8 +43,8 @@ def _breaks(rule: ValueRule, deleted: Column) -> Column:
     if rule.check is Check.NOT_NULL:
         return value.isNull() & ~deleted  # a tombstone's row has only its key
     if rule.check is Check.CHARS:
-        # A value has no more characters than bytes, and its bytes are counted already; its characters are counted
-        # only when its bytes exceed the limit (1M page views, three VARCHAR(64) columns: 0.14 s -> 0.02 s).
+        # A value has no more characters than bytes, and its byte length is known without a scan: its characters
+        # are counted only when its bytes exceed the limit (1M page views, three VARCHAR(64) columns: 0.14 -> 0.02 s).
         return (F.octet_length(value) > rule.limit) & (F.char_length(value) > rule.limit)
     if rule.check is Check.BYTES:
         return F.octet_length(value) > rule.limit

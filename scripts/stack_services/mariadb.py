@@ -66,6 +66,8 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
             die(f"cannot connect to MySQL at {settings['host']}:{settings['port']} as "
                 f"{settings['user']} (database {settings['database']}); check EO_MYSQL_* settings")
         return settings
+    # The stack's own server holds the benchmark's batches; the second and binlog servers serve small test loads.
+    batch_sized_log = ("--innodb-log-file-size=1G", "--innodb-log-buffer-size=256M") if home is None else ()
     home = home or STACK / "mariadb"
     pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
     if pid_alive(pid_file):
@@ -94,12 +96,13 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
     # (scripts/seen_id_cost.py); the benchmark's dedup job at 1M went 21-22 s -> 17-19 s. A redo log of 1 GiB (96 MiB
     # by default) holds a batch of 1M events and their ids: with the default, a run of six jobs at 1M (2.8 GB of redo)
     # made InnoDB flush ~270,000 pages early to free the log and the dedup job took 12.1-13.1 s; with 1 GiB and a
-    # 256 MiB log buffer, ~58,000 pages and 10.7-12.1 s (docs/how-to/duplicates.md, "What it costs").
+    # 256 MiB log buffer, ~58,000 pages and 10.7-12.1 s (docs/how-to/duplicates.md, "What it costs"). The cost: 1 GiB
+    # of disk, and after a SIGKILL that follows heavy writes a start may replay up to that much redo (seen: ~6 s
+    # after the benchmark; the fault tests' restarts replay a few dozen pages).
     spawn([mariadbd, "--no-defaults", f"--datadir={data}", f"--socket={sock}", f"--port={port}",
            "--bind-address=127.0.0.1", f"--pid-file={home / 'mariadbd.pid'}", f"--log-error={log}",
            "--user=root", "--innodb-buffer-pool-size=1G", "--max-connections=500",
-           "--innodb-lock-wait-timeout=20", "--skip-name-resolve",
-           "--innodb-log-file-size=1G", "--innodb-log-buffer-size=256M", *options],
+           "--innodb-lock-wait-timeout=20", "--skip-name-resolve", *batch_sized_log, *options],
           home / "stdout.log", pid_file)
     # A SIGKILLed server leaves its socket file behind: wait for the new server to answer on it.
     wait_for("MariaDB socket", lambda: sock.exists() and port_open(port), 120, log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_eo.core.config import ParseConfig
+from airflow_eo.core.config import KeyFormat, ParseConfig
 from airflow_eo.spark import parsing
 from airflow_eo.spark.session import get_session
 
@@ -70,8 +70,20 @@ def test_a_filter_on_the_error_leaves_each_value_parsed_by_two_from_jsons(spark)
     record), and the typed parse inlined into the parse as text would be two more."""
     from pyspark.sql import functions as F
 
-    parsed, payload = parsing.parse_records(spark, records(spark, [GOOD]), ParseConfig(schema=SCHEMA))
+    def from_jsons(df) -> int:
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        return plan.count("from_json(")
+
+    bad_value = b'{"event_id": "e", "n": "x"}'
+    parsed, payload = parsing.parse_records(spark, records(spark, [GOOD, bad_value]), ParseConfig(schema=SCHEMA))
     good = parsed.where(F.col("_eo_error").isNull()).select(*payload)
-    plan = good._jdf.queryExecution().executedPlan().toString()
-    assert plan.count("from_json(") == 2, plan
+    assert from_jsons(good) == 2
     assert [tuple(row) for row in good.collect()] == [("e", 1)]
+    dead_letters = parsed.where(F.col("_eo_error").isNotNull()).select("kafka_value", "_eo_error")  # as routed
+    assert from_jsons(dead_letters) == 2
+    assert [row[1] for row in dead_letters.collect()] == ["field 'n' is not a valid int"]
+    # A JSON key is parsed the same way: two more.
+    keyed = records(spark, [GOOD]).withColumn("kafka_key", F.lit(b'{"k": "a"}'))
+    parsed, payload = parsing.parse_records(spark, keyed, ParseConfig(schema=SCHEMA, key_format=KeyFormat.JSON,
+                                                                      key_schema="k STRING"))
+    assert from_jsons(parsed.where(F.col("_eo_error").isNull()).select(*payload, "key")) == 4
