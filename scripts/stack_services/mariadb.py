@@ -66,9 +66,11 @@ def mariadb_up(home: Path | None = None, port: int = MARIADB_PORT, options: Sequ
             die(f"cannot connect to MySQL at {settings['host']}:{settings['port']} as "
                 f"{settings['user']} (database {settings['database']}); check EO_MYSQL_* settings")
         return settings
-    # The stack's own server holds the benchmark's batches; the second and binlog servers serve small test loads.
-    batch_sized_log = ("--innodb-log-file-size=1G", "--innodb-log-buffer-size=256M") if home is None else ()
     home = home or STACK / "mariadb"
+    # The stack's own server (started by `up`, or again after a fault test's kill) holds the benchmark's batches; the
+    # second and binlog servers serve small test loads.
+    own = home == STACK / "mariadb"
+    batch_sized_log = ("--innodb-log-file-size=1G", "--innodb-log-buffer-size=256M") if own else ()
     pid_file, log, sock = home / "mariadb.pid", home / "error.log", home / "mysqld.sock"
     if pid_alive(pid_file):
         wait_for("MariaDB", lambda: mysql_ready(settings), 60, log)
