@@ -4,12 +4,29 @@ from __future__ import annotations
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
+    """The topic, created and described by the broker: a creation's success comes before the broker's metadata has
+    the topic (Kafka's AdminClient says so), and a pipeline asked at once found no topic (seen once in a fresh clone's
+    run: "Kafka topic .. does not exist" right after its creation)."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
         future.result()
-    return name
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            description = admin.describe_topics(TopicCollection([name]), request_timeout=10)[name].result()
+            if len(description.partitions) == partitions:
+                return name
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+        assert time.monotonic() < deadline, f"topic {name} created but not described by the broker within 30 s"
+        time.sleep(0.05)
 
 
 def produce_json(bootstrap: str, topic: str, values: list[dict]) -> None:
