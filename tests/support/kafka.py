@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
-    """The topic, created and described by the broker: a creation's success comes before the broker's metadata has
-    the topic (Kafka's AdminClient says so), and a pipeline asked at once found no topic (seen once in a fresh clone's
-    run: "Kafka topic .. does not exist" right after its creation)."""
+    """The topic, created and described by the broker with its partitions: a creation succeeds before every broker's
+    metadata has the topic, and a pipeline asked at once found no topic (seen once in a fresh clone's run: "Kafka
+    topic .. does not exist" right after its creation). Materialize's ``create_new_topic`` waits the same way."""
     import time
 
     from confluent_kafka import KafkaError, KafkaException, TopicCollection
