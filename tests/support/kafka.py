@@ -9,24 +9,19 @@ def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[st
     topic .. does not exist" right after its creation). Materialize's ``create_new_topic`` waits the same way."""
     import time
 
-    from confluent_kafka import KafkaError, KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient, NewTopic
+
+    from airflow_eo.kafka.offsets import described_topics
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
         future.result()
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            description = admin.describe_topics(TopicCollection([name]), request_timeout=10)[name].result()
-            if len(description.partitions) == partitions:
-                return name
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if not (isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-                raise
+    while (description := described_topics(lambda: admin, [name])[name]) is None or len(
+            description.partitions) != partitions:
         assert time.monotonic() < deadline, f"topic {name} created but not described by the broker within 30 s"
         time.sleep(0.05)
+    return name
 
 
 def produce_json(bootstrap: str, topic: str, values: list[dict]) -> None:
